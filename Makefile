@@ -1,0 +1,34 @@
+# Two commands on a fresh machine: `make test` and `make demo`.
+PYTHON ?= python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+TINY := checkpoints/tiny
+
+.PHONY: install test demo lint tiny clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q -n 2
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check animegamer scripts tests *.py
+
+$(TINY)/.built: $(STAMP) animegamer/tiny.py
+	$(PY) scripts/make_tiny_checkpoints.py --out $(TINY)
+	touch $@
+
+tiny: $(TINY)/.built
+
+demo: $(TINY)/.built
+	$(PY) scripts/encode_clip.py --config configs/tiny/stage_a.yaml output_dir=outputs/demo
+
+clean:
+	rm -rf outputs $(TINY)

@@ -1,0 +1,425 @@
+"""Typed configuration schemas and the one loader every entry point uses.
+
+Every run config is a YAML file holding values only. ``load_config(path, overrides)`` merges it
+onto the dataclass schema named by its top-level ``kind`` (``stage_a``, ``stage_b`` ...), applies
+``key=value`` overrides (OmegaConf dot-list) and returns a typed, validated dataclass.
+
+A YAML may name a ``base`` file (path relative to itself); the base is loaded first and the file's
+values are merged on top, so tiny and ablation configs state only what differs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+
+class ConfigError(ValueError):
+    """A config file or override is invalid; the message names the file and the key."""
+
+
+# --------------------------------------------------------------------------------------------
+# Models
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class CLIPConfig:
+    arch: str = "ViT-H-14"  # open_clip model name (a registered config; tests register tiny ones)
+    checkpoint: str = "checkpoints/clip/open_clip_vit_h14.safetensors"  # local weights file (.safetensors/.bin)
+    model_config: str = ""  # JSON of a custom open_clip model config to register first (tiny models)
+    image_size: int = 224  # input resolution; frames are resized + centre-cropped to it
+    layer: int = -2  # residual block whose output is used; -2 = second-to-last, as in the paper
+    drop_cls: bool = True  # drop the class token (256 patch tokens remain for ViT-H-14 at 224 px)
+
+
+@dataclass
+class T5Config:
+    path: str = "checkpoints/CogVideoX-2b"  # diffusers-layout dir (text_encoder/, tokenizer/) or a T5 dir
+    text_encoder_subfolder: str = "text_encoder"  # "" when `path` is the T5 directory itself
+    tokenizer_subfolder: str = "tokenizer"
+    max_length: int = 226  # padded/truncated to this many tokens, as CogVideoX does
+
+
+@dataclass
+class EncoderConfig:
+    clip_dim: int = 1280  # width of the CLIP tokens (1280 ViT-H-14, 768 ViT-B-16)
+    clip_tokens: int = 256  # number of CLIP tokens after dropping CLS (256 ViT-H-14/224, 196 ViT-B-16)
+    text_dim: int = 4096  # T5 hidden size (4096 for T5-XXL)
+    text_tokens: int = 226  # T5 sequence length
+    hidden_dim: int = 1920  # output width = decoder hidden size (1920 for CogVideoX-2B)
+    num_tokens: int = 226  # output tokens N of s_a; replaces the decoder's 226 text tokens
+    projector: str = "mlp"  # CLIP projector: mlp (Linear-GELU-Linear) | linear
+    fusion: str = "concat"  # how CLIP and text tokens meet: concat | add | cross_attn
+    token_mixing: bool = True  # Linear over the token axis (226 + N_clip -> N); off = released decoder
+    cross_attn_heads: int = 8  # heads of the cross_attn fusion variant
+    frame: str = "first"  # which frame feeds CLIP: first | random (applied in the data path)
+
+
+@dataclass
+class DecoderConfig:
+    pretrained: str = "checkpoints/CogVideoX-2b"  # diffusers-layout dir: transformer/, vae/, scheduler/
+    lora_rank: int = 64  # LoRA rank on the attention projections
+    lora_alpha: int = 64  # LoRA alpha (scale alpha / rank)
+    lora_targets: list[str] = field(default_factory=lambda: ["to_q", "to_k", "to_v", "to_out.0"])
+    motion_scope: bool = True  # inject the motion level into the timestep embedding
+    num_motion_levels: int = 5  # motion levels 1..num_motion_levels
+    motion_embed_dim: int = 256  # width of the sinusoidal motion-level embedding
+    gradient_checkpointing: bool = True  # recompute transformer blocks in backward
+    dtype: str = "bf16"  # weights/compute dtype of the frozen parts: fp32 | bf16 | fp16
+    vae_slicing: bool = False  # decode the VAE batch one sample at a time
+    vae_tiling: bool = False  # decode the VAE in spatial tiles (less memory)
+
+
+@dataclass
+class MLLMConfig:
+    pretrained: str = "checkpoints/Mistral-7B-v0.1"  # transformers dir with a MistralForCausalLM and tokenizer
+    vocabulary: str = "paper"  # special-token spelling: paper (<VS><ANIME_i>) | released (<img><frame_i>)
+    num_slots: int = 226  # query slots per turn (= shot tokens N)
+    shot_dim: int = 1920  # width of a shot representation s_a
+    resampler_layers: int = 2  # MLP depth of the input/output resamplers
+    lora_rank: int = 32
+    lora_alpha: int = 32
+    lora_dropout: float = 0.05
+    lora_targets: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    gradient_checkpointing: bool = True
+    dtype: str = "bf16"  # fp32 | bf16 | fp16
+    attn_implementation: str = "sdpa"  # eager | sdpa | flash_attention_2
+    max_instruction_tokens: int = 96  # an instruction longer than this is rejected before any model runs
+
+
+# --------------------------------------------------------------------------------------------
+# Data
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class DataConfig:
+    manifest: str = "data/clips.jsonl"  # JSONL clip manifest (animegamer.data.manifest)
+    features_dir: str = "data/features"  # precomputed VAE latents / CLIP / T5 shards
+    height: int = 480
+    width: int = 720
+    num_frames: int = 17  # frames per clip fed to the VAE (4k + 1)
+    fps: int = 8
+    history_turns: int = 3  # K: earlier turns in the MLLM window
+    sequence_stride: int = 1  # step between consecutive stage (b) windows of a film
+    min_sequence_turns: int = 1  # drop films shorter than this
+    split: str = "train"  # which split of the manifest to use: train | test | all
+    test_fraction: float = 0.2  # fraction held out (by film, or 8:2 in time for a single film)
+    split_by: str = "film"  # film | time (the paper's single-film ablation)
+    num_workers: int = 2  # DataLoader workers
+
+
+@dataclass
+class PrepareDataConfig:
+    kind: str = "prepare_data"
+    output_dir: str = "data"  # clips/, clips.jsonl, features/ land here
+    films: list[str] = field(default_factory=list)  # film files or directories of films
+    height: int = 480
+    width: int = 720
+    clip_seconds: float = 2.0  # fixed clip length
+    fps: int = 8  # clips are resampled to this frame rate
+    scene_threshold: float = 27.0  # PySceneDetect ContentDetector threshold
+    min_scene_seconds: float = 2.0  # scenes shorter than one clip are dropped
+    crop_black_borders: bool = True
+    black_threshold: int = 16  # luma below this counts as black border
+    reader: str = "pyav"  # video backend: pyav | decord
+    workers: int = 2  # parallel film workers
+    flow: str = "dis"  # optical flow: dis (OpenCV) | raft (torchvision, weights on disk)
+    raft_weights: str = ""  # local RAFT weights file when flow=raft
+    flow_threshold: float = 0.2  # relative threshold r dropping near-static pixels
+    motion_levels: int = 5
+    caption: bool = False  # run the VLM captioner after cutting
+    captioner: dict[str, Any] = field(default_factory=dict)  # see animegamer.data.captioning
+    characters: str = ""  # character registry JSON (name -> reference images)
+
+
+# --------------------------------------------------------------------------------------------
+# Training
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TrainConfig:
+    max_steps: int = 1000  # optimizer steps
+    batch_size: int = 1  # per device
+    grad_accum: int = 1
+    lr: float = 2e-4
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    lr_scheduler: str = "constant"  # constant | cosine | linear (all with warm-up)
+    lr_warmup_steps: int = 0
+    max_grad_norm: float = 1.0
+    mixed_precision: str = "no"  # no | bf16 | fp16 (accelerate)
+    checkpoint_every: int = 500
+    keep_checkpoints: int = 3  # older step checkpoints are deleted
+    log_every: int = 10
+    report_to: str = "tensorboard"  # tensorboard | wandb | csv | none
+    resume: str = ""  # "" | latest | path to a checkpoint dir
+    compile: bool = False  # torch.compile the trained blocks
+
+
+@dataclass
+class StageAConfig:
+    kind: str = "stage_a"
+    output_dir: str = "outputs/stage_a"
+    seed: int = 42
+    clip: CLIPConfig = field(default_factory=CLIPConfig)
+    t5: T5Config = field(default_factory=T5Config)
+    encoder: EncoderConfig = field(default_factory=EncoderConfig)
+    decoder: DecoderConfig = field(default_factory=DecoderConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    warmup_steps: int = 10000  # encoder-only steps before LoRA joins (paper: 10k, then 80k joint)
+    condition_dropout: float = 0.1  # probability of the unconditional shot representation (for CFG)
+
+
+@dataclass
+class StageBConfig:
+    kind: str = "stage_b"
+    output_dir: str = "outputs/stage_b"
+    seed: int = 42
+    mllm: MLLMConfig = field(default_factory=MLLMConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(lr=5e-5, max_steps=15000))
+    shot_targets: str = "outputs/stage_a/shot_targets"  # cached s_a targets from the stage (a) encoder
+    encoder_checkpoint: str = "outputs/stage_a/checkpoints/latest"  # used to build the cache if absent
+    mse_weight: float = 0.5  # alpha
+    cosine_weight: float = 0.0  # beta (0.5 in the cosine-loss ablation)
+    max_seq_len: int = 2048  # sequences are padded (or packed) to at most this many tokens
+    pack_sequences: bool = False
+
+
+@dataclass
+class StageCConfig:
+    kind: str = "stage_c"
+    output_dir: str = "outputs/stage_c"
+    seed: int = 42
+    decoder: DecoderConfig = field(default_factory=DecoderConfig)
+    mllm: MLLMConfig = field(default_factory=MLLMConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(lr=5e-5, max_steps=10000))
+    stage_a_checkpoint: str = "outputs/stage_a/checkpoints/latest"  # decoder LoRA + motion embedding to start from
+    stage_b_checkpoint: str = "outputs/stage_b/checkpoints/latest"  # frozen MLLM adapters + resamplers
+    predictions_cache: str = "outputs/stage_c/predictions"  # MLLM predictions, generated once
+    condition_dropout: float = 0.1
+
+
+# --------------------------------------------------------------------------------------------
+# Inference, evaluation, benchmark
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SamplingConfig:
+    scheduler: str = "dpm"  # dpm (CogVideoXDPMScheduler) | ddim (CogVideoXDDIMScheduler)
+    steps: int = 50
+    guidance_scale: float = 6.0
+    dynamic_cfg: bool = True  # cosine ramp of the guidance scale over the steps
+    dynamic_cfg_exponent: float = 5.0
+    guidance_steps_fraction: float = 1.0  # apply CFG on the first fraction of steps only (fast preset)
+    height: int = 480
+    width: int = 720
+    num_frames: int = 17
+    fps: int = 8
+    seed: int = 42
+
+
+@dataclass
+class InferenceConfig:
+    kind: str = "inference"
+    output_dir: str = "outputs/game"  # results of inference_MLLM.py, read by inference_Decoder.py
+    seed: int = 42
+    game: str = "game_demo/demo.txt"  # instruction file, one turn per line
+    clip: CLIPConfig = field(default_factory=CLIPConfig)
+    t5: T5Config = field(default_factory=T5Config)
+    encoder: EncoderConfig = field(default_factory=EncoderConfig)
+    decoder: DecoderConfig = field(default_factory=DecoderConfig)
+    mllm: MLLMConfig = field(default_factory=MLLMConfig)
+    decoder_checkpoint: str = "outputs/stage_c/checkpoints/latest"  # trained decoder parts (or stage a)
+    mllm_checkpoint: str = "outputs/stage_b/checkpoints/latest"  # trained MLLM parts
+    history_turns: int = 1  # K; 1 reproduces the released demo
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    device: str = "auto"  # auto | cpu | cuda
+    offload: str = "none"  # none | sequential (each model on the GPU only while it runs)
+    fast: bool = False  # the fast preset (fewer steps, partial CFG)
+    compile: bool = False
+
+
+@dataclass
+class EvalConfig:
+    kind: str = "eval"
+    output_dir: str = "outputs/eval"
+    seed: int = 42
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
+    benchmark: str = "data/benchmark"  # directory of benchmark games with ground truth
+    systems: list[str] = field(default_factory=lambda: ["animegamer"])  # animegamer | gc_baseline | random ...
+    metrics_clip: CLIPConfig = field(default_factory=CLIPConfig)  # CLIP used by CLIP-I / CLIP-T
+    dreamsim_path: str = ""  # local DreamSim weights; empty = reported as missing
+    max_games: int = 0  # 0 = all
+
+
+@dataclass
+class BenchmarkConfig:
+    kind: str = "benchmark"
+    output_dir: str = "outputs/benchmark"
+    seed: int = 0
+    preset: str = "tiny"  # full | tiny
+    device: str = "cuda"
+    warmup: int = 2
+    repeats: int = 5
+
+
+SCHEMAS: dict[str, type] = {
+    "stage_a": StageAConfig,
+    "stage_b": StageBConfig,
+    "stage_c": StageCConfig,
+    "inference": InferenceConfig,
+    "eval": EvalConfig,
+    "prepare_data": PrepareDataConfig,
+    "benchmark": BenchmarkConfig,
+}
+
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "projector": ("mlp", "linear"),
+    "fusion": ("concat", "add", "cross_attn"),
+    "frame": ("first", "random"),
+    "dtype": ("fp32", "bf16", "fp16"),
+    "vocabulary": ("paper", "released"),
+    "mixed_precision": ("no", "bf16", "fp16"),
+    "lr_scheduler": ("constant", "cosine", "linear"),
+    "report_to": ("tensorboard", "wandb", "csv", "none"),
+    "scheduler": ("dpm", "ddim"),
+    "offload": ("none", "sequential"),
+    "split": ("train", "test", "all"),
+    "split_by": ("film", "time"),
+    "reader": ("pyav", "decord"),
+    "flow": ("dis", "raft"),
+    "preset": ("full", "tiny"),
+}
+
+
+def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> DictConfig:
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    if path.resolve() in seen:
+        raise ConfigError(f"{path}: circular 'base' chain")
+    try:
+        raw = OmegaConf.load(path)
+    except Exception as exc:  # yaml.YAMLError and friends
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(raw, DictConfig):
+        raise ConfigError(f"{path}: top level must be a mapping")
+    base = raw.pop("base", None)
+    if base is None:
+        return raw
+    parent = _read_yaml((path.parent / str(base)), seen + (path.resolve(),))
+    return OmegaConf.merge(parent, raw)
+
+
+def _check_choices(obj: Any, where: str) -> None:
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            _check_choices(value, f"{where}{f.name}.")
+        elif f.name in _CHOICES and value not in _CHOICES[f.name]:
+            raise ConfigError(f"{where}{f.name}={value!r} is not one of {list(_CHOICES[f.name])}")
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None, schema: type | None = None) -> Any:
+    """Load a YAML run config, apply ``key=value`` overrides and return the typed dataclass.
+
+    The schema is ``schema`` if given, else the one named by the file's ``kind``. Unknown keys,
+    wrong types and values outside a field's choices raise :class:`ConfigError` with one message
+    naming the key.
+    """
+    overrides = list(overrides or [])
+    source = str(path) if path is not None else "<defaults>"
+    data = _read_yaml(Path(path)) if path is not None else OmegaConf.create({})
+    if schema is None:
+        kind = data.get("kind")
+        if kind is None:
+            raise ConfigError(f"{source}: missing top-level 'kind' (one of {sorted(SCHEMAS)})")
+        if kind not in SCHEMAS:
+            raise ConfigError(f"{source}: kind={kind!r} is not one of {sorted(SCHEMAS)}")
+        schema = SCHEMAS[kind]
+    base = OmegaConf.structured(schema)
+    try:
+        merged = OmegaConf.merge(base, data)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"{source}: {_describe(exc)}") from exc
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form key=value")
+        try:
+            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist([item]))
+        except OmegaConfBaseException as exc:
+            raise ConfigError(f"override {item!r}: {_describe(exc)}") from exc
+    try:
+        cfg = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"{source}: {_describe(exc)}") from exc
+    expected = getattr(schema(), "kind", None)
+    if expected is not None and cfg.kind != expected:
+        raise ConfigError(f"{source}: kind={cfg.kind!r} but this entry point expects kind={expected!r}")
+    _check_choices(cfg, "")
+    return cfg
+
+
+def _describe(exc: OmegaConfBaseException) -> str:
+    key = getattr(exc, "full_key", None)
+    msg = getattr(exc, "msg", None) or str(exc).splitlines()[0]
+    if key:
+        return f"key '{key}': {msg}"
+    return msg
+
+
+def to_yaml(cfg: Any) -> str:
+    """The resolved config as YAML text (saved beside every run)."""
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def config_help(schema: type, prefix: str = "") -> str:
+    """One line per config key with its default, for ``--help``."""
+    lines = []
+    for f in dataclasses.fields(schema):
+        default = f.default if f.default is not dataclasses.MISSING else None
+        if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+            default = f.default_factory()  # type: ignore[misc]
+        if dataclasses.is_dataclass(default):
+            lines.append(config_help(type(default), f"{prefix}{f.name}."))
+        else:
+            lines.append(f"  {prefix}{f.name}={default!r}")
+    return "\n".join(lines)
+
+
+__all__ = [
+    "MISSING",
+    "SCHEMAS",
+    "BenchmarkConfig",
+    "CLIPConfig",
+    "ConfigError",
+    "DataConfig",
+    "DecoderConfig",
+    "EncoderConfig",
+    "EvalConfig",
+    "InferenceConfig",
+    "MLLMConfig",
+    "PrepareDataConfig",
+    "SamplingConfig",
+    "StageAConfig",
+    "StageBConfig",
+    "StageCConfig",
+    "T5Config",
+    "TrainConfig",
+    "config_help",
+    "load_config",
+    "to_yaml",
+]

@@ -1,0 +1,122 @@
+"""Tiny random models, built from configs and saved in the real on-disk layouts.
+
+Tests, ``make demo`` and SpriteWorld load these through the same ``from_pretrained`` code that loads
+CLIP ViT-H-14, T5-XXL, CogVideoX-2B and Mistral-7B. Weights are random but seeded, so every build is
+identical. Tokenizers are sentencepiece models trained on the fly on a small corpus.
+
+    python scripts/make_tiny_checkpoints.py --out checkpoints/tiny
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+# Words the tiny tokenizers must cover: the game instruction format and a small life-sim lexicon.
+_CORPUS_WORDS = """
+Character Motion Background the a an and of in on at to with is are
+Qiqi Sam Mia Ken Luna girl boy cat dog friend character characters
+walk walks run runs jump jumps fly flies sleep sleeps eat eats talk talks read reads sit sits dance dances
+swim play plays cook cooks lie down stand up look wave waves laugh cry smile sing sings climb
+gently quickly slowly happily calmly softly loudly fast slow high low together alone
+forest bedroom kitchen park beach street school garden sky room house city field river mountain
+night day morning evening sunset rain snow sunny dark bright
+""".split()
+
+
+def corpus_lines(repeat: int = 30) -> list[str]:
+    """A deterministic corpus of instruction-like sentences for training tiny tokenizers."""
+    import random
+
+    rng = random.Random(0)
+    lines = []
+    for _ in range(repeat * 20):
+        words = rng.sample(_CORPUS_WORDS, 8)
+        lines.append(f"Character: {words[0]}; Motion: {words[1]} {words[2]}; Background: {words[3]} {words[4]}.")
+        lines.append(" ".join(words))
+    lines += [" ".join(_CORPUS_WORDS)] * 5
+    return lines
+
+
+def train_sentencepiece(out_prefix: Path, vocab_size: int = 256, model_type: str = "unigram", **kwargs) -> Path:
+    """Train a sentencepiece model on :func:`corpus_lines`; returns the ``.model`` path."""
+    import sentencepiece as spm
+
+    out_prefix.parent.mkdir(parents=True, exist_ok=True)
+    corpus = out_prefix.with_suffix(".corpus.txt")
+    corpus.write_text("\n".join(corpus_lines()) + "\n", encoding="utf-8")
+    spm.SentencePieceTrainer.train(
+        input=str(corpus),
+        model_prefix=str(out_prefix),
+        vocab_size=vocab_size,
+        model_type=model_type,
+        character_coverage=1.0,
+        hard_vocab_limit=False,
+        minloglevel=2,
+        **kwargs,
+    )
+    corpus.unlink()
+    return out_prefix.with_suffix(".model")
+
+
+TINY_CLIP_CONFIG = {
+    "embed_dim": 32,
+    "vision_cfg": {"image_size": 32, "layers": 3, "width": 32, "head_width": 16, "patch_size": 8},
+    "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 2},
+}
+TINY_CLIP_ARCH = "animegamer-tiny-vit"
+
+
+def build_tiny_clip(out_dir: str | Path, seed: int = 0, arch: str = TINY_CLIP_ARCH) -> tuple[Path, Path]:
+    """Write an open_clip model config JSON and random weights; returns (config path, weights path)."""
+    import open_clip
+    from safetensors.torch import save_file
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config_path = out_dir / f"{arch}.json"
+    config_path.write_text(json.dumps(TINY_CLIP_CONFIG, indent=2))
+    open_clip.add_model_config(config_path)
+    torch.manual_seed(seed)
+    model = open_clip.create_model(arch, pretrained=None)
+    weights = out_dir / "open_clip_model.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(weights))
+    return config_path, weights
+
+
+def build_tiny_t5(out_dir: str | Path, seed: int = 0, d_model: int = 32) -> Path:
+    """A tiny T5 encoder + sentencepiece tokenizer in diffusers layout (text_encoder/, tokenizer/)."""
+    from transformers import T5Config, T5EncoderModel, T5Tokenizer
+
+    out_dir = Path(out_dir)
+    spm_model = train_sentencepiece(out_dir / "_spm" / "spiece", vocab_size=200)
+    tokenizer = T5Tokenizer.from_pretrained(str(spm_model.parent), extra_ids=0)
+    tokenizer.save_pretrained(str(out_dir / "tokenizer"))
+    shutil.rmtree(spm_model.parent)
+    torch.manual_seed(seed)
+    config = T5Config(
+        vocab_size=len(tokenizer),
+        d_model=d_model,
+        d_kv=8,
+        d_ff=64,
+        num_layers=2,
+        num_heads=4,
+        relative_attention_num_buckets=8,
+        relative_attention_max_distance=32,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    T5EncoderModel(config).save_pretrained(str(out_dir / "text_encoder"))
+    return out_dir
+
+
+def build_all(out_dir: str | Path, seed: int = 0) -> dict[str, Path]:
+    """Every tiny model the tiny configs name, under ``out_dir`` (clip/, CogVideoX/, Mistral/)."""
+    out_dir = Path(out_dir)
+    written: dict[str, Path] = {}
+    _, written["clip"] = build_tiny_clip(out_dir / "clip", seed=seed)
+    written["t5"] = build_tiny_t5(out_dir / "CogVideoX", seed=seed)
+    return written

@@ -1,0 +1,65 @@
+"""Shared fixtures: tiny random models written in their real on-disk layouts, synthetic clips."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from animegamer import tiny
+from animegamer.config import CLIPConfig, T5Config
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+torch.set_num_threads(2)
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords and not torch.cuda.is_available():
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def tiny_clip_config(tmp_path_factory) -> CLIPConfig:
+    """A tiny open_clip ViT saved to disk; the CLIPConfig that loads it through the real loader."""
+    out = tmp_path_factory.mktemp("tiny_clip")
+    config_path, weights = tiny.build_tiny_clip(out)
+    return CLIPConfig(arch=tiny.TINY_CLIP_ARCH, checkpoint=str(weights), model_config=str(config_path), image_size=32)
+
+
+@pytest.fixture(scope="session")
+def tiny_t5_config(tmp_path_factory) -> T5Config:
+    """A tiny T5 encoder + sentencepiece tokenizer trained on the fly, in diffusers layout."""
+    out = tmp_path_factory.mktemp("tiny_t5")
+    tiny.build_tiny_t5(out)
+    return T5Config(path=str(out), max_length=226)
+
+
+def make_clip_frames(num_frames: int = 9, height: int = 48, width: int = 64, speed: float = 3.0, seed: int = 0):
+    """A square moving right at ``speed`` px/frame over a gradient background, (T, H, W, 3) uint8."""
+    rng = np.random.default_rng(seed)
+    base = np.zeros((height, width, 3), np.uint8)
+    base[..., 0] = np.linspace(20, 120, width, dtype=np.uint8)[None, :]
+    base[..., 2] = rng.integers(30, 60)
+    frames = []
+    for t in range(num_frames):
+        frame = base.copy()
+        x = int(4 + speed * t) % (width - 12)
+        frame[height // 2 - 6 : height // 2 + 6, x : x + 12] = (250, 200, 40)
+        frames.append(frame)
+    return np.stack(frames)
+
+
+@pytest.fixture
+def synthetic_clip(tmp_path):
+    """A short mp4 written with the project's writer, and its frames."""
+    from animegamer.data.video import write_mp4
+
+    frames = make_clip_frames()
+    path = write_mp4(tmp_path / "clip.mp4", frames, fps=8)
+    return path, frames
