@@ -1,0 +1,1 @@
+"""Small pure helpers shared by the stage scripts: run setup, optimizers, checkpoints, batches, trackers."""
