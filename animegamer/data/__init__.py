@@ -1,0 +1,1 @@
+"""Data: video I/O, manifests, preprocessing, motion scope, captioning, datasets."""
