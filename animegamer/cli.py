@@ -9,7 +9,9 @@ from typing import Any
 from animegamer.config import ConfigError, config_help, load_config
 
 
-def parse_config(schema: type, doc: str | None, argv: list[str] | None = None, extra=None) -> tuple[Any, argparse.Namespace]:
+def parse_config(
+    schema: type, doc: str | None, argv: list[str] | None = None, extra=None
+) -> tuple[Any, argparse.Namespace]:
     """Parse ``--config FILE key=value ...``; ``--help`` shows ``doc`` and every config key with its default.
 
     ``extra`` may add script-specific flags to the parser. Config errors exit with one readable line.

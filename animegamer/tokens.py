@@ -139,7 +139,9 @@ class TurnLayout:
             t for t in vocab.special_tokens(num_slots) if unk is not None and tokenizer.convert_tokens_to_ids(t) == unk
         ]
         if missing:
-            raise ValueError(f"tokenizer lacks {len(missing)} special tokens (e.g. {missing[0]}); call add_special_tokens")
+            raise ValueError(
+                f"tokenizer lacks {len(missing)} special tokens (e.g. {missing[0]}); call add_special_tokens"
+            )
         ids = self._ids
         self.turn_open_id, self.turn_close_id = ids(vocab.turn_open), ids(vocab.turn_close)
         self.shot_open_ids = [ids(t) for t in vocab.shot_open]
@@ -149,7 +151,7 @@ class TurnLayout:
         self.close_ids = {f: ids(vocab.close_tag(f)) for f in STATE_FIELDS}
         # field -> (allowed token ids, the value each id stands for)
         self.value_ids = {f: [ids(t) for t in vocab.value_tokens(f)] for f in STATE_FIELDS}
-        self.id_to_value = {f: dict(zip(self.value_ids[f], VALUE_RANGES[f])) for f in STATE_FIELDS}
+        self.id_to_value = {f: dict(zip(self.value_ids[f], VALUE_RANGES[f], strict=True)) for f in STATE_FIELDS}
 
     def _ids(self, token: str) -> int:
         return int(self.tokenizer.convert_tokens_to_ids(token))

@@ -47,7 +47,9 @@ class ClipRecord:
         return d
 
 
-_REQUIRED = {"clip_id": str, "video": str, "film_id": str, "clip_index": int, "start": (int, float), "end": (int, float)}
+_REQUIRED = {
+    "clip_id": str, "video": str, "film_id": str, "clip_index": int, "start": (int, float), "end": (int, float)
+}
 _FIELDS = set(ClipRecord.__dataclass_fields__)
 
 
@@ -128,7 +130,8 @@ def read_manifest(path: str | Path) -> Manifest:
                 raise ManifestError(f"{where}: not valid JSON ({exc.msg})") from None
             record = _record_from_json(data, where)
             if record.clip_id in seen:
-                raise ManifestError(f"{where}: duplicate clip_id {record.clip_id!r} (first on line {seen[record.clip_id]})")
+                first = seen[record.clip_id]
+                raise ManifestError(f"{where}: duplicate clip_id {record.clip_id!r} (first on line {first})")
             seen[record.clip_id] = number
             records.append(record)
     meta_file = meta_path(path)

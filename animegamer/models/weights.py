@@ -20,7 +20,9 @@ def load_state_dict_file(path: str | Path, device: str = "cpu") -> dict[str, tor
     return torch.load(str(path), map_location=device, weights_only=True)
 
 
-def save_state_dict_file(state: dict[str, torch.Tensor], path: str | Path, metadata: dict[str, str] | None = None) -> None:
+def save_state_dict_file(
+    state: dict[str, torch.Tensor], path: str | Path, metadata: dict[str, str] | None = None
+) -> None:
     """Write safetensors atomically (temp file in the same directory, then rename)."""
     tensors = {k: v.detach().contiguous().cpu() for k, v in state.items()}
     with atomic_path(path) as tmp:
