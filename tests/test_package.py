@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_import_is_light():
     heavy = ("torch", "diffusers", "transformers", "open_clip")
-    code = f"import sys, animegamer, animegamer.states, animegamer.config\nprint([m for m in {heavy} if m in sys.modules])"
+    code = "import sys, animegamer, animegamer.states, animegamer.config\n"
+    code += f"print([m for m in {heavy} if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]"
 
