@@ -253,6 +253,81 @@ class InferenceConfig:
     compile: bool = False
 
 
+BENCHMARK_SYSTEM_PROMPT = "You write stories for an anime life-simulation game. You answer with tag lines only."
+
+BENCHMARK_PROMPT = """Write story {number} of a life-simulation game for the anime character {character}: \
+{turns} turns, each one short animation shot of {character}'s daily life. Consecutive turns continue one coherent \
+day (places and activities follow from each other), with a mix of calm and energetic moments.
+
+Answer with exactly {turns} lines, one per turn, and nothing else. Each line holds exactly these tags in this order:
+<S>character</S><MD>motion</MD><EV>environment</EV><ML>motion level</ML><MA>manner</MA><SC>social</SC>\
+<ET>entertainment</ET><ST>stamina</ST>
+- S: always {character}
+- MD: what {character} does, a short verb phrase without semicolons
+- EV: where and when, a short phrase without semicolons
+- ML: how much motion the shot shows, 1 (almost still) to 5 (fast, large movement)
+- MA: how the motion is done, one adverb (may be empty)
+- SC: 1 if {character} interacts with someone, else 0
+- ET: 1 if it is a leisure or fun activity, else 0
+- ST: -1 if the activity is tiring, 1 if it is restful or restoring (sleeping, eating), else 0
+
+Example line:
+<S>{character}</S><MD>run along the river</MD><EV>park at sunset</EV><ML>4</ML><MA>happily</MA><SC>0</SC>\
+<ET>1</ET><ST>-1</ST>"""
+
+BENCHMARK_RETRY_PROMPT = """Your answer was rejected: {error}
+Answer again with exactly {turns} tag lines for {character} and nothing else."""
+
+JUDGE_SYSTEM_PROMPT = "You are a strict, consistent evaluator of an anime life-simulation game."
+
+JUDGE_PROMPT = """A player gave the anime character {character} one instruction per turn, and the game answered each \
+with a short animation. {references}You see {frames_per_turn} frames of each turn's animation, in order:
+
+{instructions}
+
+Rate the whole game from 1 (very poor) to 10 (excellent) on:
+- overall: overall quality as an animated life simulation
+- instruction_following: each animation shows what its instruction asks (action and background)
+- contextual_coherence: consecutive animations fit together as one continuing story
+- character_consistency: the character keeps the same look, as {character}, in every turn
+
+Answer with only a JSON object holding the four integer scores, for example:
+{"overall": 6, "instruction_following": 7, "contextual_coherence": 5, "character_consistency": 8}"""
+
+JUDGE_RETRY_PROMPT = "Your previous answer was rejected: {error}. Answer with only the JSON object of four scores."
+
+
+@dataclass
+class JudgeConfig:
+    backend: dict[str, Any] = field(default_factory=dict)  # animegamer.llm.make_backend spec; empty = no judge
+    frames_per_turn: int = 2  # frames sampled evenly from each turn's clip and shown to the judge
+    max_image_side: int = 360  # frames are downscaled to at most this many pixels on the long side; 0 = as is
+    max_attempts: int = 3  # requests per game before a malformed judgement is recorded as failed
+    temperature: float = 0.0
+    max_tokens: int = 256
+    system_prompt: str = JUDGE_SYSTEM_PROMPT
+    prompt: str = JUDGE_PROMPT  # placeholders: {character} {references} {frames_per_turn} {instructions}
+    retry_prompt: str = JUDGE_RETRY_PROMPT  # appended to the prompt after a malformed answer; {error}
+
+
+@dataclass
+class BenchmarkGenConfig:
+    kind: str = "benchmark_gen"
+    output_dir: str = "data/benchmark"  # <output_dir>/<game_id>/{game.txt,ground_truth.jsonl} + benchmark.json
+    characters: list[str] = field(default_factory=list)  # character names (the paper: 20 characters)
+    games_per_character: int = 10  # the paper: about 2,000 rounds = 20 characters x 10 games x 10 turns
+    turns: int = 10  # shots per game
+    backend: dict[str, Any] = field(  # animegamer.llm.make_backend spec (openai endpoint or local transformers)
+        default_factory=lambda: {"type": "openai", "base_url": "http://127.0.0.1:8000/v1", "model": "default"}
+    )
+    max_attempts: int = 3  # answers per game; a game whose answers all fail validation is reported, not stored
+    temperature: float = 0.9
+    max_tokens: int = 2048
+    system_prompt: str = BENCHMARK_SYSTEM_PROMPT
+    prompt: str = BENCHMARK_PROMPT  # placeholders: {character} {turns} {number}
+    retry_prompt: str = BENCHMARK_RETRY_PROMPT  # sent after a rejected answer; {error} {turns} {character}
+
+
 @dataclass
 class EvalConfig:
     kind: str = "eval"
@@ -264,6 +339,7 @@ class EvalConfig:
     metrics_clip: CLIPConfig = field(default_factory=CLIPConfig)  # CLIP used by CLIP-I / CLIP-T
     dreamsim_path: str = ""  # local DreamSim weights; empty = reported as missing
     max_games: int = 0  # 0 = all
+    judge: JudgeConfig = field(default_factory=JudgeConfig)  # LLM-as-judge; skipped while judge.backend is empty
 
 
 @dataclass
@@ -285,6 +361,7 @@ SCHEMAS: dict[str, type] = {
     "eval": EvalConfig,
     "prepare_data": PrepareDataConfig,
     "benchmark": BenchmarkConfig,
+    "benchmark_gen": BenchmarkGenConfig,
 }
 
 _CHOICES: dict[str, tuple[str, ...]] = {
@@ -404,6 +481,7 @@ __all__ = [
     "MISSING",
     "SCHEMAS",
     "BenchmarkConfig",
+    "BenchmarkGenConfig",
     "CLIPConfig",
     "ConfigError",
     "DataConfig",
@@ -411,6 +489,7 @@ __all__ = [
     "EncoderConfig",
     "EvalConfig",
     "InferenceConfig",
+    "JudgeConfig",
     "MLLMConfig",
     "PrepareDataConfig",
     "SamplingConfig",

@@ -58,6 +58,10 @@ METRICS: dict[str, MetricInfo] = {
     "mae_s": MetricInfo("MAE-S", False, "absolute error of the predicted stamina delta"),
     "psnr": MetricInfo("PSNR", True, "peak signal-to-noise ratio (dB) over the whole clip, uint8 range"),
     "ssim": MetricInfo("SSIM", True, "structural similarity, Gaussian window 11 / sigma 1.5, mean over frames"),
+    "judge_overall": MetricInfo("Overall", True, "LLM judge, 1..10: overall quality of the game"),
+    "judge_instruction_following": MetricInfo("Instr.", True, "LLM judge, 1..10: clips follow their instructions"),
+    "judge_contextual_coherence": MetricInfo("Coher.", True, "LLM judge, 1..10: turns continue one story"),
+    "judge_character_consistency": MetricInfo("Char.", True, "LLM judge, 1..10: the character keeps its look"),
 }
 
 
