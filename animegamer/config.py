@@ -117,6 +117,51 @@ class DataConfig:
     num_workers: int = 2  # DataLoader workers
 
 
+CAPTION_SYSTEM_PROMPT = "You annotate anime clips for a training dataset. Follow the requested output format exactly."
+CAPTION_CHARACTERS_PROMPT = (
+    "The first {num_references} images are reference pictures of known characters ({reference_list}). "
+    "The next {num_frames} images are frames sampled in time order from one anime clip. "
+    "Which of the known characters appear in the clip? Answer with one line of the form <C>name, name</C> "
+    "using only these names: {names}; or <C>none</C> if none of them appears."
+)
+CAPTION_DESCRIBE_PROMPT = (
+    "These {num_frames} images are frames sampled in time order from one anime clip. "
+    "Known characters in the clip: {characters}. "
+    "Its measured motion level is {motion_level} on a scale from 1 (nearly still) to {num_levels} (very fast).\n"
+    "Describe the clip in exactly one line with these tags, in this order, and nothing else:\n"
+    "<S>the main character: a name from the known characters if one appears, else a short noun such as Girl</S>"
+    "<MD>what the character does, a short verb phrase</MD>"
+    "<EV>the environment or background, a short noun phrase</EV>"
+    "<MA>one adverb for how the motion is performed, in keeping with the motion level</MA>"
+    "<SC>1 if the character interacts with another character, else 0</SC>"
+    "<ET>1 if the character is doing something for fun or leisure, else 0</ET>"
+    "<ST>-1 if the activity tires the character, 1 if it restores stamina (resting, eating, sleeping), else 0</ST>\n"
+    "Example: <S>Girl</S><MD>run</MD><EV>Forest</EV><MA>slowly</MA><SC>0</SC><ET>1</ET><ST>-1</ST>"
+)
+CAPTION_RETRY_PROMPT = "That answer is not valid: {error}. Answer again with exactly one line in the required format."
+
+
+@dataclass
+class CaptionConfig:
+    """The two captioning steps of the paper's supplement (animegamer.data.captioning); prompts are templates."""
+
+    backend: dict[str, Any] = field(default_factory=dict)  # animegamer.llm.make_backend spec: {type: openai,
+    # base_url, model, api_key} for any OpenAI-compatible server (vLLM, LMDeploy), or {type: transformers, path,
+    # device, dtype} for a local vision-language model directory
+    num_frames: int = 8  # frames sampled evenly from each clip and shown to the model
+    image_size: int = 448  # longer side of every image sent (frames and character references)
+    max_attempts: int = 3  # tries per step; an answer still invalid after them marks the clip caption_status=invalid
+    max_tokens: int = 200
+    temperature: float = 0.2
+    workers: int = 4  # clips captioned concurrently (HTTP backends; a local transformers model always uses 1)
+    system_prompt: str = CAPTION_SYSTEM_PROMPT
+    # step 1 uses {num_references} {reference_list} {num_frames} {names}; step 2 {num_frames} {characters}
+    # {motion_level} {num_levels}; the retry {error}
+    characters_prompt: str = CAPTION_CHARACTERS_PROMPT  # step 1: which reference characters appear
+    describe_prompt: str = CAPTION_DESCRIBE_PROMPT  # step 2: the structured tag line given the motion level
+    retry_prompt: str = CAPTION_RETRY_PROMPT  # follow-up message after an invalid answer
+
+
 @dataclass
 class PrepareDataConfig:
     kind: str = "prepare_data"
@@ -135,9 +180,13 @@ class PrepareDataConfig:
     flow: str = "dis"  # optical flow: dis (OpenCV) | raft (torchvision, weights on disk)
     raft_weights: str = ""  # local RAFT weights file when flow=raft
     flow_threshold: float = 0.2  # relative threshold r dropping near-static pixels
+    flow_robust_quantile: float = 0.99  # "max" in r * max is this quantile of a frame pair's magnitudes (1 = max)
+    flow_preset: str = "medium"  # DIS preset: ultrafast | fast | medium
+    flow_device: str = "cpu"  # RAFT device: cpu | cuda
     motion_levels: int = 5
+    refit_motion_bins: bool = False  # refit level edges on all clips on a rerun (default: keep the stored edges)
     caption: bool = False  # run the VLM captioner after cutting
-    captioner: dict[str, Any] = field(default_factory=dict)  # see animegamer.data.captioning
+    captioner: CaptionConfig = field(default_factory=CaptionConfig)  # see animegamer.data.captioning
     characters: str = ""  # character registry JSON (name -> reference images)
 
 
@@ -379,6 +428,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "split_by": ("film", "time"),
     "reader": ("pyav", "decord"),
     "flow": ("dis", "raft"),
+    "flow_preset": ("ultrafast", "fast", "medium"),
     "preset": ("full", "tiny"),
 }
 
@@ -483,6 +533,7 @@ __all__ = [
     "BenchmarkConfig",
     "BenchmarkGenConfig",
     "CLIPConfig",
+    "CaptionConfig",
     "ConfigError",
     "DataConfig",
     "DecoderConfig",

@@ -1,0 +1,128 @@
+import numpy as np
+import pytest
+
+from animegamer.data.films import (
+    Box,
+    CutSettings,
+    FilmJob,
+    aspect_box,
+    assign_film_ids,
+    cut_film,
+    detect_black_borders,
+    detect_scenes,
+    find_films,
+    fit_frame,
+    iter_clip_frames,
+    plan_clips,
+    process_film,
+    sample_frames,
+)
+from animegamer.data.video import VideoReadError, probe_video, read_video
+from tests.synthetic_films import TINTS, make_film
+
+SMALL = CutSettings(height=48, width=64, fps=8, clip_seconds=2.0)
+
+
+@pytest.mark.parametrize(
+    "bars",
+    [(8, 8, 0, 0), (0, 0, 12, 10), (6, 10, 12, 8), (0, 0, 0, 0)],
+    ids=["letterbox", "pillarbox", "both", "none"],
+)
+def test_black_borders_cropped_to_the_content_box(tmp_path, bars):
+    truth = make_film(tmp_path / "film.mp4", seconds=1.5, bars=bars)
+    box = detect_black_borders(sample_frames(tmp_path / "film.mp4"), threshold=16)
+    assert np.abs(np.array(box.to_list()) - np.array(truth["box"])).max() <= 2, (box, truth["box"])
+
+
+def test_borders_need_black_in_every_sample():
+    frames = np.full((4, 20, 30, 3), 120, np.uint8)
+    frames[:, :3] = 0  # a real letterbox bar: black in all samples
+    frames[0, -5:] = 0  # dark bottom rows in one sample only: content, not a bar
+    assert detect_black_borders(frames) == Box(0, 3, 30, 20)
+    assert detect_black_borders(np.zeros((2, 20, 30, 3), np.uint8)) == Box(0, 0, 30, 20)  # all black: keep all
+
+
+def test_aspect_crop_then_resize_never_stretches():
+    wide = aspect_box(Box(0, 8, 96, 56), height=48, width=64)  # 96x48 content -> 4:3
+    assert (wide.width, wide.height) == (64, 48) and wide.x0 == 16  # trimmed equally left and right
+    tall = aspect_box(Box(10, 0, 50, 100), height=48, width=64)  # 40x100 content -> 4:3
+    assert (tall.width, tall.height) == (40, 30) and tall.y0 == 35
+    frame = np.zeros((100, 120, 3), np.uint8)
+    frame[:, 60:] = 255
+    out = fit_frame(frame, Box(0, 0, 120, 90), 48, 64)
+    assert out.shape == (48, 64, 3)
+    assert out[:, :30].max() == 0 and out[:, 34:].min() == 255  # the edge stays in the middle
+
+
+def test_scene_cuts_found_near_the_true_frames(tmp_path):
+    truth = make_film(tmp_path / "film.mp4", seconds=6.75, cuts=(2.25, 4.5), bars=(8, 8, 0, 0))
+    scenes = detect_scenes(tmp_path / "film.mp4", Box(*truth["box"]))
+    assert len(scenes) == 3
+    found = [start for start, _ in scenes[1:]]
+    assert np.allclose(found, truth["cuts"], atol=1 / 16 + 1e-6)  # within one source frame
+    assert scenes[0][0] == 0.0 and scenes[-1][1] == pytest.approx(6.75, abs=1 / 16)
+
+
+def test_plan_clips_back_to_back_within_scenes():
+    plans = plan_clips([(0.0, 4.1), (4.1, 5.0), (5.0, 9.0)], SMALL, native_fps=16)
+    assert [(p.start, p.end, p.scene_index) for p in plans] == [(0.0, 2.0, 0), (2.0, 4.0, 0), (5.0, 7.0, 2)]
+    assert [p.clip_index for p in plans] == [0, 1, 2]
+    assert len(plans[0].times) == 17 and np.allclose(np.diff(plans[0].times), 1 / 8)
+    assert plans[1].times[-1] == pytest.approx(4.0)  # closing frame included, still inside the scene
+
+
+def test_cut_film_writes_two_second_clips_in_order(tmp_path):
+    truth = make_film(tmp_path / "film.mp4", seconds=6.75, cuts=(2.25, 4.5), bars=(8, 8, 0, 0))
+    result = cut_film(tmp_path / "film.mp4", "film", tmp_path / "out", SMALL)
+    assert result.crop == list(truth["box"])
+    assert len(result.scenes) == 3
+    records = result.records
+    assert [r.clip_index for r in records] == [0, 1, 2]
+    assert [r.clip_id for r in records] == ["film_00000", "film_00001", "film_00002"]
+    starts = [r.start for r in records]
+    assert starts == sorted(starts) and np.allclose(starts, [0.0, 2.25, 4.5], atol=1 / 16 + 1e-6)
+    for scene, record in enumerate(records):
+        assert record.end - record.start == pytest.approx(2.0)
+        assert record.extra["scene"] == scene
+        lo, hi = result.scenes[scene]
+        assert lo <= record.start and record.end < hi  # no clip crosses a cut
+        path = tmp_path / "out" / record.video
+        assert record.video == f"clips/film/{scene:05d}.mp4"
+        info = probe_video(path)
+        assert (info.num_frames, info.height, info.width, info.fps) == (17, 48, 64, 8.0)
+        frames, _ = read_video(path)
+        # The clip shows its own scene's tint from the first to the last frame, and no black bar is left.
+        for frame in (frames[0], frames[-1]):
+            assert np.argmax(frame.reshape(-1, 3).mean(0)) == np.argmax(TINTS[scene])
+        assert frames[:, :2].mean() > 40 and frames[:, -2:].mean() > 40
+
+
+def test_decord_reader_takes_the_same_frames(tmp_path):
+    make_film(tmp_path / "film.mp4", seconds=2.5, speed=2.0)
+    plans = plan_clips([(0.0, 2.5)], SMALL, native_fps=16)
+    (_, a), = list(iter_clip_frames(tmp_path / "film.mp4", plans, "pyav"))
+    (_, b), = list(iter_clip_frames(tmp_path / "film.mp4", plans, "decord"))
+    assert a.shape == b.shape == (17, 64, 96, 3)
+    assert np.abs(a.astype(int) - b.astype(int)).mean() < 2.0
+
+
+def test_unreadable_film_is_reported_not_raised(tmp_path):
+    bad = tmp_path / "broken.mp4"
+    bad.write_bytes(b"\x00\x00\x00\x18ftypmp42" + np.random.default_rng(0).bytes(4000))
+    with pytest.raises(VideoReadError, match="broken.mp4"):
+        cut_film(bad, "broken", tmp_path / "out", SMALL)
+    result = process_film(FilmJob(str(bad), "broken", str(tmp_path / "out"), SMALL))
+    assert result.records == [] and str(bad) in result.error
+    assert not (tmp_path / "out" / "clips" / "broken").exists()
+
+
+def test_find_films_and_unique_ids(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    for p in ("a/Ep 01.mkv", "b/Ep 01.mp4", "a/notes.txt", "c.webm"):
+        (tmp_path / p).write_bytes(b"x")
+    films = find_films([str(tmp_path / "a"), str(tmp_path / "b"), str(tmp_path / "c.webm")])
+    assert [p.name for p in films] == ["Ep 01.mkv", "Ep 01.mp4", "c.webm"]
+    assert list(assign_film_ids(films)) == ["Ep_01", "Ep_01_2", "c"]
+    with pytest.raises(FileNotFoundError, match="nope"):
+        find_films([str(tmp_path / "nope")])
