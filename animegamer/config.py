@@ -190,6 +190,22 @@ class PrepareDataConfig:
     characters: str = ""  # character registry JSON (name -> reference images)
 
 
+@dataclass
+class SpriteWorldConfig:
+    kind: str = "spriteworld"
+    output_dir: str = "outputs/spriteworld/data"  # clips/, clips.jsonl (+ .meta.json), games/ land here
+    seed: int = 0  # films, poses and the train/test split all follow from it
+    num_films: int = 32  # films = chains of consecutive shots with continuity
+    shots_per_film: int = 12  # consecutive 2 s shots (clips) per film
+    height: int = 64  # frame size of the drawn clips (3:2 like 480x720)
+    width: int = 96
+    num_frames: int = 17  # frames per clip (4k + 1, as the VAE wants)
+    fps: int = 8
+    characters: list[str] = field(default_factory=lambda: ["Qiqi", "Momo", "Kai", "Luna"])  # protagonists, in turn
+    test_fraction: float = 0.2  # fraction of films held out as test games (split by film)
+    workers: int = 2  # threads writing mp4s (each encode runs in its own ffmpeg process)
+
+
 # --------------------------------------------------------------------------------------------
 # Training
 # --------------------------------------------------------------------------------------------
@@ -409,6 +425,7 @@ SCHEMAS: dict[str, type] = {
     "inference": InferenceConfig,
     "eval": EvalConfig,
     "prepare_data": PrepareDataConfig,
+    "spriteworld": SpriteWorldConfig,
     "benchmark": BenchmarkConfig,
     "benchmark_gen": BenchmarkGenConfig,
 }
@@ -544,6 +561,7 @@ __all__ = [
     "MLLMConfig",
     "PrepareDataConfig",
     "SamplingConfig",
+    "SpriteWorldConfig",
     "StageAConfig",
     "StageBConfig",
     "StageCConfig",
