@@ -186,11 +186,13 @@ class CLIPScorer:
 # --------------------------------------------------------------------------------------------
 
 # Files the dreamsim package expects in its cache dir per model type (dreamsim 0.2.1); it would download them if
-# absent, which we never let it try.
+# absent, which we never let it try. Its DINO branch also goes through torch.hub with the cache dir as hub dir, so
+# the hub checkout of facebookresearch/dino and that repo's own checkpoint must be there too.
+_DINO_HUB = ("facebookresearch_dino_main", "checkpoints/dino_vitbase16_pretrain.pth")
 DREAMSIM_FILES: dict[str, tuple[str, ...]] = {
     "ensemble": ("dino_vitb16_pretrain.pth", "open_clip_vitb16_pretrain.pth.tar", "clip_vitb16_pretrain.pth.tar",
-                 "ensemble_lora"),
-    "dino_vitb16": ("dino_vitb16_pretrain.pth", "dino_vitb16_single_lora"),
+                 "ensemble_lora", *_DINO_HUB),
+    "dino_vitb16": ("dino_vitb16_pretrain.pth", "dino_vitb16_single_lora", *_DINO_HUB),
     "open_clip_vitb32": ("open_clip_vitb32_pretrain.pth.tar", "open_clip_vitb32_single_lora"),
     "clip_vitb32": ("clip_vitb32_pretrain.pth.tar", "clip_vitb32_single_lora"),
 }
