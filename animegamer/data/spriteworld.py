@@ -498,16 +498,17 @@ def _choose(rng: np.random.Generator, weights: dict[str, float]) -> str:
 def _next_place(rng: np.random.Generator, action: str, place: str | None, visited: list[str]) -> str:
     """Mostly stay; otherwise go where the action usually happens, or back to a place of this film."""
     allowed = ACTIONS[action].places
-    if place in allowed and rng.random() < 0.7:
+    home = HOME.get(action)
+    if place in allowed and rng.random() < (0.3 if home and place != home else 0.7):
         return place
-    weights = {p: (3.0 if p in visited else 1.0) * (4.0 if HOME.get(action) == p else 1.0) for p in allowed}
+    weights = {p: (3.0 if p in visited else 1.0) * (4.0 if home == p else 1.0) for p in allowed}
     return _choose(rng, weights)
 
 
 def plan_film(rng: np.random.Generator, hero: str, friend: str, num_shots: int) -> list[ShotSpec]:
     """One film's shots: actions follow TRANSITIONS, places mostly stay or return, the clock moves on."""
-    time = int(rng.choice(3, p=[0.5, 0.3, 0.2]))
     action = _choose(rng, {"sleep": 3, "eat": 2, "read": 1, "walk": 2})  # waking up, breakfast, a morning walk
+    time = 0 if action == "sleep" else int(rng.choice(3, p=[0.5, 0.3, 0.2]))
     place = _next_place(rng, action, None, [])
     visited: list[str] = []
     shots = []

@@ -276,9 +276,10 @@ def draw_prop(img: np.ndarray, prop: tuple, unit: float) -> None:
             segment(img, p, q, (210, 225, 255), 0.7 * unit)
     elif kind == "note":
         x, y = args
-        disc(img, (x, y), 1.2 * unit, (40, 30, 60))
-        segment(img, (x + 1.0 * unit, y), (x + 1.0 * unit, y - 4.5 * unit), (40, 30, 60), 0.6 * unit)
-        segment(img, (x + 1.0 * unit, y - 4.5 * unit), (x + 2.8 * unit, y - 3.2 * unit), (40, 30, 60), 0.6 * unit)
+        pink = (240, 60, 150)  # reads on day skies and night skies alike
+        disc(img, (x, y), 1.2 * unit, pink)
+        segment(img, (x + 1.0 * unit, y), (x + 1.0 * unit, y - 4.5 * unit), pink, 0.6 * unit)
+        segment(img, (x + 1.0 * unit, y - 4.5 * unit), (x + 2.8 * unit, y - 3.2 * unit), pink, 0.6 * unit)
     elif kind == "puff":
         x, y, r = args
         disc(img, (x, y), r * unit, (225, 220, 210))
