@@ -1,0 +1,298 @@
+"""Prepare a training set from your own films: 2 s clips, motion levels, captions, and the JSONL clip manifest.
+
+    python scripts/prepare_data.py --config configs/prepare_data.yaml films=[/data/films] output_dir=data/myanime
+    python scripts/prepare_data.py --config configs/prepare_data.yaml films=[/data/films] output_dir=data/myanime \\
+        caption=true characters=data/myanime/characters.json captioner.backend.type=openai \\
+        captioner.backend.base_url=http://127.0.0.1:8000/v1 captioner.backend.model=Qwen2.5-VL-7B-Instruct
+
+The flow (animegamer/data/films.py, motion.py, captioning.py, characters.py):
+
+  1. cut      every film (mp4/mkv/webm/avi/mov; files or directories) in a worker process (workers=N): black
+              letterbox/pillarbox bars cropped, PySceneDetect ContentDetector scenes (scene_threshold), each scene
+              cut from its start into back-to-back clips of clip_seconds at fps (clip_seconds * fps + 1 frames:
+              17 at 2 s, 8 fps), centre-cropped to the height:width aspect and resized (never stretched);
+              a scene's tail shorter than a clip is dropped, so no clip crosses a cut.
+  2. motion   each clip's motion scope, in the same worker: mean optical-flow magnitude (flow=dis OpenCV DIS, or
+              flow=raft with raft_weights on disk) of the pixels above flow_threshold (r = 0.2) x the pair's robust
+              max (flow_robust_quantile).
+  3. levels   motion_levels (5) quantile bins fitted on all clips; the edges and the flow settings go to
+              clips.meta.json and are reused on later runs (refit_motion_bins=true refits), so new clips are
+              scored the same way.
+  4. caption  (caption=true) two steps per clip with a vision-language model (captioner.backend: an OpenAI-
+              compatible endpoint or a local transformers directory): which registered characters appear
+              (characters=JSON registry of reference images), then the tag line <S><MD><EV><ML><MA><SC><ET><ST>
+              with <ML> = the computed level. Invalid answers are retried (captioner.max_attempts); a clip that
+              stays invalid is kept with caption_status=invalid and no tags.
+
+Writes output_dir/clips/<film_id>/<clip_index>.mp4, output_dir/clips.jsonl (+ clips.meta.json), the per-film
+results output_dir/clips/<film_id>/film.json, and output_dir/prepare_report.json.
+
+Resumable: a film whose film.json matches the file (size, mtime) and the cut/motion settings is not cut again,
+and clips already captioned keep their captions; just run the same command again (e.g. after adding films or
+after an interruption). A corrupt or unreadable film is reported by path and skipped while the rest finish; it is
+tried again on the next run. The summary at the end counts films, scenes, clips, captions and skipped films.
+Next step: scripts/precompute_features.py with data.manifest=output_dir/clips.jsonl.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from tqdm import tqdm
+
+from animegamer.cli import parse_config
+from animegamer.config import PrepareDataConfig
+from animegamer.data.captioning import Captioner, caption_records
+from animegamer.data.characters import RegistryError, read_character_registry
+from animegamer.data.films import (
+    FILM_RECORD,
+    CutSettings,
+    FilmJob,
+    FilmResult,
+    assign_film_ids,
+    find_films,
+    init_worker,
+    process_film,
+)
+from animegamer.data.manifest import ClipRecord, meta_path, read_manifest, write_manifest
+from animegamer.data.motion import MotionSettings, fit_motion_bins, motion_level
+from animegamer.io import atomic_write_json
+from animegamer.states import parse_tags
+
+
+def fail(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def film_signature(path: Path, cut: CutSettings, motion: MotionSettings) -> dict:
+    """What a finished film's results depend on; any change re-cuts the film."""
+    stat = path.stat()
+    return {
+        "source": str(path),
+        "size": stat.st_size,
+        "mtime_ns": stat.st_mtime_ns,
+        "cut": asdict(cut),
+        "motion": motion.to_meta(),
+    }
+
+
+def load_finished(film_dir: Path, signature: dict) -> dict | None:
+    """The saved result of a film if it was finished with the same signature."""
+    record_file = film_dir / FILM_RECORD
+    if not record_file.is_file():
+        return None
+    try:
+        saved = json.loads(record_file.read_text())
+    except (json.JSONDecodeError, OSError):
+        return None
+    if saved.get("signature") != signature:
+        return None
+    out = film_dir.parent.parent
+    if not all((out / clip["video"]).is_file() for clip in saved.get("clips", [])):  # clips deleted since
+        return None
+    return saved
+
+
+def cut_films(cfg: PrepareDataConfig, films: dict[str, Path], cut: CutSettings, motion: MotionSettings):
+    """Stages 1-2 over all films; returns (per-film saved results, film ids cut in this run, skipped films)."""
+    out = Path(cfg.output_dir)
+    done: dict[str, dict] = {}
+    jobs: list[tuple[FilmJob, dict]] = []
+    for film_id, path in films.items():
+        signature = film_signature(path, cut, motion)
+        saved = load_finished(out / "clips" / film_id, signature)
+        if saved is not None:
+            done[film_id] = saved
+        else:
+            jobs.append((FilmJob(str(path), film_id, str(out), cut, motion), signature))
+    if done:
+        print(f"cut: {len(done)} film(s) already done, skipped: {', '.join(sorted(done))}")
+    skipped: dict[str, str] = {}
+    fresh: set[str] = set()
+
+    def finish(result: FilmResult, signature: dict, bar: tqdm) -> None:
+        if result.error:
+            skipped[result.source] = result.error
+            bar.write(f"skipped {result.source}: {result.error}")
+            return
+        saved = {
+            "signature": signature,
+            "film_id": result.film_id,
+            "scenes": result.scenes,
+            "crop": result.crop,
+            "info": result.info,
+            "seconds": round(result.seconds, 3),
+            "clips": [r.to_json() for r in result.records],
+        }
+        atomic_write_json(out / "clips" / result.film_id / FILM_RECORD, saved)
+        done[result.film_id] = saved
+        fresh.add(result.film_id)
+        bar.set_postfix_str(f"{result.film_id}: {len(result.scenes)} scenes, {len(result.records)} clips")
+
+    with tqdm(total=len(jobs), desc="cut + motion", unit="film", disable=not jobs) as bar:
+        if cfg.workers <= 1 or len(jobs) <= 1:
+            for job, signature in jobs:
+                finish(process_film(job), signature, bar)
+                bar.update()
+        else:
+            # spawn: fresh interpreters, no inherited OpenCV/torch thread pools or locks
+            context = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(cfg.workers, mp_context=context, initializer=init_worker) as pool:
+                futures = {pool.submit(process_film, job): signature for job, signature in jobs}
+                for future in as_completed(futures):
+                    finish(future.result(), futures[future], bar)
+                    bar.update()
+    return done, fresh, skipped
+
+
+def assign_levels(cfg: PrepareDataConfig, records: list[ClipRecord], motion: MotionSettings) -> dict:
+    """Stage 3: fit (or reuse) the bin edges and set every clip's motion level; returns the meta entry."""
+    previous_file = meta_path(Path(cfg.output_dir) / "clips.jsonl")
+    previous = json.loads(previous_file.read_text()).get("motion", {}) if previous_file.is_file() else {}
+    reuse = (
+        not cfg.refit_motion_bins
+        and bool(previous.get("edges"))
+        and previous.get("levels") == cfg.motion_levels
+        and {k: previous.get(k) for k in motion.to_meta()} == motion.to_meta()
+    )
+    scores = [r.motion_scope for r in records if r.motion_scope is not None]
+    if reuse:
+        edges, fitted_on = previous["edges"], previous["fitted_on"]
+        print(f"levels: reusing the stored bin edges {[round(e, 4) for e in edges]} (refit_motion_bins=true refits)")
+    elif scores:
+        edges, fitted_on = fit_motion_bins(scores, cfg.motion_levels), len(scores)
+        rounded = [round(e, 4) for e in edges]
+        print(f"levels: fitted {cfg.motion_levels} levels on {len(scores)} clips, edges {rounded}")
+    else:
+        return {**motion.to_meta(), "levels": cfg.motion_levels}
+    for record in records:
+        if record.motion_scope is not None:
+            record.motion_level = motion_level(record.motion_scope, edges)
+        if record.tags:  # a caption from an earlier run carries the level it was written with
+            tags = parse_tags(record.tags, source=record.clip_id)
+            if tags.values.motion_level != record.motion_level:
+                record.tags = replace(tags, values=replace(tags.values, motion_level=record.motion_level)).render()
+    return {**motion.to_meta(), "levels": cfg.motion_levels, "edges": edges, "fitted_on": fitted_on}
+
+
+def caption_meta(cfg: PrepareDataConfig, registry) -> dict:
+    backend = {k: v for k, v in cfg.captioner.backend.items() if k != "api_key"}
+    return {
+        "backend": backend,
+        "num_frames": cfg.captioner.num_frames,
+        "max_attempts": cfg.captioner.max_attempts,
+        "characters": registry.names if registry is not None else [],
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    cfg, _ = parse_config(PrepareDataConfig, __doc__, argv)
+    started = time.perf_counter()
+    out = Path(cfg.output_dir)
+    manifest_file = out / "clips.jsonl"
+
+    # Everything that can be wrong with the config fails here, before hours of cutting.
+    if not cfg.films:
+        fail("no films given: set films=[path/to/film.mkv,path/to/dir]")
+    try:
+        films = assign_film_ids(find_films(cfg.films))
+        motion = MotionSettings.from_config(cfg)
+    except (FileNotFoundError, ValueError) as exc:
+        fail(str(exc))
+    if not films:
+        fail(f"no film files found in {cfg.films}")
+    cut = CutSettings.from_config(cfg)
+    registry = captioner = None
+    if cfg.caption:
+        try:
+            registry = read_character_registry(cfg.characters) if cfg.characters else None
+            captioner = Captioner.from_config(cfg.captioner, registry)
+        except (RegistryError, ValueError, FileNotFoundError) as exc:
+            fail(str(exc))
+    print(f"prepare_data: {len(films)} film(s) -> {out} ({cut.height}x{cut.width}, {cut.fps} fps, "
+          f"{cut.frames_per_clip} frames per {cut.clip_seconds:g} s clip, flow={motion.method})")
+
+    # 1-2. cut + motion, one worker per film.
+    done, fresh, skipped = cut_films(cfg, films, cut, motion)
+
+    # Captions of films not re-cut in this run carry over from the previous manifest.
+    earlier = {}
+    if manifest_file.is_file():
+        earlier = {r.clip_id: r for r in read_manifest(manifest_file).records if r.film_id not in fresh}
+    records: list[ClipRecord] = []
+    for film_id in films:
+        for data in done.get(film_id, {}).get("clips", []):
+            record = ClipRecord(**data)
+            old = earlier.get(record.clip_id)
+            if old is not None and old.caption_status:
+                record.tags, record.caption_status = old.tags, old.caption_status
+                record.extra = {**old.extra, **record.extra}
+            records.append(record)
+
+    # 3. motion levels.
+    meta = {"motion": assign_levels(cfg, records, motion), "cut": asdict(cut)}
+    meta["films"] = {film_id: done[film_id]["signature"]["source"] for film_id in films if film_id in done}
+    write_manifest(manifest_file, records, meta)
+
+    # 4. captions, saved as they come so an interruption loses little.
+    captions = {"ok": 0, "invalid": 0, "failed": 0}
+    if captioner is not None:
+        meta["caption"] = caption_meta(cfg, registry)
+        todo = sum(1 for r in records if not r.caption_status and r.motion_level is not None)
+        workers = 1 if cfg.captioner.backend.get("type") == "transformers" else cfg.captioner.workers
+        with tqdm(total=todo, desc="caption", unit="clip", disable=not todo) as bar:
+            completed = [0]
+
+            def on_result(record, result, error):
+                if error:
+                    bar.write(f"caption failed, will retry next run: {error}")
+                elif result.status == "invalid":
+                    bar.write(f"caption invalid after {result.attempts} calls: {record.clip_id}: {result.error}")
+                completed[0] += 1
+                if completed[0] % 25 == 0:
+                    write_manifest(manifest_file, records, meta)
+                bar.update()
+
+            captions = caption_records(captioner, records, out, workers, on_result)
+        write_manifest(manifest_file, records, meta)
+
+    # Summary.
+    status = [r.caption_status for r in records]
+    summary = {
+        "films": len(films),
+        "films_cut": len(fresh),
+        "films_already_done": len(done) - len(fresh),
+        "films_skipped": len(skipped),
+        "scenes": sum(len(done[f]["scenes"]) for f in done),
+        "clips": len(records),
+        "captions_ok": status.count("ok"),
+        "captions_invalid": status.count("invalid"),
+        "captions_failed_this_run": captions["failed"],
+        "uncaptioned": status.count(""),
+        "seconds": round(time.perf_counter() - started, 2),
+        "manifest": str(manifest_file),
+        "skipped": skipped,
+    }
+    atomic_write_json(out / "prepare_report.json", summary)
+    print(
+        f"done in {summary['seconds']:.1f} s: {summary['films']} films ({summary['films_cut']} cut now, "
+        f"{summary['films_already_done']} already done, {summary['films_skipped']} skipped), "
+        f"{summary['scenes']} scenes, {summary['clips']} clips"
+        + (f", captions {summary['captions_ok']} ok / {summary['captions_invalid']} invalid / "
+           f"{summary['uncaptioned']} not captioned" if cfg.caption else "")
+    )
+    for source, error in skipped.items():
+        print(f"  skipped {source}: {error}")
+    print(f"manifest: {manifest_file}")
+    return summary
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import imageio.v2 as imageio
+import pytest
+
+from animegamer.data.manifest import read_manifest
+from animegamer.data.video import probe_video
+from animegamer.states import parse_tags
+from tests.llm_server import FakeChatServer
+from tests.synthetic_films import make_film, moving_patch_frames
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "prepare_data.py"
+SPEEDS = [0.33, 0.67, 1.33, 2.0, 2.67]  # px per source frame; x2 (16 -> 8 fps) x0.75 (resize) per clip frame
+GOOD = "<S>Girl</S><MD>walk</MD><EV>street</EV><MA>slowly</MA><SC>0</SC><ET>0</ET><ST>0</ST>"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("prepare_data_script", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def films_dir(tmp_path_factory):
+    """Five one-clip films of known speeds (one with a letterbox and a cut: two clips), plus two broken films."""
+    root = tmp_path_factory.mktemp("films")
+    for i, speed in enumerate(SPEEDS):
+        extra = {"seconds": 4.75, "cuts": (2.25,), "bars": (8, 8, 0, 0)} if i == 2 else {"seconds": 2.5}
+        make_film(root / f"speed{i}.mp4", speed=speed, seed=i, **extra)
+    (root / "corrupt.mp4").write_bytes(b"\x00\x00\x00\x18ftypisom" + os.urandom(3000))
+    # A truncated download: the index is up front (faststart), the frame data stops half way.
+    writer = imageio.get_writer(
+        str(root / "full.mp4"), format="FFMPEG", fps=16, codec="libx264", pixelformat="yuv420p",
+        macro_block_size=1, ffmpeg_params=["-movflags", "+faststart"],
+    )
+    for frame in moving_patch_frames(48, 64, 96, 1.0):
+        writer.append_data(frame)
+    writer.close()
+    data = (root / "full.mp4").read_bytes()
+    (root / "full.mp4").unlink()
+    (root / "truncated.mkv").write_bytes(data[: len(data) // 2])
+    return root
+
+
+def args(films, out, *extra):
+    return ["--config", str(ROOT / "configs/prepare_data.yaml"), f"films=[{films}]", f"output_dir={out}",
+            "height=48", "width=64", "flow_preset=fast", *extra]
+
+
+def test_help_documents_the_whole_flow():
+    result = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, check=True)
+    for text in ("1. cut", "2. motion", "3. levels", "4. caption", "Resumable", "corrupt", "clips.jsonl",
+                 "films=[]", "flow_threshold=0.2", "captioner.max_attempts=3", "refit_motion_bins=False"):
+        assert text in result.stdout, text
+
+
+def test_cut_motion_levels_skip_bad_films_and_resume(films_dir, tmp_path, capsys):
+    script = load_script()
+    out = tmp_path / "out"
+    films_dir = Path(shutil.copytree(films_dir, tmp_path / "films"))  # this test edits a film
+    summary = script.main(args(films_dir, out, "workers=2"))
+    bad = {str(films_dir / "corrupt.mp4"), str(films_dir / "truncated.mkv")}
+    assert set(summary["skipped"]) == bad
+    assert all(path in summary["skipped"][path] for path in bad)
+    assert (summary["films"], summary["films_cut"], summary["films_skipped"]) == (7, 5, 2)
+    assert (summary["scenes"], summary["clips"]) == (6, 6)
+    printed = capsys.readouterr().out
+    assert all(f"skipped {path}" in printed for path in bad)
+    assert json.loads((out / "prepare_report.json").read_text())["clips"] == 6
+
+    manifest = read_manifest(out / "clips.jsonl")
+    films = manifest.films()
+    assert list(films) == [f"speed{i}" for i in range(5)]
+    assert [(r.start, r.end) for r in films["speed2"]] == [(0.0, 2.0), (2.25, 4.25)]
+    for record in manifest.records:
+        assert record.video == f"clips/{record.film_id}/{record.clip_index:05d}.mp4"
+        info = probe_video(manifest.video_path(record))
+        assert (info.num_frames, info.height, info.width) == (17, 48, 64)
+    # Motion levels follow the true speeds; edges and flow settings are in the meta sidecar.
+    by_speed = [(SPEEDS[int(r.film_id[-1])], r.motion_level) for r in manifest.records]
+    for speed_a, level_a in by_speed:
+        for speed_b, level_b in by_speed:
+            if speed_a < speed_b:
+                assert level_a <= level_b, by_speed
+    assert min(by_speed)[1] == 1 and max(by_speed)[1] == 5
+    motion = manifest.meta["motion"]
+    assert len(motion["edges"]) == 4 and motion["fitted_on"] == 6
+    assert (motion["method"], motion["threshold"], motion["height"], motion["width"]) == ("dis", 0.2, 48, 64)
+
+    # Rerun: finished films are not touched, broken ones are tried (and reported) again.
+    files = sorted(out.glob("clips/*/*"))
+    stamps = [f.stat().st_mtime_ns for f in files]
+    again = script.main(args(films_dir, out, "workers=2"))
+    assert (again["films_cut"], again["films_already_done"], again["films_skipped"]) == (0, 5, 2)
+    assert "5 film(s) already done" in capsys.readouterr().out
+    assert [f.stat().st_mtime_ns for f in sorted(out.glob("clips/*/*"))] == stamps
+    assert read_manifest(out / "clips.jsonl").records == manifest.records
+
+    # A changed film is cut again, alone; its clips are scored with the stored bin edges.
+    make_film(films_dir / "speed0.mp4", speed=SPEEDS[0], seconds=4.5, seed=9)
+    third = script.main(args(films_dir, out, "workers=1"))
+    assert (third["films_cut"], third["films_already_done"], third["clips"]) == (1, 4, 7)
+    assert "reusing the stored bin edges" in capsys.readouterr().out
+    assert read_manifest(out / "clips.jsonl").meta["motion"]["edges"] == motion["edges"]
+    assert [f.stat().st_mtime_ns for f in sorted(out.glob("clips/speed4/*"))] == [
+        s for f, s in zip(files, stamps, strict=True) if f.parent.name == "speed4"
+    ]
+
+
+def test_captions_retried_marked_and_kept_on_rerun(films_dir, tmp_path):
+    script = load_script()
+    out = tmp_path / "out"
+    films = f"{films_dir / 'speed3.mp4'},{films_dir / 'speed2.mp4'}"  # three clips: speed2 x2, speed3
+    answers = ["no tags, sorry", GOOD, GOOD.replace("slowly", "quickly"), "<S>Girl</S>", "<S>Girl</S><MD>x</MD>"]
+    with FakeChatServer(answers) as server:
+        caption = ["caption=true", "workers=1", "captioner.backend.type=openai", "captioner.backend.retries=0",
+                   f"captioner.backend.base_url={server.base_url}", "captioner.workers=1", "captioner.max_attempts=2"]
+        summary = script.main(args(films, out, *caption))
+    assert answers == []  # exactly the calls expected: 2 + 1 + 2
+    assert (summary["captions_ok"], summary["captions_invalid"], summary["uncaptioned"]) == (2, 1, 0)
+    manifest = read_manifest(out / "clips.jsonl")
+    statuses = {r.clip_id: r.caption_status for r in manifest.records}
+    assert statuses == {"speed2_00000": "ok", "speed2_00001": "ok", "speed3_00000": "invalid"}
+    for record in manifest.records:
+        if record.caption_status == "ok":
+            assert parse_tags(record.tags).values.motion_level == record.motion_level
+        else:
+            assert record.tags is None and record.extra["caption_error"]
+    assert manifest.meta["caption"]["backend"]["type"] == "openai"
+
+    with FakeChatServer([]) as server:  # nothing left to ask
+        caption[5] = f"captioner.backend.base_url={server.base_url}"
+        again = script.main(args(films, out, *caption))
+        assert server.requests == []
+    assert (again["films_cut"], again["captions_ok"], again["captions_invalid"]) == (0, 2, 1)
+    assert read_manifest(out / "clips.jsonl").records == manifest.records
+
+
+def test_bad_config_fails_before_any_work(tmp_path, capsys):
+    script = load_script()
+    with pytest.raises(SystemExit) as exc:
+        script.main(args(tmp_path / "none", tmp_path / "out"))
+    assert exc.value.code == 2 and "none" in capsys.readouterr().err
+    make_film(tmp_path / "a.mp4")
+    with pytest.raises(SystemExit):
+        script.main(args(tmp_path / "a.mp4", tmp_path / "out", "flow=raft", "raft_weights=missing.pt"))
+    assert "missing.pt" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        script.main(args(tmp_path / "a.mp4", tmp_path / "out", "caption=true", "characters=nobody.json"))
+    assert "character registry not found: nobody.json" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
