@@ -119,4 +119,47 @@ def build_all(out_dir: str | Path, seed: int = 0) -> dict[str, Path]:
     written: dict[str, Path] = {}
     _, written["clip"] = build_tiny_clip(out_dir / "clip", seed=seed)
     written["t5"] = build_tiny_t5(out_dir / "CogVideoX", seed=seed)
+    written["mistral"] = build_tiny_mistral(out_dir / "Mistral", seed=seed)
     return written
+
+
+def build_tiny_mistral(out_dir: str | Path, seed: int = 0, hidden_size: int = 64) -> Path:
+    """A tiny ``MistralForCausalLM`` + Llama-style sentencepiece BPE tokenizer (byte fallback), in HF layout.
+
+    The tokenizer is trained on :func:`corpus_lines`, converted by ``LlamaTokenizer`` and saved with
+    ``save_pretrained``, so ``AutoTokenizer.from_pretrained(out_dir)`` reloads it like Mistral-7B's.
+    """
+    from transformers import LlamaTokenizer, MistralConfig, MistralForCausalLM
+
+    out_dir = Path(out_dir)
+    spm_dir = out_dir / "_spm"
+    train_sentencepiece(
+        spm_dir / "tokenizer",
+        vocab_size=512,
+        model_type="bpe",
+        byte_fallback=True,  # as Llama/Mistral: no <unk> for unseen characters
+        split_digits=True,
+        unk_id=0,
+        bos_id=1,
+        eos_id=2,
+        pad_id=-1,
+    )
+    tokenizer = LlamaTokenizer.from_pretrained(str(spm_dir))  # reads spm_dir/tokenizer.model
+    tokenizer.save_pretrained(str(out_dir))
+    shutil.rmtree(spm_dir)
+    torch.manual_seed(seed)
+    config = MistralConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        sliding_window=None,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
+    )
+    MistralForCausalLM(config).save_pretrained(str(out_dir))
+    return out_dir

@@ -40,6 +40,21 @@ def tiny_t5_config(tmp_path_factory) -> T5Config:
     return T5Config(path=str(out), max_length=226)
 
 
+@pytest.fixture
+def one_thread():
+    """Tiny models on shared, busy cores: one torch thread is often >10x faster than two fighting for them."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def tiny_mistral_dir(tmp_path_factory):
+    """A tiny MistralForCausalLM + Llama-style BPE tokenizer trained on the fly, in HF layout."""
+    return tiny.build_tiny_mistral(tmp_path_factory.mktemp("tiny_mistral"))
+
+
 def make_clip_frames(num_frames: int = 9, height: int = 48, width: int = 64, speed: float = 3.0, seed: int = 0):
     """A square moving right at ``speed`` px/frame over a gradient background, (T, H, W, 3) uint8."""
     rng = np.random.default_rng(seed)

@@ -1,0 +1,247 @@
+"""Turn-by-turn MLLM inference: one prefill, then the four state values decoded from its KV cache.
+
+    runner = MLLMRunner(model, history_turns=1, max_instruction_tokens=96)
+    prediction = runner.predict_turn(history, "Character: Qiqi; Motion: gently lie down; Background: night bedroom.")
+    for turn in runner.play(instructions): ...        # feeds its own predictions back, K-turn sliding window
+
+``predict_turn(history: list[HistoryTurn], instruction: str) -> TurnPrediction`` (the runner method, or the function
+``predict_turn(model, history, instruction)`` which uses the history exactly as given):
+
+1. prefill ``<s> [history turns] <TURN> instruction <VS> slots </VS> <MS>`` once: the hidden states at the current
+   slots go through the output resampler (-> ``shot_embeds`` (N, shot_dim)); the KV cache is kept.
+2. for each state field in order, the logits of that field's value tokens only are read at the last position and
+   the argmax is taken, so every turn yields valid values; then ``<value> </MS> <SC>`` (the chosen value, the
+   close tag and the next open tag) are fed through the cache, and so on. There is no fallback value.
+
+Results directory written by ``inference_MLLM.py`` (:func:`write_turn`, :func:`write_game`), read by
+``inference_Decoder.py`` (:func:`load_results`)::
+
+    output_dir/game.json                       {"format": "animegamer-mllm-results-v1", "complete": bool,
+                                                "game": path, "history_turns": K, "seed": int,
+                                                "mllm": {pretrained, checkpoint, vocabulary, num_slots, shot_dim},
+                                                "turns": [state.json of every turn, plus "dir": "turn_000"]}
+    output_dir/turn_000/shot_embeds.safetensors  key "shot_embeds": (num_slots, shot_dim) float32
+    output_dir/turn_000/state.json             {"turn": 0, "instruction": str,
+                                                "values": {motion_level, social, entertainment, stamina},
+                                                "character_state": {stamina, social, entertainment},  (after the turn)
+                                                "prompt_tokens": int,
+                                                "value_probs": {field: {value: probability}}}
+
+Every file is written atomically; ``game.json`` is rewritten after each turn (``complete`` turns true at the end),
+so it always lists exactly the turns whose files are complete.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from animegamer.io import atomic_write_json
+from animegamer.models.weights import load_state_dict_file, save_state_dict_file
+from animegamer.states import CharacterState, StateValues
+from animegamer.tokens import STATE_FIELDS, TurnSpec
+
+RESULTS_FORMAT = "animegamer-mllm-results-v1"
+SHOT_FILE = "shot_embeds.safetensors"
+STATE_FILE = "state.json"
+GAME_FILE = "game.json"
+_TURN_DIR = re.compile(r"^turn_\d{3,}$")
+
+
+class InstructionError(ValueError):
+    """An instruction the MLLM cannot take: empty, too many tokens, or containing reserved layout tokens."""
+
+
+@dataclass
+class HistoryTurn:
+    """An earlier turn as the MLLM sees it."""
+
+    instruction: str
+    shot_embeds: torch.Tensor  # (N, shot_dim)
+    values: StateValues
+
+
+@dataclass
+class TurnPrediction:
+    """What one turn predicts."""
+
+    shot_embeds: torch.Tensor  # (N, shot_dim) float32, CPU
+    values: StateValues
+    prompt_tokens: int  # length of the prefilled prompt
+    value_probs: dict[str, dict[int, float]] = field(default_factory=dict)  # field -> value -> p over valid values
+
+
+def validate_instruction(text: str, tokenizer: Any, base_vocab: int, max_tokens: int, where: str = "") -> list[int]:
+    """Token ids of an instruction, or :class:`InstructionError` naming ``where`` and the problem."""
+    prefix = f"{where}: " if where else ""
+    if text is None or not text.strip():
+        raise InstructionError(f"{prefix}empty instruction")
+    ids = list(tokenizer.encode(text, add_special_tokens=False))
+    reserved = [tokenizer.convert_ids_to_tokens(i) for i in ids if i >= base_vocab]
+    if reserved:
+        raise InstructionError(f"{prefix}instruction contains the reserved token(s) {reserved[:3]}: {text[:60]!r}")
+    if len(ids) > max_tokens:
+        raise InstructionError(
+            f"{prefix}instruction is {len(ids)} tokens, more than mllm.max_instruction_tokens={max_tokens}: "
+            f"{text[:60]!r}..."
+        )
+    return ids
+
+
+@torch.no_grad()
+def predict_turn(model, history: list[HistoryTurn], instruction: str) -> TurnPrediction:
+    """Predict the next turn from ``history`` (used as given: window it first) and the instruction."""
+    layout = model.layout
+    turns = [TurnSpec(h.instruction, h.values) for h in history]
+    turns.append(TurnSpec(instruction, None, is_current=True))
+    seq = layout.build_sequence(turns)
+    device = model.device
+    was_training = model.training
+    model.eval()
+    try:
+        input_ids = torch.tensor([seq.input_ids], device=device)  # (1, T)
+        if history:
+            positions = torch.tensor(seq.slot_positions[:-1], device=device)  # (M, N)
+            shots = torch.stack([h.shot_embeds.to(device) for h in history])  # (M, N, D)
+            embeds = model.embed(input_ids, positions, shots)
+        else:
+            embeds = model.embed(input_ids)
+        hidden, cache = model.transformer(embeds, use_cache=True)  # (1, T, hidden)
+        shot_embeds = model.predict_shots(hidden[0, seq.slot_positions[-1]])  # (N, shot_dim)
+
+        last = hidden[0, -1]  # the open tag of the first field
+        chosen: dict[str, int] = {}
+        probs: dict[str, dict[int, float]] = {}
+        for i, name in enumerate(STATE_FIELDS):
+            logits = model.value_logits(last, name)  # (num_values,)
+            choice = int(logits.argmax())
+            token = layout.value_ids[name][choice]
+            chosen[name] = token
+            p = logits.softmax(-1).tolist()
+            probs[name] = {layout.id_to_value[name][t]: p[j] for j, t in enumerate(layout.value_ids[name])}
+            if i + 1 == len(STATE_FIELDS):
+                break
+            step = torch.tensor([[token, layout.close_ids[name], layout.open_ids[STATE_FIELDS[i + 1]]]], device=device)
+            hidden, cache = model.transformer(model.embed(step), past_key_values=cache, use_cache=True)
+            last = hidden[0, -1]
+    finally:
+        model.train(was_training)
+    return TurnPrediction(
+        shot_embeds=shot_embeds.float().cpu(),
+        values=layout.decode_values(chosen),
+        prompt_tokens=len(seq),
+        value_probs=probs,
+    )
+
+
+@dataclass
+class PlayedTurn:
+    index: int
+    instruction: str
+    prediction: TurnPrediction
+    state: CharacterState  # after this turn
+
+
+class MLLMRunner:
+    """Plays instructions with a sliding window of the last ``history_turns`` turns (the prompt never grows)."""
+
+    def __init__(self, model, history_turns: int = 1, max_instruction_tokens: int = 96):
+        if history_turns < 0:
+            raise ValueError(f"history_turns={history_turns} must be >= 0")
+        self.model = model.eval()
+        self.history_turns = history_turns
+        self.max_instruction_tokens = max_instruction_tokens
+
+    def validate(self, instruction: str, where: str = "") -> None:
+        validate_instruction(
+            instruction, self.model.tokenizer, self.model.base_vocab, self.max_instruction_tokens, where
+        )
+
+    def window(self, history: list[HistoryTurn]) -> list[HistoryTurn]:
+        return list(history[-self.history_turns :]) if self.history_turns > 0 else []
+
+    def predict_turn(self, history: list[HistoryTurn], instruction: str) -> TurnPrediction:
+        """Validate the instruction, keep the last ``history_turns`` of ``history``, predict."""
+        self.validate(instruction)
+        return predict_turn(self.model, self.window(history), instruction)
+
+    def play(self, instructions: list[str], state: CharacterState | None = None) -> Iterator[PlayedTurn]:
+        """Play instructions in order, feeding each prediction back as history; yields every turn."""
+        for index, text in enumerate(instructions):
+            self.validate(text, where=f"turn {index}")
+        state = state or CharacterState()
+        history: list[HistoryTurn] = []
+        for index, text in enumerate(instructions):
+            prediction = predict_turn(self.model, self.window(history), text)
+            state = state.update(prediction.values)
+            history = self.window([*history, HistoryTurn(text, prediction.shot_embeds, prediction.values)])
+            yield PlayedTurn(index, text, prediction, state)
+
+
+# ---------------------------------------------------------------------- results directory
+
+
+def turn_dir(output_dir: str | Path, index: int) -> Path:
+    return Path(output_dir) / f"turn_{index:03d}"
+
+
+def clear_results(output_dir: str | Path) -> None:
+    """Remove an earlier run's turn directories and game.json (only those), so no stale turn survives."""
+    out = Path(output_dir)
+    if not out.is_dir():
+        return
+    for child in out.iterdir():
+        if child.is_dir() and _TURN_DIR.match(child.name):
+            shutil.rmtree(child)
+    (out / GAME_FILE).unlink(missing_ok=True)
+
+
+def turn_record(turn: PlayedTurn) -> dict[str, Any]:
+    return {
+        "turn": turn.index,
+        "instruction": turn.instruction,
+        "values": asdict(turn.prediction.values),
+        "character_state": turn.state.to_dict(),
+        "prompt_tokens": turn.prediction.prompt_tokens,
+        "value_probs": {k: {str(v): p for v, p in d.items()} for k, d in turn.prediction.value_probs.items()},
+    }
+
+
+def write_turn(output_dir: str | Path, turn: PlayedTurn) -> dict[str, Any]:
+    """Write ``turn_XXX/shot_embeds.safetensors`` and ``turn_XXX/state.json``; returns the state record."""
+    folder = turn_dir(output_dir, turn.index)
+    record = turn_record(turn)
+    save_state_dict_file({"shot_embeds": turn.prediction.shot_embeds.float()}, folder / SHOT_FILE)
+    atomic_write_json(folder / STATE_FILE, record)
+    return record
+
+
+def write_game(output_dir: str | Path, records: list[dict[str, Any]], summary: dict[str, Any], complete: bool) -> Path:
+    path = Path(output_dir) / GAME_FILE
+    turns = [{**r, "dir": turn_dir(".", r["turn"]).name} for r in records]
+    atomic_write_json(path, {"format": RESULTS_FORMAT, "complete": complete, **summary, "turns": turns})
+    return path
+
+
+def load_results(output_dir: str | Path) -> tuple[dict[str, Any], list[tuple[dict[str, Any], torch.Tensor]]]:
+    """(game.json, [(state.json, shot_embeds (N, shot_dim)) per turn]) of a results directory."""
+    out = Path(output_dir)
+    game_file = out / GAME_FILE
+    if not game_file.is_file():
+        raise FileNotFoundError(f"no MLLM results in {out} ({GAME_FILE} missing); run inference_MLLM.py first")
+    game = json.loads(game_file.read_text())
+    if game.get("format") != RESULTS_FORMAT:
+        raise ValueError(f"{game_file}: unknown results format {game.get('format')!r}")
+    turns = []
+    for entry in game["turns"]:
+        folder = out / entry["dir"]
+        state = json.loads((folder / STATE_FILE).read_text())
+        turns.append((state, load_state_dict_file(folder / SHOT_FILE)["shot_embeds"]))
+    return game, turns

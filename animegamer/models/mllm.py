@@ -1,0 +1,347 @@
+"""AnimeGamerMLLM: Mistral + LoRA that predicts the next game state (shot representation + state values).
+
+One training sequence (layout from :class:`animegamer.tokens.TurnLayout`, DESIGN.md §2)::
+
+    <s> <TURN> instr <VS> [226 slots] </VS> <MS><level_k></MS> <SC>..</SC> <ET>..</ET> <ST>..</ST> </TURN>  x K history
+        <TURN> instr <VS> [226 slots] </VS> <MS><level_k></MS> ...                                   </TURN>  current
+
+    history slots   <- input_resampler(s_a of that shot)               (M, N, shot_dim) -> (M, N, hidden)
+    current slots   <- the slot tokens' own embeddings = learnable queries <ANIME_0> ... <ANIME_{N-1}>
+    output_resampler(final hidden states at the current slots) -> predicted s_a (Q, N, shot_dim)   [MSE, cosine]
+    the token before each current value token predicts it                                       [cross-entropy]
+
+Trained: LoRA (peft, r/alpha/targets from :class:`MLLMConfig`), the rows of the added special tokens (input embedding
+and output head), both resamplers. Frozen: everything of the base model, including its 32k-row embedding and head.
+The added tokens' rows live in their own small ``new_token_embed`` / ``new_token_head`` (ids ``base_vocab`` and up)
+instead of a resized base matrix, so only they train and only they are saved; logits over the whole vocabulary are
+``cat(lm_head(h)[:base_vocab], new_token_head(h))``.
+
+``save_trained(dir)`` writes::
+
+    adapter_config.json, adapter_model.safetensors   the LoRA, in peft's adapter format
+    mllm_trained.safetensors                          new_token_embed, new_token_head, input/output resamplers
+    mllm_layout.json                                  vocabulary, num_slots, base_vocab, widths (checked on load)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from animegamer.config import MLLMConfig
+from animegamer.io import atomic_write_json
+from animegamer.models.resampler import ShotResampler
+from animegamer.models.weights import load_state_dict_file, save_state_dict_file
+from animegamer.tokens import IGNORE_INDEX, STATE_FIELDS, TurnLayout, add_special_tokens, get_vocabulary
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+TRAINED_FILE = "mllm_trained.safetensors"
+LAYOUT_FILE = "mllm_layout.json"
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+
+
+def load_tokenizer(pretrained: str, vocabulary: str = "paper", num_slots: int = 226) -> tuple[Any, int]:
+    """The base tokenizer with the layout's special tokens added; returns (tokenizer, base vocabulary size).
+
+    Cheap (no weights), so entry points use it to validate instructions before any model is loaded.
+    """
+    from transformers import AutoTokenizer
+
+    if not Path(pretrained).is_dir():
+        raise FileNotFoundError(f"MLLM base model directory not found: {pretrained} (mllm.pretrained)")
+    tokenizer = AutoTokenizer.from_pretrained(pretrained)
+    base_vocab = len(tokenizer)
+    vocab = get_vocabulary(vocabulary)
+    tokens = vocab.special_tokens(num_slots)
+    add_special_tokens(tokenizer, vocab, num_slots)
+    ids = tokenizer.convert_tokens_to_ids(tokens)
+    # The new rows are indexed as id - base_vocab; a base tokenizer that already knew one of these tokens would
+    # break that, so say so instead of training the wrong rows.
+    if sorted(ids) != list(range(base_vocab, base_vocab + len(tokens))):
+        raise ValueError(
+            f"{pretrained}: the tokenizer already defines some of the {vocabulary!r} special tokens; "
+            "expected them all to be new (ids from the base vocabulary size up)"
+        )
+    return tokenizer, base_vocab
+
+
+class AnimeGamerMLLM(nn.Module):
+    def __init__(
+        self,
+        llm: nn.Module,
+        tokenizer: Any,
+        base_vocab: int,
+        vocabulary: str = "paper",
+        num_slots: int = 226,
+        shot_dim: int = 1920,
+        resampler_layers: int = 2,
+        lora_rank: int = 32,
+        lora_alpha: int = 32,
+        lora_dropout: float = 0.05,
+        lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+        gradient_checkpointing: bool = False,
+        mse_weight: float = 0.5,
+        cosine_weight: float = 0.0,
+    ):
+        """``llm``: a ``MistralForCausalLM`` without adapters; ``tokenizer`` from :func:`load_tokenizer`."""
+        from peft import LoraConfig, get_peft_model
+
+        super().__init__()
+        self.tokenizer = tokenizer
+        self.vocabulary, self.num_slots, self.shot_dim = vocabulary, num_slots, shot_dim
+        self.layout = TurnLayout(tokenizer, get_vocabulary(vocabulary), num_slots)
+        self.base_vocab = base_vocab
+        self.mse_weight, self.cosine_weight = mse_weight, cosine_weight
+        num_new = len(tokenizer) - base_vocab
+        hidden = llm.config.hidden_size
+        self.hidden_size = hidden
+
+        llm.requires_grad_(False)
+        if gradient_checkpointing:
+            llm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        llm.config.use_cache = False
+        lora = LoraConfig(
+            r=lora_rank,
+            lora_alpha=lora_alpha,
+            lora_dropout=lora_dropout,
+            target_modules=list(lora_targets),
+            bias="none",
+            task_type="CAUSAL_LM",
+        )
+        self.llm = get_peft_model(llm, lora)
+
+        # New rows start as "a typical token": the mean of the base rows plus noise of the base rows' spread (as
+        # transformers' resize does), so slot queries differ from each other and value logits are not all tied.
+        base_in = llm.get_input_embeddings().weight.detach().float()
+        base_out = llm.get_output_embeddings().weight.detach().float()[:base_vocab]
+        self.new_token_embed = nn.Embedding(num_new, hidden)
+        self.new_token_head = nn.Linear(hidden, num_new, bias=False)
+        with torch.no_grad():
+            self.new_token_embed.weight.copy_(base_in.mean(0) + base_in.std(0) * torch.randn(num_new, hidden))
+            self.new_token_head.weight.copy_(base_out.mean(0) + base_out.std(0) * torch.randn(num_new, hidden))
+        self.input_resampler = ShotResampler(shot_dim, hidden, resampler_layers)
+        self.output_resampler = ShotResampler(hidden, shot_dim, resampler_layers)
+        self._value_columns = {
+            f: torch.tensor([i - base_vocab for i in self.layout.value_ids[f]]) for f in STATE_FIELDS
+        }
+
+    @classmethod
+    def from_config(
+        cls, cfg: MLLMConfig, device: str | torch.device | None = None, mse_weight: float = 0.5,
+        cosine_weight: float = 0.0,
+    ) -> AnimeGamerMLLM:
+        """Load the base model and tokenizer from ``cfg.pretrained`` and add fresh (seeded by the caller) parts."""
+        from transformers import MistralForCausalLM
+
+        tokenizer, base_vocab = load_tokenizer(cfg.pretrained, cfg.vocabulary, cfg.num_slots)
+        llm = MistralForCausalLM.from_pretrained(
+            cfg.pretrained, dtype=DTYPES[cfg.dtype], attn_implementation=cfg.attn_implementation
+        )
+        model = cls(
+            llm,
+            tokenizer,
+            base_vocab,
+            vocabulary=cfg.vocabulary,
+            num_slots=cfg.num_slots,
+            shot_dim=cfg.shot_dim,
+            resampler_layers=cfg.resampler_layers,
+            lora_rank=cfg.lora_rank,
+            lora_alpha=cfg.lora_alpha,
+            lora_dropout=cfg.lora_dropout,
+            lora_targets=tuple(cfg.lora_targets),
+            gradient_checkpointing=cfg.gradient_checkpointing,
+            mse_weight=mse_weight,
+            cosine_weight=cosine_weight,
+        )
+        if device is not None:
+            model.to(device)
+        return model
+
+    # ------------------------------------------------------------------ building blocks (also used by inference)
+
+    @property
+    def decoder(self) -> nn.Module:
+        """The base transformer (``MistralModel``) with the LoRA layers injected."""
+        return self.llm.get_base_model().model
+
+    @property
+    def device(self) -> torch.device:
+        return self.new_token_head.weight.device
+
+    def embed(
+        self,
+        input_ids: torch.Tensor,
+        history_positions: torch.Tensor | None = None,
+        history_shots: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Input embeddings (B, T, hidden) of token ids, with history shots written into their slots.
+
+        ``history_positions`` (M, N) index the flattened (B*T) sequence; ``history_shots`` (M, N, shot_dim).
+        """
+        base_embed = self.llm.get_input_embeddings()
+        is_new = (input_ids >= self.base_vocab).unsqueeze(-1)  # (B, T, 1)
+        base = base_embed(input_ids.clamp(max=self.base_vocab - 1))  # (B, T, hidden), frozen rows
+        new = self.new_token_embed((input_ids - self.base_vocab).clamp(min=0))  # (B, T, hidden), trained rows
+        embeds = torch.where(is_new, new.to(base.dtype), base)
+        if history_shots is None:
+            return embeds
+        batch, length, hidden = embeds.shape
+        # Run the resampler even on an empty (0, N, D) batch so every trained parameter takes part in backward
+        # (DDP expects that) whether or not this batch has history turns.
+        shots = self.input_resampler(history_shots)  # (M, N, hidden)
+        flat = embeds.reshape(batch * length, hidden)  # (B*T, hidden)
+        flat = flat.index_copy(0, history_positions.reshape(-1), shots.reshape(-1, hidden).to(flat.dtype))
+        return flat.view(batch, length, hidden)
+
+    def transformer(
+        self,
+        inputs_embeds: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        past_key_values: Any = None,
+        use_cache: bool = False,
+    ) -> tuple[torch.Tensor, Any]:
+        """Final (normed) hidden states (B, T, hidden) and the KV cache (when ``use_cache``).
+
+        Packed rows pass ``attention_mask=None`` and ``position_ids`` restarting at 0 per sequence; transformers
+        then keeps the sequences of a row from attending to each other.
+        """
+        dtype = self.llm.get_input_embeddings().weight.dtype
+        out = self.decoder(
+            inputs_embeds=inputs_embeds.to(dtype),
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+        )
+        return out.last_hidden_state, out.past_key_values
+
+    def token_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits over the whole extended vocabulary (..., base_vocab + new tokens), float32."""
+        head = self.llm.get_output_embeddings()
+        base = head(hidden.to(head.weight.dtype))[..., : self.base_vocab]
+        new = self.new_token_head(hidden.to(self.new_token_head.weight.dtype))
+        return torch.cat([base.float(), new.float()], dim=-1)
+
+    def value_logits(self, hidden: torch.Tensor, field: str) -> torch.Tensor:
+        """Logits of ``field``'s value tokens only (..., num_values), float32: ``token_logits`` at those ids.
+
+        Every value token is an added token, so only the small new head runs.
+        """
+        new = self.new_token_head(hidden.to(self.new_token_head.weight.dtype)).float()
+        return new[..., self._value_columns[field].to(new.device)]
+
+    def predict_shots(self, slot_hidden: torch.Tensor) -> torch.Tensor:
+        """Hidden states at a turn's slots (..., N, hidden) -> predicted s_a (..., N, shot_dim), float32."""
+        return self.output_resampler(slot_hidden).float()
+
+    # ------------------------------------------------------------------ training
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Loss of a collated stage (b) batch (animegamer.data.stage_b): ``loss`` and its parts ``ce``/``mse``/``cos``.
+
+        ``state_acc`` is the fraction of current value tokens whose argmax over the whole vocabulary is right.
+        """
+        input_ids = batch["input_ids"]
+        rows, length = input_ids.shape
+        embeds = self.embed(input_ids, batch["history_positions"], batch["history_shots"])
+        hidden, _ = self.transformer(
+            embeds, attention_mask=batch.get("attention_mask"), position_ids=batch.get("position_ids")
+        )
+        flat = hidden.reshape(rows * length, -1)  # (R*T, hidden)
+
+        labels = batch["labels"].reshape(-1)
+        at = (labels != IGNORE_INDEX).nonzero().squeeze(-1)  # flat positions of the current value tokens
+        logits = self.token_logits(flat[at - 1])  # (V, vocab): the token before a value token predicts it
+        ce = F.cross_entropy(logits, labels[at])
+
+        pred = self.predict_shots(flat[batch["query_positions"]])  # (Q, N, shot_dim)
+        target = batch["target_shots"].float()
+        mse = F.mse_loss(pred, target)
+        cos = 1.0 - F.cosine_similarity(pred, target, dim=-1).mean()
+        loss = ce + self.mse_weight * mse + self.cosine_weight * cos
+        state_acc = (logits.argmax(-1) == labels[at]).float().mean()
+        return {"loss": loss, "ce": ce.detach(), "mse": mse.detach(), "cos": cos.detach(), "state_acc": state_acc}
+
+    def trained_names(self) -> list[str]:
+        """Names of the trained parameters (LoRA, new token rows, resamplers), as in ``state_dict()``."""
+        return [n for n, p in self.named_parameters() if p.requires_grad]
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.parameters() if p.requires_grad]
+
+    # ------------------------------------------------------------------ saving
+
+    def _layout_meta(self) -> dict[str, Any]:
+        return {
+            "vocabulary": self.vocabulary,
+            "num_slots": self.num_slots,
+            "base_vocab": self.base_vocab,
+            "num_new_tokens": self.new_token_embed.num_embeddings,
+            "hidden_size": self.hidden_size,
+            "shot_dim": self.shot_dim,
+        }
+
+    def save_trained(self, out_dir: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> Path:
+        """Write the trained parts into ``out_dir`` (see module docstring).
+
+        ``state_dict``: a full state dict gathered by ``accelerator.get_state_dict`` (ZeRO-3, FSDP), where this
+        module's own parameters are only shards; by default the module's own parameters are used.
+        """
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        state = state_dict if state_dict is not None else self.state_dict()
+        names = self.trained_names()
+        missing = [n for n in names if n not in state]
+        if missing:
+            raise KeyError(f"the state dict lacks {len(missing)} trained tensors, e.g. {missing[0]}")
+        adapter = {n[len("llm.") :]: state[n] for n in names if n.startswith("llm.")}
+        self.llm.save_pretrained(str(out_dir), state_dict=adapter, safe_serialization=True)
+        (out_dir / "README.md").unlink(missing_ok=True)  # peft's model-card template says nothing useful here
+        extras = {n: state[n] for n in names if not n.startswith("llm.")}
+        save_state_dict_file(extras, out_dir / TRAINED_FILE, metadata={"layout": json.dumps(self._layout_meta())})
+        atomic_write_json(out_dir / LAYOUT_FILE, self._layout_meta())
+        return out_dir
+
+    def load_trained(self, path: str | Path) -> Path:
+        """Load what :meth:`save_trained` wrote (a step dir, a run dir or ``checkpoints/latest``); returns the dir."""
+        from peft import set_peft_model_state_dict
+
+        from animegamer.training.checkpoint import resolve_checkpoint
+
+        path = resolve_checkpoint(path)
+        for name in (*ADAPTER_FILES, TRAINED_FILE, LAYOUT_FILE):
+            if not (path / name).is_file():
+                raise FileNotFoundError(f"{path} is not an MLLM checkpoint: {name} is missing")
+        saved = json.loads((path / LAYOUT_FILE).read_text())
+        mine = self._layout_meta()
+        diff = {k: (saved.get(k), v) for k, v in mine.items() if saved.get(k) != v}
+        if diff:
+            detail = ", ".join(f"{k}: checkpoint {a!r} vs model {b!r}" for k, (a, b) in diff.items())
+            raise ValueError(f"{path}: checkpoint does not fit this model ({detail})")
+        adapter_cfg = json.loads((path / "adapter_config.json").read_text())
+        lora = self.llm.peft_config["default"]
+        want = {"r": lora.r, "lora_alpha": lora.lora_alpha, "target_modules": sorted(lora.target_modules)}
+        have = {k: adapter_cfg.get(k) for k in want}
+        have["target_modules"] = sorted(have["target_modules"] or [])
+        if have != want:
+            raise ValueError(f"{path}: LoRA settings {have} differ from the model's {want} (mllm.lora_*)")
+
+        result = set_peft_model_state_dict(self.llm, load_state_dict_file(path / "adapter_model.safetensors"))
+        lora_missing = [k for k in result.missing_keys if "lora_" in k]
+        if result.unexpected_keys or lora_missing:
+            raise ValueError(
+                f"{path}: adapter weights do not match (unexpected {result.unexpected_keys[:3]}, "
+                f"missing {lora_missing[:3]})"
+            )
+        extras = load_state_dict_file(path / TRAINED_FILE)
+        expected = {n for n in self.trained_names() if not n.startswith("llm.")}
+        if set(extras) != expected:
+            raise ValueError(f"{path}: {TRAINED_FILE} holds {sorted(set(extras) ^ expected)[:4]} unexpectedly")
+        self.load_state_dict(extras, strict=False)
+        return path
