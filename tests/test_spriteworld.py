@@ -75,6 +75,10 @@ def test_render_is_deterministic_in_the_seed():
 def test_dataset_is_deterministic(tmp_path):
     paths = [write_dataset(small_config(tmp_path / name, num_films=2, shots_per_film=3, seed=seed), progress=False)
              for name, seed in (("a", 0), ("b", 0), ("c", 1))]
+    rerun = write_dataset(small_config(tmp_path / "a", num_films=3, shots_per_film=2, test_fraction=0.34),
+                          progress=False)
+    assert sorted(p.name for p in (rerun.parent / "games").iterdir()) == ["film0002.jsonl", "film0002.txt"]
+    paths[0] = write_dataset(small_config(tmp_path / "a", num_films=2, shots_per_film=3, seed=0), progress=False)
     text = [p.read_text() for p in paths]
     meta = [p.with_suffix(".meta.json").read_text().replace(str(p.parent), "") for p in paths]
     assert text[0] == text[1] and meta[0] == meta[1]

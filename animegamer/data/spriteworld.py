@@ -29,7 +29,7 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -50,6 +50,9 @@ from animegamer.data.spriteworld_draw import (
 )
 from animegamer.io import atomic_write_jsonl, atomic_write_text
 from animegamer.states import NUM_MOTION_LEVELS, Instruction, ShotTags, StateValues, TagError
+
+if TYPE_CHECKING:
+    from animegamer.config import SpriteWorldConfig
 
 CHARACTERS: dict[str, Character] = {
     c.name: c
@@ -562,10 +565,9 @@ def plan_films(seed: int, num_films: int, shots_per_film: int, characters: list[
 CLIP_SECONDS = 2.0  # consecutive shots fill consecutive 2 s slots of their film
 
 
-def write_dataset(cfg, progress: bool = True) -> Path:
-    """Render every film of ``cfg`` (a SpriteWorldConfig) to ``output_dir``: clips/<film>/<index>.mp4,
-    clips.jsonl + clips.meta.json (motion bins, splits) and games/<film>.{txt,jsonl} for the test films.
-    Returns the manifest path."""
+def write_dataset(cfg: SpriteWorldConfig, progress: bool = True) -> Path:
+    """Render every film of ``cfg`` to ``output_dir``: clips/<film>/<index>.mp4, clips.jsonl + clips.meta.json
+    (motion bin edges, splits) and games/<film>.{txt,jsonl} for the test films. Returns the manifest path."""
     from tqdm import tqdm
 
     from animegamer.data.video import write_mp4
@@ -639,8 +641,12 @@ def film_game(records: list[ClipRecord]) -> list[dict[str, Any]]:
 
 def write_games(out_dir: str | Path, records: list[ClipRecord]) -> list[Path]:
     """Write ``<film>.txt`` (a game file for read_game_file) and ``<film>.jsonl`` (its ground truth per turn,
-    videos relative to the manifest directory) for every film among ``records``."""
+    videos relative to the manifest directory) for every film among ``records``. Games of an earlier run in
+    ``out_dir`` are removed, so the directory holds exactly this dataset's held-out games."""
     out_dir = Path(out_dir)
+    if out_dir.is_dir():
+        for old in [*out_dir.glob("*.txt"), *out_dir.glob("*.jsonl")]:
+            old.unlink()
     films: dict[str, list[ClipRecord]] = {}
     for r in records:
         films.setdefault(r.film_id, []).append(r)
