@@ -115,6 +115,8 @@ class DataConfig:
     test_fraction: float = 0.2  # fraction held out (by film, or 8:2 in time for a single film)
     split_by: str = "film"  # film | time (the paper's single-film ablation)
     num_workers: int = 2  # DataLoader workers
+    clip_frames: int = 4  # frames per clip whose CLIP tokens are precomputed: index 0 = first, rest for frame=random
+    feature_dtype: str = "bf16"  # storage dtype of precomputed CLIP/T5 tokens (latents stay fp32): fp32 | bf16 | fp16
 
 
 CAPTION_SYSTEM_PROMPT = "You annotate anime clips for a training dataset. Follow the requested output format exactly."

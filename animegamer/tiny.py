@@ -113,6 +113,80 @@ def build_tiny_t5(out_dir: str | Path, seed: int = 0, d_model: int = 32) -> Path
     return out_dir
 
 
+# CogVideoX-2B's scheduler config (v-prediction, zero-terminal-SNR betas, SNR shift 3), kept for the tiny copy.
+COGVIDEOX_2B_SCHEDULER = {
+    "beta_start": 0.00085,
+    "beta_end": 0.012,
+    "beta_schedule": "scaled_linear",
+    "clip_sample": False,
+    "clip_sample_range": 1.0,
+    "num_train_timesteps": 1000,
+    "prediction_type": "v_prediction",
+    "rescale_betas_zero_snr": True,
+    "sample_max_value": 1.0,
+    "set_alpha_to_one": True,
+    "snr_shift_scale": 3.0,
+    "steps_offset": 0,
+    "timestep_spacing": "trailing",
+}
+
+
+def build_tiny_cogvideox(
+    out_dir: str | Path, seed: int = 0, text_embed_dim: int = 32, height: int = 48, width: int = 64
+) -> Path:
+    """A tiny CogVideoX-2B look-alike in diffusers layout: ``transformer/``, ``vae/``, ``scheduler/``.
+
+    Written beside the tiny T5 (``text_encoder/``, ``tokenizer/``) so ``out_dir`` is a whole CogVideoX folder.
+    Same architecture family as 2B (sincos positions, no rotary, patch 2, 226 text tokens, 4x temporal and 8x
+    spatial VAE compression), with 2 layers of width 32 (4 heads x 8) and a 4-channel latent.
+    """
+    from diffusers import AutoencoderKLCogVideoX, CogVideoXDDIMScheduler, CogVideoXTransformer3DModel
+
+    out_dir = Path(out_dir)
+    torch.manual_seed(seed)
+    vae = AutoencoderKLCogVideoX(
+        block_out_channels=(8, 8, 16, 16),
+        latent_channels=4,
+        layers_per_block=1,
+        norm_num_groups=4,
+        temporal_compression_ratio=4,
+        sample_height=height,
+        sample_width=width,
+    )
+    vae.save_pretrained(str(out_dir / "vae"))
+    spatial = 2 ** (len(vae.config.block_out_channels) - 1)
+    transformer = CogVideoXTransformer3DModel(
+        num_attention_heads=4,
+        attention_head_dim=8,
+        in_channels=4,
+        out_channels=4,
+        time_embed_dim=32,
+        text_embed_dim=text_embed_dim,
+        num_layers=2,
+        sample_height=height // spatial,
+        sample_width=width // spatial,
+        sample_frames=9,
+        max_text_seq_length=226,
+    )
+    transformer.save_pretrained(str(out_dir / "transformer"))
+    CogVideoXDDIMScheduler(**COGVIDEOX_2B_SCHEDULER).save_pretrained(str(out_dir / "scheduler"))
+    # model_index.json makes the folder loadable by diffusers' own CogVideoXPipeline as well.
+    (out_dir / "model_index.json").write_text(
+        json.dumps(
+            {
+                "_class_name": "CogVideoXPipeline",
+                "scheduler": ["diffusers", "CogVideoXDDIMScheduler"],
+                "text_encoder": ["transformers", "T5EncoderModel"],
+                "tokenizer": ["transformers", "T5Tokenizer"],
+                "transformer": ["diffusers", "CogVideoXTransformer3DModel"],
+                "vae": ["diffusers", "AutoencoderKLCogVideoX"],
+            },
+            indent=2,
+        )
+    )
+    return out_dir
+
+
 def build_all(out_dir: str | Path, seed: int = 0) -> dict[str, Path]:
     """Every tiny model the tiny configs name, under ``out_dir`` (clip/, CogVideoX/, Mistral/)."""
     out_dir = Path(out_dir)
@@ -120,6 +194,7 @@ def build_all(out_dir: str | Path, seed: int = 0) -> dict[str, Path]:
     _, written["clip"] = build_tiny_clip(out_dir / "clip", seed=seed)
     written["t5"] = build_tiny_t5(out_dir / "CogVideoX", seed=seed)
     written["mistral"] = build_tiny_mistral(out_dir / "Mistral", seed=seed)
+    written["cogvideox"] = build_tiny_cogvideox(out_dir / "CogVideoX", seed=seed)
     return written
 
 

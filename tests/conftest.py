@@ -40,6 +40,12 @@ def tiny_t5_config(tmp_path_factory) -> T5Config:
     return T5Config(path=str(out), max_length=226)
 
 
+@pytest.fixture(scope="session")
+def tiny_cogvideox_dir(tiny_t5_config):
+    """A whole tiny CogVideoX folder: transformer/, vae/, scheduler/ added beside the tiny T5 (48x64 clips)."""
+    return tiny.build_tiny_cogvideox(tiny_t5_config.path)
+
+
 @pytest.fixture
 def one_thread():
     """Tiny models on shared, busy cores: one torch thread is often >10x faster than two fighting for them."""

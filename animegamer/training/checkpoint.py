@@ -89,6 +89,7 @@ def save_checkpoint(
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
     accelerator.save_state(str(tmp))
+    accelerator.wait_for_everyone()  # every rank's RNG file is in tmp before it is renamed
     if accelerator.is_main_process:
         save_weights(tmp)
         atomic_write_json(tmp / "trainer_state.json", {"step": step, **trainer_state})

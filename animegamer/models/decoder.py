@@ -1,0 +1,455 @@
+"""AnimationShotDecoder: CogVideoX-2B rendering a shot representation s_a and a motion level into a clip.
+
+    s_a (B, 226, H) ──────────────────────────────── replaces the 226 projected T5 tokens (text projection bypassed)
+    motion level (B,) ─ sinusoid ─ Linear ─ SiLU ─ Linear (zero-init) ─┐
+    timestep (B,) ───── sinusoid ─ CogVideoX time embedding ───────────+─ emb (B, time_embed_dim) ─ every block's AdaLN
+    noisy latents (B, F, C, h, w) ─ CogVideoX transformer (+ LoRA on attention) ─ model output (B, F, C, h, w)
+
+The motion embedding is installed in the transformer's own ``ofs`` slots (``ofs_proj``/``ofs_embedding``, the path
+CogVideoX1.5-I2V uses for its offset embedding), so diffusers' forward adds it to the timestep embedding. Its last
+layer starts at zero: at step 0 the decoder computes exactly what the pretrained CogVideoX computes.
+
+Classifier-free guidance needs a defined unconditional input. Ours is the all-zero shot representation
+(:meth:`AnimationShotDecoder.null_shot_embeds`): it needs no model at inference (the MLLM predicts only the
+conditional s_a), and the encoder never emits it, because every s_a token leaves a LayerNorm. Training replaces
+s_a with it at rate ``condition_dropout``; the motion level is kept in both branches, so guidance sharpens the
+shot content while the motion level acts as a plain condition.
+
+Trained parts only (LoRA in peft layout + the motion embedding) are saved and loaded, as safetensors.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from animegamer.config import DecoderConfig, SamplingConfig
+from animegamer.models.weights import load_state_dict_file, save_state_dict_file
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+MOTION_WEIGHTS = "motion_embedding.safetensors"
+DECODER_CONFIG = "decoder_config.json"
+
+
+class MotionLevelEmbedding(nn.Module):
+    """Sinusoidal features of the motion level -> Linear -> SiLU -> Linear (zero-initialised).
+
+    Computes in its own (trained, fp32) dtype whatever the frozen transformer runs in, and returns the caller's
+    dtype. Parameter names match diffusers' ``TimestepEmbedding`` (``linear_1``, ``linear_2``).
+    """
+
+    def __init__(self, in_dim: int, out_dim: int):
+        super().__init__()
+        self.linear_1 = nn.Linear(in_dim, out_dim)
+        self.act = nn.SiLU()
+        self.linear_2 = nn.Linear(out_dim, out_dim)
+        nn.init.zeros_(self.linear_2.weight)
+        nn.init.zeros_(self.linear_2.bias)
+
+    def forward(self, sinusoid: torch.Tensor) -> torch.Tensor:
+        x = sinusoid.to(self.linear_1.weight.dtype)
+        return self.linear_2(self.act(self.linear_1(x))).to(sinusoid.dtype)
+
+
+def _require_dir(root: Path, sub: str) -> Path:
+    path = root / sub
+    if not (path / ("scheduler_config.json" if sub == "scheduler" else "config.json")).is_file():
+        raise FileNotFoundError(
+            f"CogVideoX {sub} not found at {path}. Put the CogVideoX-2b diffusers folder (transformer/, vae/, "
+            f"scheduler/) under {root} (see checkpoints/README.md) or set decoder.pretrained=DIR."
+        )
+    return path
+
+
+def load_vae(cfg: DecoderConfig, device: str | torch.device | None = None):
+    """The frozen CogVideoX VAE of ``cfg.pretrained`` (used by the decoder and by feature precomputation)."""
+    from diffusers import AutoencoderKLCogVideoX
+
+    path = _require_dir(Path(cfg.pretrained), "vae")
+    vae = AutoencoderKLCogVideoX.from_pretrained(str(path), torch_dtype=DTYPES[cfg.dtype])
+    if cfg.vae_slicing:
+        vae.enable_slicing()
+    if cfg.vae_tiling:
+        vae.enable_tiling()
+    return vae.eval().requires_grad_(False).to(device or "cpu")
+
+
+def vae_encode(vae, frames: torch.Tensor) -> torch.Tensor:
+    """uint8 frames (B, T, H, W, 3) -> scaled latents (B, F, C, h, w) float32, the transformer's layout.
+
+    The posterior mean is used (deterministic); CogVideoX-2B multiplies latents by ``scaling_factor``.
+    """
+    if frames.ndim != 5 or frames.shape[-1] != 3:
+        raise ValueError(f"expected uint8 frames (B, T, H, W, 3), got {tuple(frames.shape)}")
+    param = next(vae.parameters())
+    x = frames.to(param.device).permute(0, 4, 1, 2, 3).float() / 127.5 - 1.0  # (B, 3, T, H, W) in [-1, 1]
+    with torch.no_grad():
+        latents = vae.encode(x.to(param.dtype)).latent_dist.mode()  # (B, C, F, h, w)
+    latents = latents.float() * vae.config.scaling_factor
+    return latents.permute(0, 2, 1, 3, 4).contiguous()  # (B, F, C, h, w)
+
+
+def vae_decode(vae, latents: torch.Tensor) -> torch.Tensor:
+    """Scaled latents (B, F, C, h, w) -> uint8 frames (B, T, H, W, 3) on the CPU."""
+    param = next(vae.parameters())
+    z = latents.permute(0, 2, 1, 3, 4) / vae.config.scaling_factor  # (B, C, F, h, w)
+    with torch.no_grad():
+        video = vae.decode(z.to(device=param.device, dtype=param.dtype)).sample  # (B, 3, T, H, W) in [-1, 1]
+    video = ((video.float().clamp(-1, 1) + 1.0) * 127.5).round().to(torch.uint8)
+    return video.permute(0, 2, 3, 4, 1).cpu()  # (B, T, H, W, 3)
+
+
+def build_scheduler(name: str, config: dict):
+    """A CogVideoX scheduler (``dpm`` or ``ddim``) from the pretrained scheduler config (v-prediction, SNR shift)."""
+    from diffusers import CogVideoXDDIMScheduler, CogVideoXDPMScheduler
+
+    classes = {"dpm": CogVideoXDPMScheduler, "ddim": CogVideoXDDIMScheduler}
+    if name not in classes:
+        raise ValueError(f"scheduler={name!r} is not one of {sorted(classes)}")
+    return classes[name].from_config(config)
+
+
+def guidance_scales(sampling: SamplingConfig) -> list[float]:
+    """The classifier-free guidance scale of every denoising step (1.0 = no guidance on that step).
+
+    Dynamic CFG is a cosine ramp over the steps, from ``1 + g`` at the first step down towards 1 at the last:
+    ``1 + g * (1 - cos(pi * ((n - i) / n) ** exponent)) / 2``. It is computed from the step index; diffusers'
+    CogVideoX pipelines plug in the timestep value instead (diffusers issue #9641), which makes the scale oscillate.
+    Only the first ``guidance_steps_fraction`` of the steps are guided; the rest run the conditional branch alone.
+    """
+    n = sampling.steps
+    guided = math.ceil(sampling.guidance_steps_fraction * n)
+    scales = []
+    for i in range(n):
+        if i >= guided or sampling.guidance_scale <= 1.0:
+            scales.append(1.0)
+        elif sampling.dynamic_cfg:
+            ramp = (1 - math.cos(math.pi * ((n - i) / n) ** sampling.dynamic_cfg_exponent)) / 2
+            scales.append(1.0 + sampling.guidance_scale * ramp)
+        else:
+            scales.append(sampling.guidance_scale)
+    return scales
+
+
+def write_clip(frames, path_stem: str | Path, fps: float = 8) -> tuple[Path, Path]:
+    """Write (T, H, W, 3) uint8 frames as ``<stem>.mp4`` and ``<stem>.gif``; returns both paths."""
+    from animegamer.data.video import write_gif, write_mp4
+
+    frames = frames.numpy() if isinstance(frames, torch.Tensor) else np.asarray(frames)
+    stem = Path(path_stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    return write_mp4(stem.with_suffix(".mp4"), frames, fps=fps), write_gif(stem.with_suffix(".gif"), frames, fps=fps)
+
+
+class AnimationShotDecoder(nn.Module):
+    """CogVideoX transformer + VAE, conditioned on shot representations and motion levels."""
+
+    def __init__(
+        self,
+        transformer: nn.Module,
+        vae: nn.Module | None,
+        scheduler_config: dict,
+        lora_rank: int = 64,
+        lora_alpha: int = 64,
+        lora_targets: tuple[str, ...] = ("to_q", "to_k", "to_v", "to_out.0"),
+        motion_scope: bool = True,
+        num_motion_levels: int = 5,
+        motion_embed_dim: int = 256,
+        gradient_checkpointing: bool = False,
+    ):
+        super().__init__()
+        from diffusers.models.embeddings import Timesteps
+
+        tcfg = transformer.config
+        if tcfg.use_rotary_positional_embeddings or tcfg.patch_size_t is not None:
+            raise ValueError("only CogVideoX-2B-style transformers (sincos positions, 2D patches) are supported")
+        if tcfg.ofs_embed_dim:
+            raise ValueError("this transformer already uses its ofs embedding; the motion level needs that slot")
+        transformer.requires_grad_(False)
+        # s_a is already in the transformer's width: keep the pretrained T5 projection only to initialise the
+        # encoder's text projection (copy_text_projection_to), and make the patch embedding pass s_a through.
+        proj = transformer.patch_embed.text_proj
+        self.text_projection_state = {k: v.detach().cpu().clone() for k, v in proj.state_dict().items()}
+        transformer.patch_embed.text_proj = nn.Identity()
+
+        self.lora_rank, self.lora_alpha, self.lora_targets = lora_rank, lora_alpha, list(lora_targets)
+        if lora_rank > 0:
+            transformer.add_adapter(self._lora_config())
+        self.motion_scope = motion_scope
+        self.num_motion_levels = num_motion_levels
+        if motion_scope:
+            transformer.ofs_proj = Timesteps(motion_embed_dim, tcfg.flip_sin_to_cos, tcfg.freq_shift)
+            transformer.ofs_embedding = MotionLevelEmbedding(motion_embed_dim, tcfg.time_embed_dim)
+        # Trained parameters live in fp32 whatever the frozen weights' dtype (peft casts LoRA inputs itself).
+        for p in transformer.parameters():
+            if p.requires_grad:
+                p.data = p.data.float()
+        if gradient_checkpointing:
+            transformer.enable_gradient_checkpointing()
+        self.transformer = transformer
+        self.vae = vae
+        self.scheduler_config = dict(scheduler_config)
+        self.noise_scheduler = build_scheduler("ddim", self.scheduler_config)  # add_noise / velocity for training
+
+    # ------------------------------------------------------------------ building and saving
+
+    @classmethod
+    def from_config(cls, cfg: DecoderConfig, device: str | torch.device | None = None, with_vae: bool = True):
+        """Load transformer, VAE and scheduler config from ``cfg.pretrained`` (diffusers layout) and add LoRA.
+
+        ``with_vae=False`` skips the VAE (training reads precomputed latents).
+        """
+        from diffusers import CogVideoXTransformer3DModel
+
+        root = Path(cfg.pretrained)
+        transformer = CogVideoXTransformer3DModel.from_pretrained(
+            str(_require_dir(root, "transformer")), torch_dtype=DTYPES[cfg.dtype]
+        )
+        scheduler_dir = _require_dir(root, "scheduler")
+        scheduler_config = json.loads((scheduler_dir / "scheduler_config.json").read_text())
+        vae = load_vae(cfg) if with_vae else None
+        decoder = cls(
+            transformer,
+            vae,
+            scheduler_config,
+            lora_rank=cfg.lora_rank,
+            lora_alpha=cfg.lora_alpha,
+            lora_targets=tuple(cfg.lora_targets),
+            motion_scope=cfg.motion_scope,
+            num_motion_levels=cfg.num_motion_levels,
+            motion_embed_dim=cfg.motion_embed_dim,
+            gradient_checkpointing=cfg.gradient_checkpointing,
+        )
+        return decoder.to(device) if device is not None else decoder
+
+    def _lora_config(self):
+        from peft import LoraConfig
+
+        return LoraConfig(
+            r=self.lora_rank, lora_alpha=self.lora_alpha, init_lora_weights=True, target_modules=self.lora_targets
+        )
+
+    def lora_parameters(self) -> list[nn.Parameter]:
+        return [p for n, p in self.transformer.named_parameters() if "lora_" in n]
+
+    def motion_parameters(self) -> list[nn.Parameter]:
+        return list(self.transformer.ofs_embedding.parameters()) if self.motion_scope else []
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        """LoRA and motion embedding: everything the decoder trains; the rest is frozen."""
+        return self.lora_parameters() + self.motion_parameters()
+
+    def copy_text_projection_to(self, linear: nn.Linear) -> None:
+        """Initialise ``linear`` (the encoder's ``text_proj``) with CogVideoX's pretrained T5 projection."""
+        weight, bias = self.text_projection_state["weight"], self.text_projection_state["bias"]
+        if linear.weight.shape != weight.shape:
+            raise ValueError(
+                f"encoder text_proj {tuple(linear.weight.shape)} does not match CogVideoX's text projection "
+                f"{tuple(weight.shape)}; set encoder.text_dim / encoder.hidden_dim to the decoder's sizes"
+            )
+        with torch.no_grad():
+            linear.weight.copy_(weight)
+            linear.bias.copy_(bias)
+
+    def save_trained(self, out_dir: str | Path) -> None:
+        """Write the trained parts: ``adapter_config.json`` + ``adapter_model.safetensors`` (peft layout),
+        ``motion_embedding.safetensors`` and ``decoder_config.json`` (the settings they need)."""
+        from peft.utils import get_peft_model_state_dict
+
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        if self.lora_rank > 0:
+            self._lora_config().save_pretrained(str(out))
+            save_state_dict_file(get_peft_model_state_dict(self.transformer), out / ADAPTER_WEIGHTS)
+        if self.motion_scope:
+            save_state_dict_file(self.transformer.ofs_embedding.state_dict(), out / MOTION_WEIGHTS)
+        settings = {
+            "lora_rank": self.lora_rank,
+            "lora_alpha": self.lora_alpha,
+            "lora_targets": self.lora_targets,
+            "motion_scope": self.motion_scope,
+            "num_motion_levels": self.num_motion_levels,
+        }
+        from animegamer.io import atomic_write_json
+
+        atomic_write_json(out / DECODER_CONFIG, settings)
+
+    def load_trained(self, in_dir: str | Path) -> None:
+        """Load what :meth:`save_trained` wrote; the LoRA/motion settings must match this decoder's."""
+        from peft import LoraConfig
+        from peft.utils import set_peft_model_state_dict
+
+        src = Path(in_dir)
+        if not (src / DECODER_CONFIG).is_file():
+            raise FileNotFoundError(f"no trained decoder at {src} (missing {DECODER_CONFIG})")
+        saved = json.loads((src / DECODER_CONFIG).read_text())
+        mine = {"lora_rank": self.lora_rank, "motion_scope": self.motion_scope}
+        if any(saved.get(k) != v for k, v in mine.items()):
+            raise ValueError(f"{src}: trained with {saved}, but this decoder is configured with {mine}")
+        if self.lora_rank > 0:
+            lora = LoraConfig.from_pretrained(str(src))
+            if lora.r != self.lora_rank or lora.lora_alpha != self.lora_alpha:
+                raise ValueError(f"{src}: LoRA r={lora.r} alpha={lora.lora_alpha} does not match decoder config")
+            result = set_peft_model_state_dict(self.transformer, load_state_dict_file(src / ADAPTER_WEIGHTS))
+            unexpected = getattr(result, "unexpected_keys", None) or []
+            if unexpected:
+                raise ValueError(f"{src / ADAPTER_WEIGHTS}: unexpected LoRA weights {unexpected[:3]}")
+        if self.motion_scope:
+            self.transformer.ofs_embedding.load_state_dict(load_state_dict_file(src / MOTION_WEIGHTS))
+
+    # ------------------------------------------------------------------ model
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.transformer.proj_out.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.transformer.proj_out.weight.device
+
+    @property
+    def num_condition_tokens(self) -> int:
+        return self.transformer.config.max_text_seq_length
+
+    @property
+    def prediction_type(self) -> str:
+        return self.scheduler_config.get("prediction_type", "epsilon")
+
+    def null_shot_embeds(self, batch_size: int, device=None, dtype=torch.float32) -> torch.Tensor:
+        """The unconditional shot representation used by CFG and condition dropout: zeros (B, N, H)."""
+        tcfg = self.transformer.config
+        hidden = tcfg.num_attention_heads * tcfg.attention_head_dim
+        return torch.zeros(batch_size, self.num_condition_tokens, hidden, device=device or self.device, dtype=dtype)
+
+    def forward(
+        self,
+        noisy_latents: torch.Tensor,
+        timesteps: torch.Tensor,
+        shot_embeds: torch.Tensor,
+        motion_level: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """(B, F, C, h, w) noisy latents at ``timesteps`` (B,), s_a (B, N, H), levels (B,) -> model output."""
+        if shot_embeds.shape[1] != self.num_condition_tokens:
+            raise ValueError(
+                f"shot_embeds has {shot_embeds.shape[1]} tokens; the decoder expects {self.num_condition_tokens}"
+            )
+        ofs = None
+        if self.motion_scope:
+            if motion_level is None:
+                raise ValueError("this decoder injects the motion level; pass motion_level (B,) in 1..5")
+            ofs = motion_level.to(noisy_latents.device)
+        out = self.transformer(
+            hidden_states=noisy_latents.to(self.dtype),
+            encoder_hidden_states=shot_embeds.to(self.dtype),
+            timestep=timesteps,
+            ofs=ofs,
+            return_dict=False,
+        )[0]
+        return out.float()
+
+    def training_target(self, latents: torch.Tensor, noise: torch.Tensor, timesteps: torch.Tensor) -> torch.Tensor:
+        """What the model output is regressed on, from the scheduler's ``prediction_type`` (v for CogVideoX-2B)."""
+        if self.prediction_type == "v_prediction":
+            return self.noise_scheduler.get_velocity(latents, noise, timesteps)
+        if self.prediction_type == "epsilon":
+            return noise
+        if self.prediction_type == "sample":
+            return latents
+        raise ValueError(f"unsupported prediction_type {self.prediction_type!r}")
+
+    # ------------------------------------------------------------------ video <-> latents
+
+    def _need_vae(self):
+        if self.vae is None:
+            raise RuntimeError("this decoder was built without its VAE (with_vae=False)")
+        return self.vae
+
+    def encode_video(self, frames: torch.Tensor) -> torch.Tensor:
+        """uint8 (B, T, H, W, 3) -> scaled latents (B, F, C, h, w)."""
+        return vae_encode(self._need_vae(), frames)
+
+    def decode_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        """Scaled latents (B, F, C, h, w) -> uint8 (B, T, H, W, 3)."""
+        return vae_decode(self._need_vae(), latents)
+
+    def latent_shape(self, num_frames: int, height: int, width: int) -> tuple[int, int, int, int]:
+        """(F, C, h, w) of a clip of ``num_frames`` frames at ``height`` x ``width``."""
+        vcfg = self._need_vae().config
+        temporal = int(vcfg.temporal_compression_ratio)
+        spatial = 2 ** (len(vcfg.block_out_channels) - 1)
+        if (num_frames - 1) % temporal or height % spatial or width % spatial:
+            raise ValueError(
+                f"{num_frames} frames at {height}x{width}: need frames = {temporal}k + 1 and sizes divisible by "
+                f"{spatial}"
+            )
+        return (
+            (num_frames - 1) // temporal + 1,
+            self.transformer.config.in_channels,
+            height // spatial,
+            width // spatial,
+        )
+
+    # ------------------------------------------------------------------ sampling
+
+    @torch.no_grad()
+    def sample(
+        self,
+        shot_embeds: torch.Tensor,
+        motion_level: torch.Tensor | None,
+        sampling: SamplingConfig,
+        generator: torch.Generator | None = None,
+        progress: bool = False,
+    ) -> torch.Tensor:
+        """Render clips: s_a (B, N, H) and levels (B,) -> uint8 frames (B, T, H, W, 3).
+
+        The denoising loop, written out: start from Gaussian latents; at each step run the conditional and the
+        unconditional (zero s_a) branch in one batch while guidance is on, combine them with that step's scale,
+        and let the scheduler step (DPM-Solver++ keeps the previous x0 prediction for its second order).
+        """
+        from diffusers import CogVideoXDPMScheduler
+        from tqdm.auto import tqdm
+
+        batch = shot_embeds.shape[0]
+        device = self.device
+        if generator is None:
+            generator = torch.Generator().manual_seed(sampling.seed)
+        scheduler = build_scheduler(sampling.scheduler, self.scheduler_config)
+        scheduler.set_timesteps(sampling.steps, device=device)
+        timesteps = scheduler.timesteps
+        scales = guidance_scales(sampling)
+
+        shape = (batch, *self.latent_shape(sampling.num_frames, sampling.height, sampling.width))
+        # Drawn on the generator's device (CPU by default) so a seed gives the same clip on any device.
+        latents = torch.randn(shape, generator=generator, device=generator.device).to(device)
+        latents = latents * scheduler.init_noise_sigma  # (B, F, C, h, w)
+        cond = shot_embeds.to(device)
+        null = self.null_shot_embeds(batch, device, cond.dtype)
+        levels = motion_level.to(device) if motion_level is not None else None
+        old_x0 = None
+        for i, t in enumerate(tqdm(timesteps, desc="denoise", disable=not progress, leave=False)):
+            guided = scales[i] > 1.0
+            model_in = torch.cat([latents, latents]) if guided else latents  # (2B | B, F, C, h, w)
+            model_in = scheduler.scale_model_input(model_in, t)
+            out = self(
+                model_in,
+                t.expand(model_in.shape[0]),
+                torch.cat([null, cond]) if guided else cond,
+                torch.cat([levels, levels]) if guided and levels is not None else levels,
+            )
+            if guided:
+                uncond, conditional = out.chunk(2)
+                out = uncond + scales[i] * (conditional - uncond)
+            if isinstance(scheduler, CogVideoXDPMScheduler):
+                back = timesteps[i - 1] if i > 0 else None
+                latents, old_x0 = scheduler.step(out, old_x0, t, back, latents, generator=generator, return_dict=False)
+            else:
+                latents = scheduler.step(out, t, latents, generator=generator, return_dict=False)[0]
+            latents = latents.float()
+        return self.decode_latents(latents)

@@ -1,0 +1,176 @@
+"""AnimationShotDecoder on a tiny CogVideoX: motion embedding, text-projection bypass, save/load, sampling."""
+
+import math
+
+import pytest
+import torch
+
+from animegamer.config import DecoderConfig, SamplingConfig
+from animegamer.data.video import probe_video, read_video
+from animegamer.models.decoder import AnimationShotDecoder, guidance_scales, write_clip
+from animegamer.models.shot_encoder import ActionAwareEncoder
+
+
+@pytest.fixture(autouse=True, scope="module")
+def single_torch_thread():
+    """Tiny models run fastest on one thread; two workers x two threads on two busy cores mostly spin."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _config(path, **kw) -> DecoderConfig:
+    base = dict(
+        pretrained=str(path),
+        lora_rank=4,
+        lora_alpha=4,
+        motion_embed_dim=16,
+        gradient_checkpointing=False,
+        dtype="fp32",
+    )
+    return DecoderConfig(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def decoder(tiny_cogvideox_dir):
+    torch.manual_seed(0)
+    return AnimationShotDecoder.from_config(_config(tiny_cogvideox_dir)).eval()
+
+
+def _inputs(batch=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    latents = torch.randn(batch, 3, 4, 6, 8, generator=g)  # (B, F, C, h, w): 9 frames of 48x64
+    shots = torch.randn(batch, 226, 32, generator=g)
+    return latents, torch.tensor([10, 700])[:batch], shots
+
+
+def test_motion_embedding_starts_as_noop_then_changes_output(tiny_cogvideox_dir):
+    from diffusers import CogVideoXTransformer3DModel
+
+    torch.manual_seed(0)
+    decoder = AnimationShotDecoder.from_config(_config(tiny_cogvideox_dir))
+    plain = CogVideoXTransformer3DModel.from_pretrained(str(tiny_cogvideox_dir / "transformer"))
+    plain.patch_embed.text_proj = torch.nn.Identity()  # the same bypass, and no motion embedding
+    latents, t, shots = _inputs()
+    with torch.no_grad():
+        reference = plain(latents, shots, t, return_dict=False)[0]
+        out_1 = decoder(latents, t, shots, torch.tensor([1, 1]))
+        out_5 = decoder(latents, t, shots, torch.tensor([5, 5]))
+    torch.testing.assert_close(out_1, reference, rtol=0, atol=1e-6)
+    torch.testing.assert_close(out_5, reference, rtol=0, atol=1e-6)
+
+    with torch.no_grad():
+        torch.nn.init.normal_(decoder.transformer.ofs_embedding.linear_2.weight, std=0.5)
+        out_1 = decoder(latents, t, shots, torch.tensor([1, 1]))
+        out_5 = decoder(latents, t, shots, torch.tensor([5, 5]))
+    assert (out_1 - out_5).abs().max() > 1e-3
+    assert (out_1 - reference).abs().max() > 1e-3
+
+
+def test_trainable_parts_and_text_projection(decoder, tiny_cogvideox_dir):
+    trainable = {n for n, p in decoder.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n or "ofs_embedding" in n for n in trainable)
+    assert len(decoder.lora_parameters()) == 2 * 4 * 2  # A and B x 4 projections x 2 layers
+    assert all(p.dtype == torch.float32 for p in decoder.trainable_parameters())
+    assert isinstance(decoder.transformer.patch_embed.text_proj, torch.nn.Identity)
+
+    encoder = ActionAwareEncoder(clip_dim=32, clip_tokens=16, text_dim=32, hidden_dim=32)
+    decoder.copy_text_projection_to(encoder.text_proj)
+    from safetensors.torch import load_file
+
+    pretrained = load_file(str(tiny_cogvideox_dir / "transformer" / "diffusion_pytorch_model.safetensors"))
+    assert torch.equal(encoder.text_proj.weight, pretrained["patch_embed.text_proj.weight"])
+    with pytest.raises(ValueError, match="text projection"):
+        decoder.copy_text_projection_to(torch.nn.Linear(64, 32))
+    with pytest.raises(ValueError, match="226"):
+        decoder(*_inputs()[:2], torch.zeros(2, 100, 32), torch.tensor([1, 2]))
+
+
+def test_save_and_load_trained_roundtrip(tiny_cogvideox_dir, tmp_path):
+    torch.manual_seed(0)
+    a = AnimationShotDecoder.from_config(_config(tiny_cogvideox_dir))
+    with torch.no_grad():
+        for p in a.trainable_parameters():
+            p.normal_()
+    a.save_trained(tmp_path / "dec")
+    names = sorted(p.name for p in (tmp_path / "dec").iterdir())
+    assert names == [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        "decoder_config.json",
+        "motion_embedding.safetensors",
+    ]
+    torch.manual_seed(1)
+    b = AnimationShotDecoder.from_config(_config(tiny_cogvideox_dir))
+    b.load_trained(tmp_path / "dec")
+    for pa, pb in zip(a.trainable_parameters(), b.trainable_parameters(), strict=True):
+        assert torch.equal(pa, pb)
+    latents, t, shots = _inputs()
+    with torch.no_grad():
+        torch.testing.assert_close(
+            a(latents, t, shots, torch.tensor([2, 4])), b(latents, t, shots, torch.tensor([2, 4]))
+        )
+    with pytest.raises(ValueError, match="lora_rank"):
+        AnimationShotDecoder.from_config(_config(tiny_cogvideox_dir, lora_rank=8)).load_trained(tmp_path / "dec")
+    with pytest.raises(FileNotFoundError, match="decoder_config"):
+        b.load_trained(tmp_path / "nothing")
+
+
+def test_missing_checkpoint_names_the_readme(tmp_path):
+    with pytest.raises(FileNotFoundError, match="checkpoints/README.md"):
+        AnimationShotDecoder.from_config(_config(tmp_path / "nowhere"))
+
+
+def test_vae_roundtrip_shapes(decoder):
+    from tests.conftest import make_clip_frames
+
+    frames = torch.from_numpy(make_clip_frames(9, 48, 64))[None]  # (1, 9, 48, 64, 3)
+    latents = decoder.encode_video(frames)
+    assert latents.shape == (1, 3, 4, 6, 8) and latents.dtype == torch.float32
+    assert decoder.latent_shape(9, 48, 64) == (3, 4, 6, 8)
+    video = decoder.decode_latents(latents)
+    assert video.shape == (1, 9, 48, 64, 3) and video.dtype == torch.uint8
+    with pytest.raises(ValueError, match="4k \\+ 1"):
+        decoder.latent_shape(8, 48, 64)
+
+
+def test_guidance_schedule():
+    s = SamplingConfig(steps=10, guidance_scale=6.0, dynamic_cfg=True, dynamic_cfg_exponent=5.0)
+    scales = guidance_scales(s)
+    assert scales[0] == pytest.approx(7.0)  # 1 + g at the first step
+    assert all(a >= b for a, b in zip(scales[:-1], scales[1:], strict=True))  # ramps down
+    assert scales[-1] == pytest.approx(1.0, abs=1e-3)
+    assert scales[5] == pytest.approx(1 + 6 * (1 - math.cos(math.pi * 0.5**5)) / 2)
+    flat = guidance_scales(SamplingConfig(steps=4, guidance_scale=3.0, dynamic_cfg=False, guidance_steps_fraction=0.5))
+    assert flat == [3.0, 3.0, 1.0, 1.0]
+    assert guidance_scales(SamplingConfig(steps=3, guidance_scale=1.0)) == [1.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("scheduler", ["dpm", "ddim"])
+def test_sampling_writes_playable_clips(decoder, tmp_path, scheduler):
+    sampling = SamplingConfig(
+        scheduler=scheduler,
+        steps=3,
+        height=48,
+        width=64,
+        num_frames=9,
+        guidance_scale=4.0,
+        guidance_steps_fraction=0.67,
+    )
+    shots = torch.randn(2, 226, 32, generator=torch.Generator().manual_seed(0))
+    frames = decoder.sample(shots, torch.tensor([1, 5]), sampling)
+    assert frames.shape == (2, 9, 48, 64, 3) and frames.dtype == torch.uint8
+    again = decoder.sample(shots, torch.tensor([1, 5]), sampling)
+    assert torch.equal(frames, again)  # seeded
+    other = decoder.sample(shots, torch.tensor([1, 5]), sampling, generator=torch.Generator().manual_seed(1))
+    assert not torch.equal(frames, other)
+    mp4, gif = write_clip(frames[0], tmp_path / "turn_000", fps=sampling.fps)
+    info = probe_video(mp4)
+    assert (info.height, info.width, info.num_frames) == (48, 64, 9) and info.fps == pytest.approx(8)
+    decoded, _ = read_video(mp4)
+    assert decoded.shape == (9, 48, 64, 3)
+    from PIL import Image
+
+    with Image.open(gif) as im:
+        assert im.size == (64, 48) and im.n_frames == 9
