@@ -1,0 +1,60 @@
+"""The trained parts a stage (a) / (c) checkpoint holds, and how to load them back.
+
+<output_dir>/checkpoints/step_XXXXXXX/
+    encoder/model.safetensors     ActionAwareEncoder weights
+    encoder/config.json           its EncoderConfig
+    decoder/                      AnimationShotDecoder.save_trained: adapter_config.json,
+                                  adapter_model.safetensors (LoRA), motion_embedding.safetensors, decoder_config.json
+
+encoder = load_encoder("outputs/stage_a")              # a run dir, checkpoints/latest, or a step dir
+decoder = load_decoder("outputs/stage_a", cfg.decoder)  # pretrained CogVideoX + the trained LoRA/motion parts
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import torch
+
+from animegamer.config import DecoderConfig, EncoderConfig
+from animegamer.io import atomic_write_json
+from animegamer.models.decoder import AnimationShotDecoder
+from animegamer.models.shot_encoder import ActionAwareEncoder
+from animegamer.models.weights import load_state_dict_file, save_state_dict_file
+from animegamer.training.checkpoint import resolve_checkpoint
+
+ENCODER_DIR = "encoder"
+DECODER_DIR = "decoder"
+
+
+def save_encoder(encoder: ActionAwareEncoder, cfg: EncoderConfig, out_dir: str | Path) -> None:
+    """``out_dir/model.safetensors`` + ``out_dir/config.json`` (the EncoderConfig that rebuilds it)."""
+    out = Path(out_dir)
+    save_state_dict_file(encoder.state_dict(), out / "model.safetensors")
+    atomic_write_json(out / "config.json", dataclasses.asdict(cfg))
+
+
+def load_encoder(checkpoint: str | Path, device: str | torch.device = "cpu") -> ActionAwareEncoder:
+    """The trained ActionAwareEncoder of a checkpoint (any form :func:`resolve_checkpoint` accepts), in eval mode."""
+    path = resolve_checkpoint(checkpoint)
+    enc_dir = path / ENCODER_DIR if (path / ENCODER_DIR).is_dir() else path
+    config_file = enc_dir / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"no trained encoder in {path} (expected {ENCODER_DIR}/config.json)")
+    cfg = EncoderConfig(**json.loads(config_file.read_text()))
+    encoder = ActionAwareEncoder.from_config(cfg)
+    encoder.load_state_dict(load_state_dict_file(enc_dir / "model.safetensors"))
+    return encoder.to(device).eval()
+
+
+def load_decoder(
+    checkpoint: str | Path, cfg: DecoderConfig, device: str | torch.device | None = None, with_vae: bool = True
+) -> AnimationShotDecoder:
+    """The pretrained decoder of ``cfg`` with the trained LoRA + motion embedding of a checkpoint, in eval mode."""
+    path = resolve_checkpoint(checkpoint)
+    dec_dir = path / DECODER_DIR if (path / DECODER_DIR).is_dir() else path
+    decoder = AnimationShotDecoder.from_config(cfg, with_vae=with_vae)
+    decoder.load_trained(dec_dir)
+    return (decoder.to(device) if device is not None else decoder).eval()

@@ -1,0 +1,234 @@
+"""Stage (a): train the action-aware encoder together with the CogVideoX decoder (LoRA + motion-level embedding).
+
+    accelerate launch --config_file configs/accelerate/multi_gpu.yaml scripts/train_stage_a.py \
+        --config configs/stage_a.yaml
+    python scripts/train_stage_a.py --config configs/tiny/stage_a.yaml              # tiny models on a laptop CPU
+    python scripts/train_stage_a.py --config configs/stage_a.yaml --resume latest   # exact resume
+
+For the first ``warmup_steps`` optimizer steps only the encoder learns: the decoder's LoRA and motion embedding sit
+in an optimizer group whose learning rate is 0, so they stay bit-identical while the same DDP / DeepSpeed / FSDP
+wrapping serves both phases. After that encoder, LoRA and motion embedding train jointly.
+
+One step: s_a = encoder(CLIP tokens of the first frame, T5 tokens of the motion text); with probability
+``condition_dropout`` s_a becomes the decoder's unconditional (zero) representation, so CFG works at sampling time;
+the clip's latents are noised at a uniform random timestep and the decoder regresses the scheduler's target
+(v-prediction for CogVideoX-2B) with an MSE loss.
+
+Features (VAE latents, CLIP and T5 tokens) come from ``data.features_dir``; a single-process run precomputes the
+clips that are missing there first (scripts/precompute_features.py does the same ahead of time). Clips without
+features (corrupt/missing video, no tags) are reported by path and left out.
+
+Writes output_dir/{config.yaml, run_info.json, metrics.csv | logs/}, output_dir/checkpoints/step_XXXXXXX/
+{encoder/, decoder/, optimizer + scheduler + RNG state, trainer_state.json} and, at the end, output_dir/shot_targets
+(s_a of every clip from the final encoder: the regression targets of stage b).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from accelerate.utils import set_seed
+from torch.optim.lr_scheduler import LambdaLR
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+
+from animegamer.cli import parse_config
+from animegamer.config import StageAConfig
+from animegamer.data.features import (
+    build_stage_a_dataset,
+    count_pending_clips,
+    precompute_features,
+    select_frame,
+    write_shot_targets,
+)
+from animegamer.data.manifest import ManifestError
+from animegamer.models.decoder import AnimationShotDecoder
+from animegamer.models.shot_encoder import ActionAwareEncoder
+from animegamer.models.trained import DECODER_DIR, ENCODER_DIR, save_encoder
+from animegamer.models.weights import load_state_dict_file
+from animegamer.training.batches import ResumableBatchSampler
+from animegamer.training.checkpoint import find_resume, load_checkpoint, save_checkpoint, skip_model_weights_in_state
+from animegamer.training.optim import build_optimizer, lr_factor
+from animegamer.training.run import build_accelerator, start_run
+
+
+def compute_loss(encoder, decoder, core: AnimationShotDecoder, batch: dict, cfg: StageAConfig) -> torch.Tensor:
+    """The stage (a) loss of one micro-batch. ``decoder`` may be wrapped (DDP); ``core`` is the bare module."""
+    latents = batch["latents"]  # (B, F, C, h, w)
+    clip_tokens = select_frame(batch["clip_tokens"], cfg.encoder.frame)  # (B, K, Nc, Dc) -> (B, Nc, Dc)
+    shot_embeds = encoder(clip_tokens, batch["text_tokens"])  # (B, N, H)
+    batch_size = latents.shape[0]
+    dropped = torch.rand(batch_size, device=latents.device) < cfg.condition_dropout
+    null = core.null_shot_embeds(batch_size, latents.device, shot_embeds.dtype)
+    shot_embeds = torch.where(dropped[:, None, None], null, shot_embeds)
+
+    noise = torch.randn_like(latents)
+    num_timesteps = core.noise_scheduler.config.num_train_timesteps
+    timesteps = torch.randint(0, num_timesteps, (batch_size,), device=latents.device)
+    noisy = core.noise_scheduler.add_noise(latents, noise, timesteps)
+    prediction = decoder(noisy, timesteps, shot_embeds, batch["motion_level"])
+    target = core.training_target(latents, noise, timesteps)
+    return F.mse_loss(prediction.float(), target.float())
+
+
+def main(argv: list[str] | None = None) -> Path:
+    def flags(parser):
+        parser.add_argument("--resume", help="'latest' or a checkpoint path (same as train.resume=...)")
+
+    cfg, args = parse_config(StageAConfig, __doc__, argv, extra=flags)
+    if args.resume:
+        cfg.train.resume = args.resume
+    train = cfg.train
+
+    accelerator = build_accelerator(cfg.output_dir, train)
+    skip_model_weights_in_state(accelerator)
+    out = start_run(accelerator, cfg, "stage_a")
+    say = accelerator.print
+
+    # ---- data: precomputed features, bad clips reported and left out
+    try:
+        if accelerator.num_processes == 1:
+            summary = precompute_features(cfg, accelerator.device)
+            if summary.written:
+                say(summary)
+        else:
+            pending = count_pending_clips(cfg.data)
+            if pending:
+                raise SystemExit(
+                    f"error: {pending} clips of {cfg.data.manifest} have no features in {cfg.data.features_dir}; "
+                    f"run `python scripts/precompute_features.py --config ...` first (multi-process runs do not)"
+                )
+        dataset, left_out = build_stage_a_dataset(cfg.data)
+    except (ManifestError, FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if left_out:
+        say(f"left out {len(left_out)} clip(s):")
+        for line in left_out[:20]:
+            say(f"  {line}")
+        if len(left_out) > 20:
+            say(f"  ... and {len(left_out) - 20} more (see {cfg.data.features_dir}/skipped.json)")
+    first = dataset[0]
+    clip_shape, text_shape = tuple(first["clip_tokens"].shape[1:]), tuple(first["text_tokens"].shape)
+    want_clip, want_text = (
+        (cfg.encoder.clip_tokens, cfg.encoder.clip_dim),
+        (cfg.encoder.text_tokens, cfg.encoder.text_dim),
+    )
+    if clip_shape != want_clip or text_shape != want_text:
+        raise SystemExit(
+            f"error: features have CLIP tokens {clip_shape} and T5 tokens {text_shape}, but the encoder config "
+            f"expects {want_clip} and {want_text}; fix encoder.* or recompute the features"
+        )
+    say(
+        f"{len(dataset)} clips; {accelerator.num_processes} process(es); batch {train.batch_size} x {train.grad_accum}"
+    )
+
+    # ---- models: same initialisation on every process
+    set_seed(cfg.seed)
+    encoder = ActionAwareEncoder.from_config(cfg.encoder)
+    decoder = AnimationShotDecoder.from_config(cfg.decoder, with_vae=False)
+    decoder.copy_text_projection_to(encoder.text_proj)
+    encoder.to(accelerator.device).train()
+    decoder.to(accelerator.device).train()
+    decoder_params = decoder.trainable_parameters()
+    optimizer = build_optimizer([{"params": list(encoder.parameters())}, {"params": decoder_params}], train)
+    # The decoder group learns nothing during the encoder warm-up (lr factor 0), then follows the shared schedule.
+    lr_scheduler = LambdaLR(
+        optimizer,
+        [lambda s: lr_factor(s, train), lambda s: 0.0 if s < cfg.warmup_steps else lr_factor(s, train)],
+    )
+    encoder, decoder, optimizer, lr_scheduler = accelerator.prepare(encoder, decoder, optimizer, lr_scheduler)
+    core = accelerator.unwrap_model(decoder)
+
+    def save_weights(path: Path) -> None:
+        save_encoder(accelerator.unwrap_model(encoder), cfg.encoder, path / ENCODER_DIR)
+        core.save_trained(path / DECODER_DIR)
+
+    def load_weights(path: Path) -> None:
+        accelerator.unwrap_model(encoder).load_state_dict(
+            load_state_dict_file(path / ENCODER_DIR / "model.safetensors")
+        )
+        core.load_trained(path / DECODER_DIR)
+
+    # ---- resume: weights, optimizer, lr schedule and every process's RNG; the data order is a function of step
+    step = 0
+    set_seed(cfg.seed + accelerator.process_index)  # noise, timesteps, dropout differ per process
+    resume_from = find_resume(cfg.output_dir, train.resume)
+    if resume_from is not None:
+        step = load_checkpoint(accelerator, resume_from, load_weights)["step"]
+        say(f"resumed from {resume_from} at step {step}")
+    sampler = ResumableBatchSampler(
+        len(dataset),
+        train.batch_size,
+        seed=cfg.seed,
+        rank=accelerator.process_index,
+        world_size=accelerator.num_processes,
+        start_batch=step * train.grad_accum,
+    )
+    # A private generator keeps DataLoader start-up from drawing on the global RNG (exact resume).
+    loader = DataLoader(
+        dataset, batch_sampler=sampler, num_workers=cfg.data.num_workers, generator=torch.Generator().manual_seed(0)
+    )
+    batches = iter(loader)
+
+    # ---- loop
+    progress = tqdm(total=train.max_steps, initial=step, desc="stage a", disable=not accelerator.is_main_process)
+    last_saved, loss_value = None, float("nan")
+    while step < train.max_steps:
+        joint = step >= cfg.warmup_steps
+        step_loss = torch.zeros((), device=accelerator.device)
+        for _ in range(train.grad_accum):
+            batch = {k: v.to(accelerator.device, non_blocking=True) for k, v in next(batches).items()}
+            with accelerator.accumulate(encoder, decoder):
+                loss = compute_loss(encoder, decoder, core, batch, cfg)
+                accelerator.backward(loss)
+            step_loss += loss.detach() / train.grad_accum
+        clipped = list(accelerator.unwrap_model(encoder).parameters()) + (decoder_params if joint else [])
+        grad_norm = accelerator.clip_grad_norm_(clipped, train.max_grad_norm)
+        optimizer.step()
+        lr_scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+
+        progress.update(1)
+        if step % train.log_every == 0 or step == train.max_steps:
+            loss_value = accelerator.reduce(step_loss, "mean").item()
+            lrs = lr_scheduler.get_last_lr()
+            accelerator.log(
+                {
+                    "loss": loss_value,
+                    "grad_norm": float(grad_norm),
+                    "lr_encoder": lrs[0],
+                    "lr_decoder": lrs[1],
+                    "joint": int(joint),
+                },
+                step=step,
+            )
+            progress.set_postfix(loss=f"{loss_value:.4f}", phase="joint" if joint else "warm-up")
+        if step % train.checkpoint_every == 0 or step == train.max_steps:
+            last_saved = save_checkpoint(
+                accelerator, cfg.output_dir, step, save_weights, {"loss": loss_value}, keep=train.keep_checkpoints
+            )
+    progress.close()
+
+    # ---- shot targets for stage (b), from the final encoder
+    if accelerator.is_main_process:
+        source = {"checkpoint": str(last_saved or resume_from), "step": step}
+        targets = write_shot_targets(
+            accelerator.unwrap_model(encoder),
+            cfg.data.features_dir,
+            out / "shot_targets",
+            source=source,
+            device=accelerator.device,
+        )
+        say(f"shot targets: {targets}")
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    return out
+
+
+if __name__ == "__main__":
+    main()

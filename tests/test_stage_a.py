@@ -1,0 +1,289 @@
+"""Stage (a): feature precomputation, the training script on tiny models, checkpoints, resume, shot targets."""
+
+import csv
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from animegamer.config import StageAConfig, load_config
+from animegamer.data.features import (
+    StageADataset,
+    build_stage_a_dataset,
+    clip_frame_indices,
+    fit_frames,
+    precompute_features,
+    read_skipped,
+)
+from animegamer.data.manifest import ClipRecord, write_manifest
+from animegamer.data.tensor_store import TensorStore
+from animegamer.data.video import write_mp4
+from animegamer.models.decoder import AnimationShotDecoder
+from animegamer.models.shot_encoder import ActionAwareEncoder
+from animegamer.models.trained import load_decoder, load_encoder
+from animegamer.models.weights import load_state_dict_file
+from animegamer.training.checkpoint import list_checkpoints
+from tests.conftest import make_clip_frames
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_CONFIG = ROOT / "configs" / "tiny" / "stage_a.yaml"
+TAGS = "<S>{who}</S><MD>{what}</MD><EV>park</EV><ML>{level}</ML><MA>quickly</MA><SC>0</SC><ET>1</ET><ST>-1</ST>"
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("train_stage_a", ROOT / "scripts" / "train_stage_a.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+train_stage_a = _load_script()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def single_torch_thread():
+    """Tiny models run fastest on one thread; two workers x two threads on two busy cores mostly spin."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory, tiny_clip_config, tiny_cogvideox_dir):
+    """Four captioned clips, one corrupt, one missing, one uncaptioned; features precomputed once."""
+    root = tmp_path_factory.mktemp("stage_a_data")
+    records = []
+    for i, (speed, level, who, what) in enumerate(
+        [(1, 1, "Qiqi", "sit"), (3, 2, "Sam", "walk"), (5, 4, "Mia", "run"), (7, 5, "Ken", "jump")]
+    ):
+        # 8 frames at 8 fps: one short of the 9 the VAE wants, so the last frame is repeated
+        write_mp4(root / f"clips/c{i}.mp4", make_clip_frames(8, 48, 64, speed=speed, seed=i), fps=8)
+        records.append(
+            ClipRecord(
+                f"film0_{i:05d}",
+                f"clips/c{i}.mp4",
+                "film0",
+                i,
+                2.0 * i,
+                2.0 * i + 2,
+                tags=TAGS.format(who=who, what=what, level=level),
+                motion_level=level,
+            )
+        )
+    (root / "clips/broken.mp4").write_bytes(b"\x00\x00\x00\x18ftypmp42 this is not a video")
+    tags = TAGS.format(who="Luna", what="fly", level=3)
+    records.append(ClipRecord("film1_00000", "clips/broken.mp4", "film1", 0, 0.0, 2.0, tags=tags))
+    records.append(ClipRecord("film1_00001", "clips/gone.mp4", "film1", 1, 2.0, 4.0, tags=tags))
+    write_mp4(root / "clips/untagged.mp4", make_clip_frames(9, 48, 64), fps=8)
+    records.append(ClipRecord("film1_00002", "clips/untagged.mp4", "film1", 2, 4.0, 6.0))
+    write_manifest(root / "clips.jsonl", records)
+    overrides = [
+        f"clip.checkpoint={tiny_clip_config.checkpoint}",
+        f"clip.model_config={tiny_clip_config.model_config}",
+        f"t5.path={tiny_cogvideox_dir}",
+        f"decoder.pretrained={tiny_cogvideox_dir}",
+        f"data.manifest={root / 'clips.jsonl'}",
+        f"data.features_dir={root / 'features'}",
+        "data.num_workers=0",
+    ]
+    cfg = load_config(TINY_CONFIG, overrides)
+    summary = precompute_features(cfg, progress=False)
+    return {"root": root, "overrides": overrides, "cfg": cfg, "summary": summary}
+
+
+def _run(tmp_dir, data, *extra):
+    argv = ["--config", str(TINY_CONFIG), *data["overrides"], f"output_dir={tmp_dir}", "train.report_to=csv", *extra]
+    return train_stage_a.main(argv)
+
+
+def _trained(step_dir: Path) -> dict[str, torch.Tensor]:
+    out = {f"encoder.{k}": v for k, v in load_state_dict_file(step_dir / "encoder/model.safetensors").items()}
+    out |= {f"lora.{k}": v for k, v in load_state_dict_file(step_dir / "decoder/adapter_model.safetensors").items()}
+    out |= {
+        f"motion.{k}": v for k, v in load_state_dict_file(step_dir / "decoder/motion_embedding.safetensors").items()
+    }
+    return out
+
+
+def test_frames_are_fitted_and_sampled():
+    frames = make_clip_frames(7, 40, 80)
+    fitted = fit_frames(frames, 9, 48, 64)
+    assert fitted.shape == (9, 48, 64, 3) and fitted.dtype == torch.uint8
+    assert torch.equal(fitted[-1], fitted[-3])  # padded with the last frame
+    with pytest.raises(ValueError, match="too short"):
+        fit_frames(frames[:3], 9, 48, 64)
+    assert clip_frame_indices(9, 4) == [0, 3, 5, 8] and clip_frame_indices(17, 1) == [0]
+
+
+def test_precompute_stores_fields_and_reports_bad_clips(data, capsys):
+    cfg, summary = data["cfg"], data["summary"]
+    store = TensorStore(cfg.data.features_dir)
+    assert summary.written == 4 and sorted(store.clip_ids()) == [f"film0_{i:05d}" for i in range(4)]
+    fields = store.load("film0_00000")
+    assert fields["latents"].shape == (4, 3, 6, 8) and fields["latents"].dtype == torch.float32  # (C, F, h, w)
+    assert fields["clip_tokens"].shape == (4, 16, 32)  # (K, Nc, Dc), index 0 = first frame
+    assert fields["text_tokens"].shape == (226, 32)
+    assert not torch.equal(fields["clip_tokens"][0], fields["clip_tokens"][-1])
+    skipped = read_skipped(cfg.data.features_dir)
+    assert set(skipped) == {"film1_00000", "film1_00001", "film1_00002"}
+    assert skipped["film1_00000"]["video"].endswith("broken.mp4") and "decode" in skipped["film1_00000"]["reason"]
+    assert "not found" in skipped["film1_00001"]["reason"] and "no tags" in skipped["film1_00002"]["reason"]
+
+    again = precompute_features(cfg, progress=False)  # resumable: nothing new to do, nothing retried
+    assert again.written == 0 and again.present == 4 and len(again.skipped) == 3
+
+    dataset, left_out = build_stage_a_dataset(cfg.data)
+    assert len(dataset) == 4 and len(left_out) == 3 and any("broken.mp4" in line for line in left_out)
+    item = dataset[2]
+    assert item["latents"].shape == (3, 4, 6, 8) and int(item["motion_level"]) == 4  # (F, C, h, w)
+    with pytest.raises(ValueError, match="no usable clips"):
+        StageADataset(cfg.data.features_dir, [])
+
+    bad = load_config(TINY_CONFIG, data["overrides"] + ["data.height=32"])
+    with pytest.raises(ValueError, match="height: 48 -> 32"):
+        precompute_features(bad, progress=False)
+
+
+def test_training_run_checkpoints_warmup_and_resume(data, tmp_path, capsys):
+    # 4 steps: 2 encoder-only warm-up steps, then 2 joint steps; a checkpoint after every step
+    common = ["train.max_steps=4", "warmup_steps=2", "train.checkpoint_every=1", "train.keep_checkpoints=10"]
+    straight = _run(tmp_path / "a", data, *common)
+    printed = capsys.readouterr()
+    assert "broken.mp4" in printed.out and "gone.mp4" in printed.out  # bad clips reported by path
+    steps = list_checkpoints(straight)
+    assert [p.name for p in steps] == [f"step_000000{i}" for i in (1, 2, 3, 4)]
+    for name in (
+        "encoder/model.safetensors",
+        "encoder/config.json",
+        "decoder/adapter_config.json",
+        "decoder/adapter_model.safetensors",
+        "decoder/motion_embedding.safetensors",
+        "trainer_state.json",
+        "optimizer.bin",
+    ):
+        assert (steps[-1] / name).is_file(), name
+    w = [_trained(p) for p in steps]
+
+    def changed(a, b, prefix):
+        return any(not torch.equal(a[k], b[k]) for k in a if k.startswith(prefix))
+
+    # warm-up: the encoder moves, the decoder's trained parts stay at their initial values (LoRA B and the
+    # motion embedding's last layer start at zero)
+    assert changed(w[0], w[1], "encoder.")
+    assert not changed(w[0], w[1], "lora.") and not changed(w[0], w[1], "motion.")
+    assert all(not w[1][k].any() for k in w[1] if k.startswith("lora.") and "lora_B" in k)
+    assert not w[1]["motion.linear_2.weight"].any()
+    # joint: LoRA and the motion embedding move too
+    assert changed(w[1], w[2], "lora.") and changed(w[1], w[2], "motion.") and changed(w[1], w[2], "encoder.")
+
+    rows = list(csv.DictReader(open(straight / "metrics.csv")))
+    losses = [float(r["value"]) for r in rows if r["name"] == "loss"]
+    assert len(losses) == 4 and all(torch.isfinite(torch.tensor(losses)))
+    assert [int(float(r["value"])) for r in rows if r["name"] == "joint"] == [0, 0, 1, 1]
+
+    # shot targets of every clip with features, from the final encoder
+    targets = TensorStore(straight / "shot_targets")
+    assert sorted(targets.clip_ids()) == [f"film0_{i:05d}" for i in range(4)]
+    shot = targets.load("film0_00001")["shot_embeds"]
+    assert shot.shape == (226, 32) and shot.dtype == torch.float32
+    encoder = load_encoder(straight)
+    feats = TensorStore(data["cfg"].data.features_dir).load("film0_00001")
+    with torch.no_grad():
+        expected = encoder(feats["clip_tokens"][:1].float(), feats["text_tokens"][None].float())[0]
+    torch.testing.assert_close(shot, expected)
+    assert json.loads((straight / "shot_targets/source.json").read_text())["step"] == 4
+
+    # the trained decoder loads back onto the pretrained one
+    cfg = load_config(TINY_CONFIG, data["overrides"])
+    decoder = load_decoder(straight, cfg.decoder, with_vae=False)
+    torch.testing.assert_close(decoder.transformer.ofs_embedding.linear_2.weight, w[3]["motion.linear_2.weight"])
+
+    # exact resume: 2 steps, stop, resume to 4 == 4 straight steps
+    _run(tmp_path / "b", data, *common[1:], "train.max_steps=2")
+    resumed = _run(tmp_path / "b", data, *common[1:], "train.max_steps=4", "--resume", "latest")
+    assert "resumed from" in capsys.readouterr().out
+    final = _trained(list_checkpoints(resumed)[-1])
+    for k, v in w[3].items():
+        torch.testing.assert_close(final[k], v, rtol=0, atol=1e-6, msg=k)
+
+
+def test_overfitting_one_batch(data):
+    cfg: StageAConfig = data["cfg"]
+    cfg.condition_dropout = 0.0
+    dataset, _ = build_stage_a_dataset(cfg.data)
+    batch = {k: torch.stack([dataset[i][k] for i in range(2)]) for k in dataset[0]}
+    torch.manual_seed(0)
+    encoder = ActionAwareEncoder.from_config(cfg.encoder)
+    decoder = AnimationShotDecoder.from_config(cfg.decoder, with_vae=False)
+    decoder.copy_text_projection_to(encoder.text_proj)
+    params = list(encoder.parameters()) + decoder.trainable_parameters()
+    optimizer = torch.optim.AdamW(params, lr=3e-3)
+    losses = []
+    for _ in range(40):
+        torch.manual_seed(1)  # the same noise and timesteps every step: one fixed batch to memorise
+        loss = train_stage_a.compute_loss(encoder, decoder, decoder, batch, cfg)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_malformed_manifest_is_one_clear_error(data, tmp_path, capsys):
+    manifest = tmp_path / "clips.jsonl"
+    lines = (data["root"] / "clips.jsonl").read_text().splitlines()
+    manifest.write_text("\n".join([lines[0], "{not json", *lines[1:]]) + "\n")
+    with pytest.raises(SystemExit):
+        _run(tmp_path / "run", data, f"data.manifest={manifest}", "train.max_steps=1")
+    assert f"{manifest}:2" in capsys.readouterr().err
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_two_process_cpu_run(data, tmp_path):
+    # `accelerate launch --cpu --num_processes 2` starts ONE process (multi-CPU needs mpirun); torchrun's launcher
+    # with ACCELERATE_USE_CPU=true starts two processes that talk over gloo.
+    accelerate = Path(sys.executable).parent / "accelerate"
+    cmd = [
+        str(accelerate),
+        "launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(_free_port()),
+        str(ROOT / "scripts" / "train_stage_a.py"),
+        "--config",
+        str(TINY_CONFIG),
+        *data["overrides"],
+        f"output_dir={tmp_path}",
+        "train.max_steps=2",
+        "warmup_steps=1",
+        "train.report_to=csv",
+        "train.checkpoint_every=2",
+    ]
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_0000002"]
+    assert (tmp_path / "checkpoints/step_0000002/random_states_1.pkl").is_file()
+    assert json.loads((tmp_path / "run_info.json").read_text())["num_processes"] == 2
+    assert len(TensorStore(tmp_path / "shot_targets")) == 4
