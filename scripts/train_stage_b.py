@@ -1,0 +1,183 @@
+"""Stage (b): train the next-game-state MLLM (Mistral + LoRA, query slots, resamplers) on windows of shots.
+
+    accelerate launch --config_file configs/accelerate/deepspeed_zero2.yaml scripts/train_stage_b.py \
+        --config configs/stage_b.yaml
+    python scripts/train_stage_b.py --config configs/tiny/stage_b.yaml          # CPU, tiny Mistral
+
+Needs the clip manifest (``data.manifest``, captioned) and the stage (a) shot targets (``shot_targets``: a
+TensorStore with ``shot_embeds`` (num_slots, shot_dim) per clip). Windows whose clips lack a target are skipped
+and listed in ``output_dir/missing_shot_targets.txt``.
+
+Loss = CE(state value tokens) + mse_weight * MSE(s_a) + cosine_weight * (1 - cos(s_a)); the parts are logged
+separately (csv/tensorboard/wandb) and shown on the progress bar. Checkpoints (``output_dir/checkpoints/step_X``)
+hold the LoRA (peft adapter format), the new token rows and resamplers (safetensors), and the optimizer, scheduler
+and RNG state: ``train.resume=latest`` continues exactly. Under DeepSpeed ZeRO-3 and FSDP the trained tensors are
+gathered with ``accelerator.get_state_dict`` before saving.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+from accelerate.utils import DistributedType, set_seed
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+
+from animegamer.cli import parse_config
+from animegamer.config import StageBConfig
+from animegamer.data.manifest import read_manifest
+from animegamer.data.sequences import windows_from_config
+from animegamer.data.stage_b import StageBCollator, StageBDataset, filter_windows, move_batch
+from animegamer.data.tensor_store import TensorStore
+from animegamer.io import atomic_write_text
+from animegamer.models.mllm import AnimeGamerMLLM
+from animegamer.tokens import TurnLayout, get_vocabulary
+from animegamer.training.batches import ResumableBatchSampler
+from animegamer.training.checkpoint import find_resume, load_checkpoint, save_checkpoint, skip_model_weights_in_state
+from animegamer.training.optim import build_optimizer, build_scheduler
+from animegamer.training.run import build_accelerator, start_run
+
+LOSS_PARTS = ("loss", "ce", "mse", "cos", "state_acc")
+
+
+def build_dataset(cfg: StageBConfig, accelerator) -> StageBDataset:
+    """Windows of the configured split whose shots all have cached targets, laid out with the MLLM's tokenizer."""
+    from animegamer.models.mllm import load_tokenizer
+
+    manifest = read_manifest(cfg.data.manifest)
+    windows = windows_from_config(manifest, cfg.data)
+    store = TensorStore(cfg.shot_targets)
+    if len(store) == 0:
+        raise SystemExit(
+            f"error: no shot targets in {cfg.shot_targets}; cache the stage (a) encoder's s_a of every clip first"
+        )
+    kept, missing = filter_windows(windows, store)
+    tokenizer, _ = load_tokenizer(cfg.mllm.pretrained, cfg.mllm.vocabulary, cfg.mllm.num_slots)
+    layout = TurnLayout(tokenizer, get_vocabulary(cfg.mllm.vocabulary), cfg.mllm.num_slots)
+    dataset = StageBDataset(kept, manifest, store, layout, cfg.max_seq_len, cfg.mllm.shot_dim)
+    if accelerator.is_main_process:
+        print(f"stage (b) data: {len(dataset)} windows ({cfg.data.split} split) from {cfg.data.manifest}")
+        if missing:
+            report = Path(cfg.output_dir) / "missing_shot_targets.txt"
+            atomic_write_text(report, "".join(f"{cid}\n" for cid in missing))
+            print(
+                f"warning: {len(missing)} clips have no shot target in {cfg.shot_targets}; skipped "
+                f"{len(windows) - len(kept)} windows (clip ids in {report})"
+            )
+        if dataset.trimmed or dataset.too_long:
+            print(
+                f"note: {dataset.trimmed} windows lost history turns to fit max_seq_len={cfg.max_seq_len}; "
+                f"{len(dataset.too_long)} dropped as too long"
+            )
+    return dataset
+
+
+def gather_needed(accelerator) -> bool:
+    """Whether this process holds only shards of the trained parameters (ZeRO-3, FSDP)."""
+    if accelerator.distributed_type == DistributedType.FSDP:
+        return True
+    if accelerator.distributed_type == DistributedType.DEEPSPEED:
+        return accelerator.state.deepspeed_plugin.zero_stage == 3
+    return False
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg, _ = parse_config(StageBConfig, __doc__, argv)
+    train = cfg.train
+    accelerator = build_accelerator(cfg.output_dir, train)
+    skip_model_weights_in_state(accelerator)
+    set_seed(cfg.seed)
+    Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
+    dataset = build_dataset(cfg, accelerator)  # before the model: bad data fails in seconds, not after loading 7B
+    out_dir = start_run(accelerator, cfg, "stage_b")
+
+    model = AnimeGamerMLLM.from_config(cfg.mllm, mse_weight=cfg.mse_weight, cosine_weight=cfg.cosine_weight)
+    resume_from = find_resume(out_dir, train.resume)
+    if resume_from is not None:
+        # before prepare: ZeRO-3 / FSDP then shard the restored values like any others
+        model.load_trained(resume_from)
+    optimizer = build_optimizer(model.trainable_parameters(), train)
+    scheduler = build_scheduler(optimizer, train)
+    if accelerator.distributed_type == DistributedType.DEEPSPEED:
+        # no prepared DataLoader tells DeepSpeed the batch size; our config is the source of truth for both
+        ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
+        ds_config["train_micro_batch_size_per_gpu"] = train.batch_size
+        ds_config["gradient_accumulation_steps"] = train.grad_accum
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    unwrapped = accelerator.unwrap_model(model)
+
+    step = 0
+    if resume_from is not None:
+        step = load_checkpoint(accelerator, resume_from, lambda _path: None)["step"]
+        accelerator.print(f"resumed from {resume_from} at step {step}")
+
+    # The sampler, not accelerate, shards batches over ranks: batch b of a run is a pure function of (seed, b).
+    sampler = ResumableBatchSampler(
+        len(dataset),
+        train.batch_size,
+        seed=cfg.seed,
+        rank=accelerator.process_index,
+        world_size=accelerator.num_processes,
+        start_batch=step * train.grad_accum,
+    )
+    pad_id = dataset.layout.tokenizer.pad_token_id
+    pad_id = pad_id if pad_id is not None else dataset.layout.tokenizer.eos_token_id
+    collator = StageBCollator(pad_id=pad_id, max_seq_len=cfg.max_seq_len, pack=cfg.pack_sequences)
+    # its own generator: creating the iterator must not draw from the global RNG that a resume restores
+    loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collator, num_workers=cfg.data.num_workers,
+                        generator=torch.Generator().manual_seed(cfg.seed))
+    batches = iter(loader)
+
+    def save(path: Path, state: dict | None) -> None:
+        unwrapped.save_trained(path, state_dict=state)
+
+    def checkpoint(at_step: int, logs: dict) -> None:
+        # every process takes part in gathering; only the main process writes
+        state = accelerator.get_state_dict(model) if gather_needed(accelerator) else None
+        save_checkpoint(accelerator, out_dir, at_step, lambda p: save(p, state), logs, keep=train.keep_checkpoints)
+
+    model.train()
+    progress = tqdm(total=train.max_steps, initial=step, desc="stage b", disable=not accelerator.is_main_process)
+    tokens, started = 0, time.perf_counter()
+    logs: dict[str, float] = {}
+    while step < train.max_steps:
+        parts = torch.zeros(len(LOSS_PARTS), device=accelerator.device)
+        for _ in range(train.grad_accum):
+            batch = next(batches)
+            tokens += batch["num_tokens"]
+            batch = move_batch(batch, accelerator.device)
+            with accelerator.accumulate(model):
+                out = model(batch)
+                accelerator.backward(out["loss"])
+                if accelerator.sync_gradients:
+                    if train.max_grad_norm > 0:
+                        accelerator.clip_grad_norm_(model.parameters(), train.max_grad_norm)
+                    optimizer.step()
+                    scheduler.step()
+                    optimizer.zero_grad(set_to_none=True)
+            parts += torch.stack([out[k].detach().float() for k in LOSS_PARTS]) / train.grad_accum
+        step += 1
+        progress.update(1)
+        local = dict(zip(LOSS_PARTS, parts.tolist(), strict=True))
+        progress.set_postfix({k: f"{v:.4f}" for k, v in local.items()})
+
+        if step % train.log_every == 0 or step == train.max_steps:
+            mean = accelerator.reduce(parts, reduction="mean")  # collective: every process logs together
+            elapsed = time.perf_counter() - started
+            logs = dict(zip(LOSS_PARTS, mean.tolist(), strict=True))
+            logs["lr"] = scheduler.get_last_lr()[0]
+            logs["tokens_per_s"] = tokens * accelerator.num_processes / max(elapsed, 1e-9)
+            accelerator.log(logs, step=step)
+            tokens, started = 0, time.perf_counter()
+        if step % train.checkpoint_every == 0 or step == train.max_steps:
+            checkpoint(step, {k: v for k, v in (logs or local).items()})
+
+    progress.close()
+    accelerator.end_training()
+    accelerator.print(f"done: {step} steps; checkpoints in {out_dir / 'checkpoints'}")
+
+
+if __name__ == "__main__":
+    main()
