@@ -156,7 +156,11 @@ def assign_film_ids(paths: list[Path]) -> dict[str, Path]:
 
 
 def sample_frames(path: str | Path, count: int = BORDER_SAMPLES) -> np.ndarray:
-    """``count`` RGB frames spread evenly over the film, found by seeking: (N, H, W, 3) uint8."""
+    """``count`` RGB frames spread evenly over the film, found by seeking: (N, H, W, 3) uint8.
+
+    Each sample is the first frame decoded after seeking that lies within half a sample spacing before its target
+    time, so in a long film it is simply the keyframe the seek lands on (no decoding forward).
+    """
     import av
 
     frames = []
@@ -168,11 +172,12 @@ def sample_frames(path: str | Path, count: int = BORDER_SAMPLES) -> np.ndarray:
             else:
                 duration = float(container.duration or 0) / av.time_base
             start = float((stream.start_time or 0) * stream.time_base) if stream.time_base else 0.0
+            slack = 0.5 * duration / count
             for i in range(count):
                 target = start + duration * (i + 0.5) / count
                 container.seek(int(target / stream.time_base), stream=stream, backward=True)
                 for frame in container.decode(stream):
-                    if frame.time is None or frame.time >= target - 1e-3:
+                    if frame.time is None or frame.time >= target - slack:
                         frames.append(frame.to_ndarray(format="rgb24"))
                         break
     except (av.error.FFmpegError, IndexError, OSError, ValueError, ZeroDivisionError) as exc:
@@ -236,7 +241,7 @@ def detect_scenes(path: str | Path, box: Box | None = None, threshold: float = 2
     from scenedetect.video_stream import VideoOpenFailure
 
     try:
-        video = open_video(str(path), backend="pyav")
+        video = open_video(str(path), backend="pyav", threading_mode="AUTO")
         manager = SceneManager()
         if box is not None:
             # Inclusive corners. PySceneDetect 0.7 warns (wrongly) when the crop touches the right/bottom edge,
