@@ -43,6 +43,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import NoReturn
 
 from tqdm import tqdm
 
@@ -66,7 +67,7 @@ from animegamer.io import atomic_write_json
 from animegamer.states import parse_tags
 
 
-def fail(message: str) -> None:
+def fail(message: str) -> NoReturn:
     print(f"error: {message}", file=sys.stderr)
     raise SystemExit(2)
 
