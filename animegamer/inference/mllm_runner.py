@@ -83,14 +83,14 @@ def validate_instruction(text: str, tokenizer: Any, base_vocab: int, max_tokens:
     prefix = f"{where}: " if where else ""
     if text is None or not text.strip():
         raise InstructionError(f"{prefix}empty instruction")
+    shown = repr(text[:60]) + ("..." if len(text) > 60 else "")
     ids = list(tokenizer.encode(text, add_special_tokens=False))
     reserved = [tokenizer.convert_ids_to_tokens(i) for i in ids if i >= base_vocab]
     if reserved:
-        raise InstructionError(f"{prefix}instruction contains the reserved token(s) {reserved[:3]}: {text[:60]!r}")
+        raise InstructionError(f"{prefix}instruction contains the reserved token(s) {reserved[:3]}: {shown}")
     if len(ids) > max_tokens:
         raise InstructionError(
-            f"{prefix}instruction is {len(ids)} tokens, more than mllm.max_instruction_tokens={max_tokens}: "
-            f"{text[:60]!r}..."
+            f"{prefix}instruction is {len(ids)} tokens, more than mllm.max_instruction_tokens={max_tokens}: {shown}"
         )
     return ids
 

@@ -1,0 +1,129 @@
+"""Play a game file with the MLLM: per turn the predicted shot representation, state values and character state.
+
+    python inference_MLLM.py --config configs/inference.yaml game=game_demo/demo.txt
+    python inference_MLLM.py --config configs/tiny/inference.yaml            # CPU, tiny Mistral
+    python inference_Decoder.py --config configs/inference.yaml              # then render the clips
+
+The game file holds one instruction per line (``Character: …; Motion: …; Background: ….`` or free text; blank lines
+and ``#`` comments skipped). Every instruction is checked before any model is loaded: an empty, over-long (more
+than ``mllm.max_instruction_tokens`` tokens) or undecodable one stops the run with one line naming it.
+
+The MLLM sees the last ``history_turns`` (K) turns, its own predictions fed back, so the prompt stays bounded.
+``mllm_checkpoint`` is a stage (b) checkpoint (a step dir, a run dir or ``…/checkpoints/latest``); an empty string
+(``"mllm_checkpoint=''"`` on the command line) runs the base model with freshly initialised (seeded) LoRA, query
+embeddings and resamplers, with a warning.
+
+Results (format in animegamer/inference/mllm_runner.py, read by inference_Decoder.py)::
+
+    output_dir/game.json
+    output_dir/turn_000/shot_embeds.safetensors   (num_slots, shot_dim) float32 under key "shot_embeds"
+    output_dir/turn_000/state.json                instruction, values, character_state, prompt_tokens
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import NoReturn
+
+import torch
+from tqdm.auto import tqdm
+
+from animegamer.cli import parse_config
+from animegamer.config import InferenceConfig
+from animegamer.inference.mllm_runner import (
+    InstructionError,
+    MLLMRunner,
+    clear_results,
+    validate_instruction,
+    write_game,
+    write_turn,
+)
+from animegamer.models.mllm import AnimeGamerMLLM, load_tokenizer
+from animegamer.states import TagError, read_game_file
+from animegamer.training.checkpoint import resolve_checkpoint
+
+
+def fail(message: str) -> NoReturn:
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def resolve_device(name: str) -> str:
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg, _ = parse_config(InferenceConfig, __doc__, argv)
+    # 1. everything that can be wrong with the input, before any weights are read
+    try:
+        instructions = [i.render() for i in read_game_file(cfg.game)]
+    except FileNotFoundError:
+        fail(f"game file not found: {cfg.game}")
+    except UnicodeDecodeError as exc:
+        fail(f"{cfg.game}: not UTF-8 text ({exc.reason} at byte {exc.start})")
+    except TagError as exc:
+        fail(str(exc))
+    try:
+        tokenizer, base_vocab = load_tokenizer(cfg.mllm.pretrained, cfg.mllm.vocabulary, cfg.mllm.num_slots)
+    except FileNotFoundError as exc:
+        fail(str(exc))
+    try:
+        for index, text in enumerate(instructions):
+            validate_instruction(
+                text, tokenizer, base_vocab, cfg.mllm.max_instruction_tokens, where=f"{cfg.game}: turn {index + 1}"
+            )
+    except InstructionError as exc:
+        fail(str(exc))
+    checkpoint = None
+    if cfg.mllm_checkpoint:
+        try:
+            checkpoint = resolve_checkpoint(cfg.mllm_checkpoint)
+        except FileNotFoundError as exc:
+            fail(f"{exc} (mllm_checkpoint; set mllm_checkpoint='' to run the untrained base model)")
+    else:
+        print(
+            "warning: mllm_checkpoint is empty: running the base model with freshly initialised (untrained) LoRA, "
+            "query embeddings and resamplers; predictions are meaningless",
+            file=sys.stderr,
+        )
+
+    # 2. the model
+    torch.manual_seed(cfg.seed)
+    device = resolve_device(cfg.device)
+    model = AnimeGamerMLLM.from_config(cfg.mllm, device=device)
+    if checkpoint is not None:
+        model.load_trained(checkpoint)
+    runner = MLLMRunner(model, history_turns=cfg.history_turns, max_instruction_tokens=cfg.mllm.max_instruction_tokens)
+
+    # 3. play, writing each turn as soon as it exists
+    summary = {
+        "game": cfg.game,
+        "history_turns": cfg.history_turns,
+        "seed": cfg.seed,
+        "mllm": {
+            "pretrained": cfg.mllm.pretrained,
+            "checkpoint": str(checkpoint) if checkpoint is not None else "",
+            "vocabulary": cfg.mllm.vocabulary,
+            "num_slots": cfg.mllm.num_slots,
+            "shot_dim": cfg.mllm.shot_dim,
+        },
+    }
+    clear_results(cfg.output_dir)
+    records = []
+    for turn in tqdm(runner.play(instructions), total=len(instructions), desc="turns"):
+        records.append(write_turn(cfg.output_dir, turn))
+        write_game(cfg.output_dir, records, summary, complete=False)
+        v, s = turn.prediction.values, turn.state
+        tqdm.write(
+            f"turn {turn.index:3d}  level {v.motion_level}  social {v.social}  ent {v.entertainment}  "
+            f"stamina {v.stamina:+d}  |  stamina {s.stamina:3d} social {s.social:3d} ent {s.entertainment:3d}  "
+            f"({turn.prediction.prompt_tokens} prompt tokens)"
+        )
+    path = write_game(cfg.output_dir, records, summary, complete=True)
+    print(f"wrote {len(records)} turns to {cfg.output_dir} ({path.name})")
+
+
+if __name__ == "__main__":
+    main()
