@@ -132,7 +132,7 @@ COGVIDEOX_2B_SCHEDULER = {
 
 
 def build_tiny_cogvideox(
-    out_dir: str | Path, seed: int = 0, text_embed_dim: int = 32, height: int = 48, width: int = 64
+    out_dir: str | Path, seed: int = 0, text_embed_dim: int = 32, height: int = 64, width: int = 96
 ) -> Path:
     """A tiny CogVideoX-2B look-alike in diffusers layout: ``transformer/``, ``vae/``, ``scheduler/``.
 
@@ -165,7 +165,7 @@ def build_tiny_cogvideox(
         num_layers=2,
         sample_height=height // spatial,
         sample_width=width // spatial,
-        sample_frames=9,
+        sample_frames=17,
         max_text_seq_length=226,
     )
     transformer.save_pretrained(str(out_dir / "transformer"))

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from accelerate.utils import set_seed
+from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
@@ -55,22 +56,33 @@ from animegamer.training.optim import build_optimizer, lr_factor
 from animegamer.training.run import build_accelerator, start_run
 
 
-def compute_loss(encoder, decoder, core: AnimationShotDecoder, batch: dict, cfg: StageAConfig) -> torch.Tensor:
-    """The stage (a) loss of one micro-batch. ``decoder`` may be wrapped (DDP); ``core`` is the bare module."""
-    latents = batch["latents"]  # (B, F, C, h, w)
-    clip_tokens = select_frame(batch["clip_tokens"], cfg.encoder.frame)  # (B, K, Nc, Dc) -> (B, Nc, Dc)
-    shot_embeds = encoder(clip_tokens, batch["text_tokens"])  # (B, N, H)
-    batch_size = latents.shape[0]
-    dropped = torch.rand(batch_size, device=latents.device) < cfg.condition_dropout
-    null = core.null_shot_embeds(batch_size, latents.device, shot_embeds.dtype)
-    shot_embeds = torch.where(dropped[:, None, None], null, shot_embeds)
+class EncoderDecoder(nn.Module):
+    """Encoder and decoder under one root module, so DDP / DeepSpeed / FSDP wrap (and sync) them together."""
 
+    def __init__(self, encoder: ActionAwareEncoder, decoder: AnimationShotDecoder):
+        super().__init__()
+        self.encoder = encoder
+        self.decoder = decoder
+
+    def forward(self, clip_tokens, text_tokens, dropped, noisy_latents, timesteps, motion_level) -> torch.Tensor:
+        shot_embeds = self.encoder(clip_tokens, text_tokens)  # (B, N, H)
+        null = self.decoder.null_shot_embeds(shot_embeds.shape[0], shot_embeds.device, shot_embeds.dtype)
+        shot_embeds = torch.where(dropped[:, None, None], null, shot_embeds)  # condition dropout, for CFG
+        return self.decoder(noisy_latents, timesteps, shot_embeds, motion_level)  # (B, F, C, h, w)
+
+
+def compute_loss(model, core: EncoderDecoder, batch: dict, cfg: StageAConfig) -> torch.Tensor:
+    """The stage (a) loss of one micro-batch. ``model`` may be wrapped (DDP ...); ``core`` is the bare module."""
+    latents = batch["latents"]  # (B, F, C, h, w)
+    batch_size = latents.shape[0]
+    clip_tokens = select_frame(batch["clip_tokens"], cfg.encoder.frame)  # (B, K, Nc, Dc) -> (B, Nc, Dc)
+    dropped = torch.rand(batch_size, device=latents.device) < cfg.condition_dropout
     noise = torch.randn_like(latents)
-    num_timesteps = core.noise_scheduler.config.num_train_timesteps
-    timesteps = torch.randint(0, num_timesteps, (batch_size,), device=latents.device)
-    noisy = core.noise_scheduler.add_noise(latents, noise, timesteps)
-    prediction = decoder(noisy, timesteps, shot_embeds, batch["motion_level"])
-    target = core.training_target(latents, noise, timesteps)
+    scheduler = core.decoder.noise_scheduler
+    timesteps = torch.randint(0, scheduler.config.num_train_timesteps, (batch_size,), device=latents.device)
+    noisy = scheduler.add_noise(latents, noise, timesteps)
+    prediction = model(clip_tokens, batch["text_tokens"], dropped, noisy, timesteps, batch["motion_level"])
+    target = core.decoder.training_target(latents, noise, timesteps)
     return F.mse_loss(prediction.float(), target.float())
 
 
@@ -131,27 +143,24 @@ def main(argv: list[str] | None = None) -> Path:
     encoder = ActionAwareEncoder.from_config(cfg.encoder)
     decoder = AnimationShotDecoder.from_config(cfg.decoder, with_vae=False)
     decoder.copy_text_projection_to(encoder.text_proj)
-    encoder.to(accelerator.device).train()
-    decoder.to(accelerator.device).train()
-    decoder_params = decoder.trainable_parameters()
-    optimizer = build_optimizer([{"params": list(encoder.parameters())}, {"params": decoder_params}], train)
+    model = EncoderDecoder(encoder, decoder).to(accelerator.device).train()
+    encoder_params, decoder_params = list(encoder.parameters()), decoder.trainable_parameters()
+    optimizer = build_optimizer([{"params": encoder_params}, {"params": decoder_params}], train)
     # The decoder group learns nothing during the encoder warm-up (lr factor 0), then follows the shared schedule.
     lr_scheduler = LambdaLR(
         optimizer,
         [lambda s: lr_factor(s, train), lambda s: 0.0 if s < cfg.warmup_steps else lr_factor(s, train)],
     )
-    encoder, decoder, optimizer, lr_scheduler = accelerator.prepare(encoder, decoder, optimizer, lr_scheduler)
-    core = accelerator.unwrap_model(decoder)
+    model, optimizer, lr_scheduler = accelerator.prepare(model, optimizer, lr_scheduler)
+    core = accelerator.unwrap_model(model)
 
     def save_weights(path: Path) -> None:
-        save_encoder(accelerator.unwrap_model(encoder), cfg.encoder, path / ENCODER_DIR)
-        core.save_trained(path / DECODER_DIR)
+        save_encoder(core.encoder, cfg.encoder, path / ENCODER_DIR)
+        core.decoder.save_trained(path / DECODER_DIR)
 
     def load_weights(path: Path) -> None:
-        accelerator.unwrap_model(encoder).load_state_dict(
-            load_state_dict_file(path / ENCODER_DIR / "model.safetensors")
-        )
-        core.load_trained(path / DECODER_DIR)
+        core.encoder.load_state_dict(load_state_dict_file(path / ENCODER_DIR / "model.safetensors"))
+        core.decoder.load_trained(path / DECODER_DIR)
 
     # ---- resume: weights, optimizer, lr schedule and every process's RNG; the data order is a function of step
     step = 0
@@ -182,11 +191,11 @@ def main(argv: list[str] | None = None) -> Path:
         step_loss = torch.zeros((), device=accelerator.device)
         for _ in range(train.grad_accum):
             batch = {k: v.to(accelerator.device, non_blocking=True) for k, v in next(batches).items()}
-            with accelerator.accumulate(encoder, decoder):
-                loss = compute_loss(encoder, decoder, core, batch, cfg)
+            with accelerator.accumulate(model):
+                loss = compute_loss(model, core, batch, cfg)
                 accelerator.backward(loss)
             step_loss += loss.detach() / train.grad_accum
-        clipped = list(accelerator.unwrap_model(encoder).parameters()) + (decoder_params if joint else [])
+        clipped = encoder_params + (decoder_params if joint else [])
         grad_norm = accelerator.clip_grad_norm_(clipped, train.max_grad_norm)
         optimizer.step()
         lr_scheduler.step()
@@ -218,7 +227,7 @@ def main(argv: list[str] | None = None) -> Path:
     if accelerator.is_main_process:
         source = {"checkpoint": str(last_saved or resume_from), "step": step}
         targets = write_shot_targets(
-            accelerator.unwrap_model(encoder),
+            core.encoder,
             cfg.data.features_dir,
             out / "shot_targets",
             source=source,

@@ -42,7 +42,7 @@ def tiny_t5_config(tmp_path_factory) -> T5Config:
 
 @pytest.fixture(scope="session")
 def tiny_cogvideox_dir(tiny_t5_config):
-    """A whole tiny CogVideoX folder: transformer/, vae/, scheduler/ added beside the tiny T5 (48x64 clips)."""
+    """A whole tiny CogVideoX folder: transformer/, vae/, scheduler/ added beside the tiny T5 (64x96 clips)."""
     return tiny.build_tiny_cogvideox(tiny_t5_config.path)
 
 

@@ -35,14 +35,15 @@ TINY_CONFIG = ROOT / "configs" / "tiny" / "stage_a.yaml"
 TAGS = "<S>{who}</S><MD>{what}</MD><EV>park</EV><ML>{level}</ML><MA>quickly</MA><SC>0</SC><ET>1</ET><ST>-1</ST>"
 
 
-def _load_script():
-    spec = importlib.util.spec_from_file_location("train_stage_a", ROOT / "scripts" / "train_stage_a.py")
+def _load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-train_stage_a = _load_script()
+train_stage_a = _load_script("train_stage_a")
+encode_shots = _load_script("encode_shots")
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -91,6 +92,11 @@ def data(tmp_path_factory, tiny_clip_config, tiny_cogvideox_dir):
         f"data.manifest={root / 'clips.jsonl'}",
         f"data.features_dir={root / 'features'}",
         "data.num_workers=0",
+        "data.height=48",  # smaller and shorter than SpriteWorld's 64x96x17: faster tests
+        "data.width=64",
+        "data.num_frames=9",
+        "train.log_every=1",
+        "train.lr_warmup_steps=0",
     ]
     cfg = load_config(TINY_CONFIG, overrides)
     summary = precompute_features(cfg, progress=False)
@@ -204,6 +210,26 @@ def test_training_run_checkpoints_warmup_and_resume(data, tmp_path, capsys):
     decoder = load_decoder(straight, cfg.decoder, with_vae=False)
     torch.testing.assert_close(decoder.transformer.ofs_embedding.linear_2.weight, w[3]["motion.linear_2.weight"])
 
+    # encode_shots.py: the targets of any checkpoint (here step 2), through the same loaders
+    out = encode_shots.main(
+        [
+            "--config",
+            str(TINY_CONFIG),
+            *data["overrides"],
+            f"output_dir={straight}",
+            "--checkpoint",
+            str(steps[1]),
+            "--out",
+            str(tmp_path / "targets_2"),
+        ]
+    )
+    early = TensorStore(out).load("film0_00001")["shot_embeds"]
+    with torch.no_grad():
+        expected = load_encoder(steps[1])(feats["clip_tokens"][:1].float(), feats["text_tokens"][None].float())[0]
+    torch.testing.assert_close(early, expected)
+    assert not torch.allclose(early, shot)
+    assert json.loads((out / "source.json").read_text())["checkpoint"] == str(steps[1])
+
     # exact resume: 2 steps, stop, resume to 4 == 4 straight steps
     _run(tmp_path / "b", data, *common[1:], "train.max_steps=2")
     resumed = _run(tmp_path / "b", data, *common[1:], "train.max_steps=4", "--resume", "latest")
@@ -222,12 +248,12 @@ def test_overfitting_one_batch(data):
     encoder = ActionAwareEncoder.from_config(cfg.encoder)
     decoder = AnimationShotDecoder.from_config(cfg.decoder, with_vae=False)
     decoder.copy_text_projection_to(encoder.text_proj)
-    params = list(encoder.parameters()) + decoder.trainable_parameters()
-    optimizer = torch.optim.AdamW(params, lr=3e-3)
+    model = train_stage_a.EncoderDecoder(encoder, decoder)
+    optimizer = torch.optim.AdamW(list(encoder.parameters()) + decoder.trainable_parameters(), lr=3e-3)
     losses = []
     for _ in range(40):
         torch.manual_seed(1)  # the same noise and timesteps every step: one fixed batch to memorise
-        loss = train_stage_a.compute_loss(encoder, decoder, decoder, batch, cfg)
+        loss = train_stage_a.compute_loss(model, model, batch, cfg)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
@@ -287,3 +313,28 @@ def test_two_process_cpu_run(data, tmp_path):
     assert (tmp_path / "checkpoints/step_0000002/random_states_1.pkl").is_file()
     assert json.loads((tmp_path / "run_info.json").read_text())["num_processes"] == 2
     assert len(TensorStore(tmp_path / "shot_targets")) == 4
+
+
+ABLATIONS = {
+    "stage_a_random_frame": ("encoder.frame", "random"),
+    "stage_a_linear_projector": ("encoder.projector", "linear"),
+    "stage_a_fusion_add": ("encoder.fusion", "add"),
+    "stage_a_fusion_cross_attn": ("encoder.fusion", "cross_attn"),
+    "stage_a_no_motion_scope": ("decoder.motion_scope", False),
+    "stage_a_no_warmup": ("warmup_steps", 0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ABLATIONS))
+def test_ablation_configs_load_and_build(name):
+    cfg = load_config(ROOT / "configs" / "ablations" / f"{name}.yaml")
+    base = load_config(ROOT / "configs" / "stage_a.yaml")
+    key, value = ABLATIONS[name]
+    section, _, field = key.rpartition(".")
+    assert getattr(getattr(cfg, section) if section else cfg, field) == value
+    assert getattr(getattr(base, section) if section else base, field) != value
+    assert cfg.output_dir != base.output_dir and cfg.train.max_steps == base.train.max_steps
+    with torch.device("meta"):  # paper sizes, no memory
+        encoder = ActionAwareEncoder.from_config(cfg.encoder)
+        shots = encoder(torch.empty(2, 256, 1280), torch.empty(2, 226, 4096))
+    assert shots.shape == (2, 226, 1920)

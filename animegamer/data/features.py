@@ -130,10 +130,8 @@ class PrecomputeSummary:
     skipped: dict[str, dict] = field(default_factory=dict)  # clip_id -> {"video", "reason"}
 
     def __str__(self) -> str:
-        return (
-            f"features: {self.written} written, {self.present} already present, "
-            f"{len(self.skipped)} skipped (listed in {SKIPPED_FILE})"
-        )
+        skipped = f", {len(self.skipped)} skipped (listed in {SKIPPED_FILE})" if self.skipped else ""
+        return f"features: {self.written} written, {self.present} already present{skipped}"
 
 
 class FeatureExtractor:
