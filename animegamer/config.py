@@ -504,6 +504,8 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None, sch
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form key=value")
+        if item.endswith("="):  # "key=" means the empty string, not null
+            item += "''"
         try:
             merged = OmegaConf.merge(merged, OmegaConf.from_dotlist([item]))
         except OmegaConfBaseException as exc:

@@ -1,0 +1,157 @@
+"""GameSession: one turn = MLLM prediction -> CharacterState update -> decoder render, with a sliding history.
+
+    session = GameSession(predictor, renderer, history_turns=3, output_dir="outputs/play")
+    turn = session.play("Character: Qiqi; Motion: gently lie down; Background: night bedroom.")
+    session.save("outputs/play/qiqi.game")            # one atomic file: states, instructions, clip paths, s_a
+    session = GameSession.load("outputs/play/qiqi.game", predictor, renderer)
+
+Only the last ``history_turns`` turns are fed back to the MLLM, so the prompt, memory and time per turn stay
+flat however long the game runs. Each turn's decoder seed is derived from (session seed, turn index), so a
+loaded game continues exactly as the original would have.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import torch
+from safetensors import SafetensorError, safe_open
+
+from animegamer.data.video import write_gif, write_mp4
+from animegamer.inference.mllm_runner import HistoryTurn, TurnPrediction
+from animegamer.models.weights import save_state_dict_file
+from animegamer.states import CharacterState, StateValues, TagError, parse_instruction
+
+SAVE_FORMAT = "animegamer-game-v1"
+
+
+def turn_seed(seed: int, index: int) -> int:
+    """The decoder seed of turn ``index``: a game replays (or resumes) to the same clips."""
+    return (seed * 1_000_003 + index) % (2**31)
+
+
+class StatePredictor(Protocol):
+    def predict_turn(self, history: list[HistoryTurn], instruction: str) -> TurnPrediction: ...
+
+
+class ShotRenderer(Protocol):
+    fps: int
+
+    def render(self, shot_embeds: torch.Tensor, motion_level: int, seed: int) -> np.ndarray:
+        """(N, H) shot representation -> (T, H, W, 3) uint8 frames."""
+        ...
+
+
+@dataclass
+class Turn:
+    index: int
+    instruction: str
+    values: StateValues
+    state: CharacterState  # after this turn
+    shot_embeds: torch.Tensor  # (N, H) float32, CPU
+    prompt_tokens: int
+    clip: str = ""  # mp4 path ("" when rendering is off)
+    gif: str = ""
+
+    def summary(self) -> dict:
+        return {
+            "index": self.index,
+            "instruction": self.instruction,
+            "values": vars(self.values),
+            "state": self.state.to_dict(),
+            "prompt_tokens": self.prompt_tokens,
+            "clip": self.clip,
+            "gif": self.gif,
+        }
+
+
+@dataclass
+class GameSession:
+    predictor: StatePredictor
+    renderer: ShotRenderer | None
+    history_turns: int = 1
+    output_dir: str | Path = "outputs/play"
+    seed: int = 42
+    max_instruction_chars: int = 400
+    turns: list[Turn] = field(default_factory=list)
+
+    @property
+    def state(self) -> CharacterState:
+        return self.turns[-1].state if self.turns else CharacterState()
+
+    def history(self) -> list[HistoryTurn]:
+        """The sliding window the MLLM sees: the last ``history_turns`` turns."""
+        window = self.turns[-self.history_turns :] if self.history_turns > 0 else []
+        return [HistoryTurn(t.instruction, t.shot_embeds, t.values) for t in window]
+
+
+    def play(self, instruction: str) -> Turn:
+        """Validate the instruction (before any model runs), predict, update the state, render."""
+        parsed = parse_instruction(instruction, max_chars=self.max_instruction_chars)
+        text = parsed.render()
+        prediction = self.predictor.predict_turn(self.history(), text)
+        index = len(self.turns)
+        turn = Turn(
+            index=index,
+            instruction=text,
+            values=prediction.values,
+            state=self.state.update(prediction.values),
+            shot_embeds=prediction.shot_embeds.detach().float().cpu(),
+            prompt_tokens=prediction.prompt_tokens,
+        )
+        if self.renderer is not None:
+            frames = self.renderer.render(turn.shot_embeds, turn.values.motion_level, turn_seed(self.seed, index))
+            stem = Path(self.output_dir) / f"turn_{index:03d}"
+            turn.clip = str(write_mp4(stem.with_suffix(".mp4"), frames, fps=self.renderer.fps))
+            turn.gif = str(write_gif(stem.with_suffix(".gif"), frames, fps=self.renderer.fps))
+        self.turns.append(turn)
+        return turn
+
+    def undo(self) -> Turn:
+        if not self.turns:
+            raise IndexError("nothing to undo")
+        return self.turns.pop()
+
+    def save(self, path: str | Path) -> Path:
+        """One atomic safetensors file: the shot representations as tensors, everything else as JSON metadata."""
+        meta = {
+            "format": SAVE_FORMAT,
+            "seed": self.seed,
+            "history_turns": self.history_turns,
+            "turns": [t.summary() for t in self.turns],
+        }
+        tensors = {f"turn_{t.index:05d}": t.shot_embeds for t in self.turns}
+        if not tensors:  # safetensors needs at least one tensor
+            tensors = {"empty": torch.zeros(0)}
+        save_state_dict_file(tensors, path, metadata={"game": json.dumps(meta)})
+        return Path(path)
+
+    @classmethod
+    def load(cls, path: str | Path, predictor: StatePredictor, renderer: ShotRenderer | None,
+             output_dir: str | Path | None = None) -> GameSession:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"saved game not found: {path}")
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as fh:
+                meta = json.loads((fh.metadata() or {})["game"])
+                tensors = {k: fh.get_tensor(k) for k in fh.keys()}
+        except (KeyError, json.JSONDecodeError, OSError, SafetensorError) as exc:
+            raise ValueError(f"{path}: not an animegamer saved game ({exc})") from exc
+        if meta.get("format") != SAVE_FORMAT:
+            raise ValueError(f"{path}: unknown save format {meta.get('format')!r}")
+        session = cls(predictor, renderer, history_turns=meta["history_turns"], seed=meta["seed"],
+                      output_dir=output_dir if output_dir is not None else path.parent)
+        for t in meta["turns"]:
+            try:
+                values = StateValues(**t["values"])
+                state = CharacterState.from_dict(t["state"])
+            except (TagError, TypeError, KeyError) as exc:
+                raise ValueError(f"{path}: turn {t.get('index')} is invalid ({exc})") from exc
+            session.turns.append(Turn(t["index"], t["instruction"], values, state, tensors[f"turn_{t['index']:05d}"],
+                                      t["prompt_tokens"], t.get("clip", ""), t.get("gif", "")))
+        return session

@@ -1,0 +1,77 @@
+"""Render the clips of a game played by inference_MLLM.py: one mp4 + gif per turn, the whole game, a contact sheet.
+
+    python inference_MLLM.py --config configs/inference.yaml game=game_demo/demo.txt
+    python inference_Decoder.py --config configs/inference.yaml
+    python inference_Decoder.py --config configs/tiny/inference.yaml         # CPU, tiny models
+
+Reads ``output_dir`` (the MLLM results: game.json, turn_XXX/shot_embeds.safetensors, turn_XXX/state.json) and
+writes beside them::
+
+    output_dir/turn_000/clip.mp4, clip.gif     each turn's clip (decoder seed derived from the game seed and turn)
+    output_dir/game.mp4                        all turns one after another
+    output_dir/contact_sheet.png               a row per turn: frames and the predicted values / character state
+
+``decoder_checkpoint`` is a stage (c) or (a) checkpoint; ``fast=true`` uses the fast sampling preset.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from animegamer.cli import parse_config
+from animegamer.config import InferenceConfig
+from animegamer.data.video import write_gif, write_mp4
+from animegamer.inference.contact_sheet import contact_sheet, state_bar
+from animegamer.inference.game import turn_seed
+from animegamer.inference.mllm_runner import load_results
+from animegamer.inference.session import load_renderer, resolve_device
+
+
+def main(argv: list[str] | None = None) -> dict[str, Path]:
+    cfg, _ = parse_config(InferenceConfig, __doc__, argv)
+    out = Path(cfg.output_dir)
+    try:
+        game, turns = load_results(out)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if not turns:
+        print(f"error: {out}/game.json lists no turns", file=sys.stderr)
+        raise SystemExit(2)
+    device = resolve_device(cfg.device)
+    renderer = load_renderer(cfg, device, offload=cfg.offload == "sequential" and device != "cpu")
+    seed = int(game.get("seed", cfg.seed))
+
+    all_frames, rows = [], []
+    for state, shot_embeds in tqdm(turns, desc="render turns"):
+        index = state["turn"]
+        frames = renderer.render(shot_embeds, state["values"]["motion_level"], turn_seed(seed, index))
+        folder = out / f"turn_{index:03d}"
+        write_mp4(folder / "clip.mp4", frames, fps=renderer.fps)
+        write_gif(folder / "clip.gif", frames, fps=renderer.fps)
+        all_frames.append(frames)
+        v, s = state["values"], state["character_state"]
+        rows.append((frames, [
+            f"turn {index}: {state['instruction'][:40]}",
+            f"level {v['motion_level']}  social {v['social']}  ent {v['entertainment']}  stamina {v['stamina']:+d}",
+            state_bar("stamina", s["stamina"], 12),
+            state_bar("social", s["social"], 12),
+            state_bar("entertainment", s["entertainment"], 12),
+        ]))
+    written = {
+        "clips": out / "turn_000" / "clip.mp4",
+        "game": write_mp4(out / "game.mp4", np.concatenate(all_frames), fps=renderer.fps),
+        "contact_sheet": contact_sheet(rows, out / "contact_sheet.png"),
+    }
+    print(f"wrote {len(turns)} clips: {out}/turn_XXX/clip.mp4 (+ .gif)")
+    print(f"game video:     {written['game']}")
+    print(f"contact sheet:  {written['contact_sheet']}")
+    return written
+
+
+if __name__ == "__main__":
+    main()
