@@ -32,7 +32,7 @@ from animegamer.data.sequences import windows_from_config
 from animegamer.data.stage_b import StageBCollator, StageBDataset, filter_windows, move_batch
 from animegamer.data.tensor_store import TensorStore
 from animegamer.io import atomic_write_text
-from animegamer.models.mllm import AnimeGamerMLLM
+from animegamer.models.mllm import AnimeGamerMLLM, load_tokenizer
 from animegamer.tokens import TurnLayout, get_vocabulary
 from animegamer.training.batches import ResumableBatchSampler
 from animegamer.training.checkpoint import find_resume, load_checkpoint, save_checkpoint, skip_model_weights_in_state
@@ -44,8 +44,6 @@ LOSS_PARTS = ("loss", "ce", "mse", "cos", "state_acc")
 
 def build_dataset(cfg: StageBConfig, accelerator) -> StageBDataset:
     """Windows of the configured split whose shots all have cached targets, laid out with the MLLM's tokenizer."""
-    from animegamer.models.mllm import load_tokenizer
-
     manifest = read_manifest(cfg.data.manifest)
     windows = windows_from_config(manifest, cfg.data)
     store = TensorStore(cfg.shot_targets)
@@ -89,7 +87,6 @@ def main(argv: list[str] | None = None) -> None:
     accelerator = build_accelerator(cfg.output_dir, train)
     skip_model_weights_in_state(accelerator)
     set_seed(cfg.seed)
-    Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
     dataset = build_dataset(cfg, accelerator)  # before the model: bad data fails in seconds, not after loading 7B
     out_dir = start_run(accelerator, cfg, "stage_b")
 
@@ -105,6 +102,7 @@ def main(argv: list[str] | None = None) -> None:
         ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
         ds_config["train_micro_batch_size_per_gpu"] = train.batch_size
         ds_config["gradient_accumulation_steps"] = train.grad_accum
+        ds_config["gradient_clipping"] = train.max_grad_norm  # DeepSpeed clips inside its step
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     unwrapped = accelerator.unwrap_model(model)
 
@@ -141,7 +139,6 @@ def main(argv: list[str] | None = None) -> None:
     model.train()
     progress = tqdm(total=train.max_steps, initial=step, desc="stage b", disable=not accelerator.is_main_process)
     tokens, started = 0, time.perf_counter()
-    logs: dict[str, float] = {}
     while step < train.max_steps:
         parts = torch.zeros(len(LOSS_PARTS), device=accelerator.device)
         for _ in range(train.grad_accum):
@@ -172,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
             accelerator.log(logs, step=step)
             tokens, started = 0, time.perf_counter()
         if step % train.checkpoint_every == 0 or step == train.max_steps:
-            checkpoint(step, {k: v for k, v in (logs or local).items()})
+            checkpoint(step, local)
 
     progress.close()
     accelerator.end_training()
