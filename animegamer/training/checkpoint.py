@@ -36,6 +36,15 @@ def skip_model_weights_in_state(accelerator) -> None:
     accelerator.register_load_state_pre_hook(on_load)
 
 
+def _engine_kwargs(accelerator, saving: bool) -> dict:
+    """DeepSpeed saves its engine's module itself: keep frozen (pretrained) weights out of the checkpoint."""
+    from accelerate.utils import DistributedType
+
+    if accelerator.distributed_type != DistributedType.DEEPSPEED:
+        return {}
+    return {"exclude_frozen_parameters": True} if saving else {"load_module_strict": False}
+
+
 def checkpoint_root(output_dir: str | Path) -> Path:
     return Path(output_dir) / "checkpoints"
 
@@ -88,7 +97,7 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
+    accelerator.save_state(str(tmp), **_engine_kwargs(accelerator, saving=True))
     accelerator.wait_for_everyone()  # every rank's RNG file is in tmp before it is renamed
     if accelerator.is_main_process:
         save_weights(tmp)
@@ -108,5 +117,5 @@ def load_checkpoint(accelerator, path: str | Path, load_weights: Callable[[Path]
     """Restore weights, optimizer, scheduler and every process's RNG; returns the trainer state."""
     path = resolve_checkpoint(path)
     load_weights(path)
-    accelerator.load_state(str(path))
+    accelerator.load_state(str(path), **_engine_kwargs(accelerator, saving=False))
     return json.loads((path / "trainer_state.json").read_text())

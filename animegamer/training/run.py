@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from accelerate import Accelerator
+from accelerate import Accelerator, PartialState
 from accelerate.tracking import GeneralTracker
 from accelerate.utils import ProjectConfiguration
 
@@ -67,7 +67,7 @@ class CSVTracker(GeneralTracker):
 def build_accelerator(output_dir: str, train: TrainConfig):
     """An :class:`accelerate.Accelerator` for a stage: mixed precision, grad accumulation, trackers in output_dir."""
     log_with: list[Any] = []
-    if train.report_to == "csv":
+    if train.report_to == "csv" and PartialState().is_main_process:  # one writer, or ranks clobber the header
         log_with = [CSVTracker(run_name="run", logging_dir=output_dir)]
     elif train.report_to in ("tensorboard", "wandb"):
         log_with = [train.report_to]
