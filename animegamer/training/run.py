@@ -13,7 +13,7 @@ from typing import Any
 
 from accelerate import Accelerator, PartialState
 from accelerate.tracking import GeneralTracker
-from accelerate.utils import ProjectConfiguration
+from accelerate.utils import ProjectConfiguration, parse_flag_from_env
 
 from animegamer.config import TrainConfig, to_yaml
 from animegamer.io import atomic_write_json, atomic_write_text
@@ -67,7 +67,9 @@ class CSVTracker(GeneralTracker):
 def build_accelerator(output_dir: str, train: TrainConfig):
     """An :class:`accelerate.Accelerator` for a stage: mixed precision, grad accumulation, trackers in output_dir."""
     log_with: list[Any] = []
-    if train.report_to == "csv" and PartialState().is_main_process:  # one writer, or ranks clobber the header
+    # PartialState must see ACCELERATE_USE_CPU like Accelerator does, or a 2-process CPU run becomes 2 single runs.
+    state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))
+    if train.report_to == "csv" and state.is_main_process:  # one writer, or ranks clobber the header
         log_with = [CSVTracker(run_name="run", logging_dir=output_dir)]
     elif train.report_to in ("tensorboard", "wandb"):
         log_with = [train.report_to]
