@@ -27,8 +27,10 @@ $(TINY)/.built: $(STAMP) animegamer/tiny.py
 
 tiny: $(TINY)/.built
 
+# The embedded default: the demo game end to end (MLLM turn by turn, then the decoder) on CPU with tiny models.
 demo: $(TINY)/.built
-	$(PY) scripts/encode_clip.py --config configs/tiny/stage_a.yaml output_dir=outputs/demo
+	$(PY) inference_MLLM.py --config configs/tiny/inference.yaml output_dir=outputs/demo mllm_checkpoint=
+	$(PY) inference_Decoder.py --config configs/tiny/inference.yaml output_dir=outputs/demo decoder_checkpoint=
 
 clean:
 	rm -rf outputs $(TINY)
