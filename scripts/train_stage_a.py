@@ -197,6 +197,7 @@ def main(argv: list[str] | None = None) -> Path:
             step_loss += loss.detach() / train.grad_accum
         clipped = encoder_params + (decoder_params if joint else [])
         grad_norm = accelerator.clip_grad_norm_(clipped, train.max_grad_norm)
+        lrs = lr_scheduler.get_last_lr()  # the rates this step applies (encoder, decoder)
         optimizer.step()
         lr_scheduler.step()
         optimizer.zero_grad(set_to_none=True)
@@ -205,11 +206,10 @@ def main(argv: list[str] | None = None) -> Path:
         progress.update(1)
         if step % train.log_every == 0 or step == train.max_steps:
             loss_value = accelerator.reduce(step_loss, "mean").item()
-            lrs = lr_scheduler.get_last_lr()
             accelerator.log(
                 {
                     "loss": loss_value,
-                    "grad_norm": float(grad_norm),
+                    "grad_norm": float("nan") if grad_norm is None else float(grad_norm),  # None under DeepSpeed
                     "lr_encoder": lrs[0],
                     "lr_decoder": lrs[1],
                     "joint": int(joint),

@@ -165,6 +165,8 @@ def test_sampling_writes_playable_clips(decoder, tmp_path, scheduler):
     assert torch.equal(frames, again)  # seeded
     other = decoder.sample(shots, torch.tensor([1, 5]), sampling, generator=torch.Generator().manual_seed(1))
     assert not torch.equal(frames, other)
+    with pytest.raises(ValueError, match="motion levels"):
+        decoder.sample(shots, torch.tensor([0, 6]), sampling)
     mp4, gif = write_clip(frames[0], tmp_path / "turn_000", fps=sampling.fps)
     info = probe_video(mp4)
     assert (info.height, info.width, info.num_frames) == (48, 64, 9) and info.fps == pytest.approx(8)

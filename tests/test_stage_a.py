@@ -192,6 +192,8 @@ def test_training_run_checkpoints_warmup_and_resume(data, tmp_path, capsys):
     losses = [float(r["value"]) for r in rows if r["name"] == "loss"]
     assert len(losses) == 4 and all(torch.isfinite(torch.tensor(losses)))
     assert [int(float(r["value"])) for r in rows if r["name"] == "joint"] == [0, 0, 1, 1]
+    decoder_lrs = [float(r["value"]) for r in rows if r["name"] == "lr_decoder"]
+    assert decoder_lrs[:2] == [0.0, 0.0] and min(decoder_lrs[2:]) > 0
 
     # shot targets of every clip with features, from the final encoder
     targets = TensorStore(straight / "shot_targets")

@@ -304,6 +304,33 @@ class AnimationShotDecoder(nn.Module):
         if self.motion_scope:
             self.transformer.ofs_embedding.load_state_dict(load_state_dict_file(src / MOTION_WEIGHTS))
 
+    # ------------------------------------------------------------------ inference fast path
+
+    def merge_lora(self) -> None:
+        """Fold the LoRA into the base weights (inference): the same outputs up to the weights' rounding, and no
+        extra LoRA matmuls in any denoising step. :meth:`unmerge_lora` undoes it; train and save unmerged."""
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        for module in self.transformer.modules():
+            if isinstance(module, BaseTunerLayer) and not module.merged:
+                module.merge()
+
+    def unmerge_lora(self) -> None:
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        for module in self.transformer.modules():
+            if isinstance(module, BaseTunerLayer) and module.merged:
+                module.unmerge()
+
+    def compile_blocks(self, **compile_kwargs) -> None:
+        """``torch.compile`` every transformer block in place (``compile_kwargs`` go to torch.compile).
+
+        Regional compilation: one block graph, compiled once and reused by all layers, so start-up takes seconds;
+        the sampling loop, scheduler and CFG arithmetic stay eager and readable.
+        """
+        for block in self.transformer.transformer_blocks:
+            block.compile(**compile_kwargs)
+
     # ------------------------------------------------------------------ model
 
     @property
@@ -406,8 +433,12 @@ class AnimationShotDecoder(nn.Module):
         sampling: SamplingConfig,
         generator: torch.Generator | None = None,
         progress: bool = False,
+        decode: bool = True,
     ) -> torch.Tensor:
         """Render clips: s_a (B, N, H) and levels (B,) -> uint8 frames (B, T, H, W, 3).
+
+        ``decode=False`` returns the final latents (B, F, C, h, w) instead and leaves the VAE decode to the caller
+        (the benchmark times the two apart).
 
         The denoising loop, written out: start from Gaussian latents; at each step run the conditional and the
         unconditional (zero s_a) branch in one batch while guidance is on, combine them with that step's scale,
@@ -418,6 +449,8 @@ class AnimationShotDecoder(nn.Module):
 
         batch = shot_embeds.shape[0]
         device = self.device
+        if motion_level is not None and not ((motion_level >= 1) & (motion_level <= self.num_motion_levels)).all():
+            raise ValueError(f"motion levels must be in 1..{self.num_motion_levels}, got {motion_level.tolist()}")
         if generator is None:
             generator = torch.Generator().manual_seed(sampling.seed)
         scheduler = build_scheduler(sampling.scheduler, self.scheduler_config)
@@ -452,4 +485,4 @@ class AnimationShotDecoder(nn.Module):
             else:
                 latents = scheduler.step(out, t, latents, generator=generator, return_dict=False)[0]
             latents = latents.float()
-        return self.decode_latents(latents)
+        return self.decode_latents(latents) if decode else latents
