@@ -401,12 +401,51 @@ class EvalConfig:
     output_dir: str = "outputs/eval"
     seed: int = 42
     inference: InferenceConfig = field(default_factory=InferenceConfig)
-    benchmark: str = "data/benchmark"  # directory of benchmark games with ground truth
-    systems: list[str] = field(default_factory=lambda: ["animegamer"])  # animegamer | gc_baseline | random ...
+    benchmark: str = "data/benchmark"  # benchmark dir, games/ dir (<film>.jsonl) or clips.jsonl (its test films)
+    # animegamer | gc_baseline | reconstruction | random | majority (animegamer.eval.systems)
+    systems: list[str] = field(default_factory=lambda: ["animegamer"])
     metrics_clip: CLIPConfig = field(default_factory=CLIPConfig)  # CLIP used by CLIP-I / CLIP-T
+    clip_scale: float = 1.0  # CLIP-I / CLIP-T scale: 1 = raw cosine, 100 = the "CLIPScore" convention
+    frames_per_clip: int = 0  # frames sampled evenly per clip for CLIP-I / CLIP-T / DreamSim; 0 = every frame
     dreamsim_path: str = ""  # local DreamSim weights; empty = reported as missing
     max_games: int = 0  # 0 = all
     judge: JudgeConfig = field(default_factory=JudgeConfig)  # LLM-as-judge; skipped while judge.backend is empty
+    # Clip manifest of the training data: its meta gives the flow settings + level bin edges that ACC-F / MAE-F
+    # measure generated clips with, and its train split the majority classes; "" = compare predicted levels
+    motion_manifest: str = ""
+    motion_calibration_clips: int = 64  # clips flow-scored to refit the level edges when the meta has none by flow
+    characters: str = ""  # character registry JSON; its images are the CLIP-I reference when a game has no GT clips
+    stage_a_checkpoint: str = "outputs/stage_a/checkpoints/latest"  # encoder + decoder of gc_baseline/reconstruction
+    gc_reference: str = ""  # gc_baseline's fixed reference frame: "" = mid-grey, an image file, or a dir of <name>.png
+    gc_motion_level: int = 0  # gc_baseline's motion level: 0 = most common level of motion_manifest, else 1..5
+
+
+@dataclass
+class AblationStep:
+    script: str = "stage_a"  # the stage script to run: stage_a | stage_b | stage_c (scripts/train_<script>.py)
+    config: str = ""  # its run config (relative to the working directory)
+    overrides: list[str] = field(default_factory=list)  # key=value overrides of that run
+
+
+@dataclass
+class AblationRow:
+    name: str = ""  # row id; its evaluation goes to <output_dir>/<name>
+    label: str = ""  # row label in the table ("" = name)
+    train: list[AblationStep] = field(default_factory=list)  # training runs in order (skipped with skip_train)
+    eval_config: str = ""  # this row's evaluation config ("" = the table's eval_config)
+    eval_overrides: list[str] = field(default_factory=list)  # on top of eval_config and the common eval_overrides
+
+
+@dataclass
+class AblationsConfig:
+    kind: str = "ablations"
+    output_dir: str = "outputs/ablations"  # <name>/ per row, table.md / table.csv for the whole table
+    eval_config: str = "configs/eval.yaml"  # evaluation config every row starts from
+    eval_overrides: list[str] = field(default_factory=list)  # applied to every row's evaluation
+    train_overrides: list[str] = field(default_factory=list)  # applied to every training run (e.g. train.max_steps)
+    launcher: str = ""  # "" = stage scripts run in this process; else a command prefix, e.g. "accelerate launch"
+    skip_train: bool = False  # evaluate existing checkpoints only
+    rows: list[AblationRow] = field(default_factory=list)
 
 
 @dataclass
@@ -430,6 +469,7 @@ SCHEMAS: dict[str, type] = {
     "spriteworld": SpriteWorldConfig,
     "benchmark": BenchmarkConfig,
     "benchmark_gen": BenchmarkGenConfig,
+    "ablations": AblationsConfig,
 }
 
 _CHOICES: dict[str, tuple[str, ...]] = {
@@ -551,6 +591,9 @@ def config_help(schema: type, prefix: str = "") -> str:
 __all__ = [
     "MISSING",
     "SCHEMAS",
+    "AblationRow",
+    "AblationStep",
+    "AblationsConfig",
     "BenchmarkConfig",
     "BenchmarkGenConfig",
     "CLIPConfig",

@@ -1,0 +1,129 @@
+"""The games an evaluation plays, with their ground truth: LLM-written benchmark games or held-out data games.
+
+Three sources are read by :func:`load_games`:
+
+- a benchmark directory (``benchmark.json``, written by scripts/make_benchmark.py): instructions and ground-truth
+  states per turn, no ground-truth clips;
+- a games directory of held-out films (``<film>.txt`` + ``<film>.jsonl``, written by scripts/make_spriteworld.py):
+  instructions, states *and* the real clip of every turn (``video`` relative to the manifest directory, the parent
+  of the games directory; SpriteWorld rows also carry the shot spec and render seed, so a missing video is drawn
+  again). Those clips make CLIP-I paired, PSNR / SSIM and the ``reconstruction`` system possible;
+- a clip manifest (``clips.jsonl`` of scripts/prepare_data.py): the tagged clips of its test films (the meta's
+  ``splits``, else the film split of stage b) in order, cut into games of ``turns_per_game`` turns, with real clips.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from animegamer.eval.benchmark import INDEX_NAME, BenchmarkError, BenchmarkGame, load_benchmark
+from animegamer.states import ShotTags, parse_tags
+
+
+@dataclass(frozen=True)
+class GroundTruthGame(BenchmarkGame):
+    """A benchmark game whose turns also have their real clip (``clips[turn]``: a video path or a shot spec)."""
+
+    clips: tuple[dict, ...] = ()  # per turn: {"video": path} and/or {"spec": {...}, "render_seed": int}
+
+    def has_clips(self) -> bool:
+        return len(self.clips) == len(self.shots) > 0
+
+    def clip_frames(self, turn: int) -> np.ndarray:
+        """The ground-truth clip of ``turn`` as (T, H, W, 3) uint8: the stored video, else drawn from its spec."""
+        from animegamer.data.video import read_video
+
+        source = self.clips[turn]
+        video = source.get("video")
+        if video and Path(video).is_file():
+            frames, _ = read_video(video)
+            return frames
+        if source.get("spec") is not None and source.get("render_seed") is not None:
+            from animegamer.data.spriteworld import ShotSpec, render_shot
+
+            return render_shot(ShotSpec(**source["spec"]), int(source["render_seed"]))
+        raise FileNotFoundError(f"{self.path}: ground-truth clip of turn {turn} not found ({video or 'no video'})")
+
+
+def _read_data_game(jsonl: Path) -> GroundTruthGame:
+    root = jsonl.parent.parent  # videos are relative to the manifest directory
+    shots: list[ShotTags] = []
+    clips: list[dict] = []
+    with open(jsonl, encoding="utf-8") as fh:
+        for number, raw in enumerate(fh, start=1):
+            if not raw.strip():
+                continue
+            try:
+                row = json.loads(raw)
+            except json.JSONDecodeError as exc:
+                raise BenchmarkError(f"{jsonl}:{number}: not valid JSON ({exc.msg})") from None
+            if not isinstance(row, dict) or "tags" not in row or row.get("turn") != len(shots):
+                raise BenchmarkError(f"{jsonl}:{number}: expected turn {len(shots)} with a 'tags' line")
+            shots.append(parse_tags(str(row["tags"]), source=str(jsonl), line=number))
+            clip: dict = {}
+            if row.get("video"):
+                clip["video"] = str(root / row["video"])
+            if row.get("spec") is not None:
+                clip["spec"], clip["render_seed"] = row["spec"], row.get("render_seed")
+            clips.append(clip)
+    if not shots:
+        raise BenchmarkError(f"{jsonl}: no turns")
+    characters = {shot.subject for shot in shots}
+    if len(characters) != 1:
+        raise BenchmarkError(f"{jsonl}: a game follows one character, found {sorted(characters)}")
+    has_all = all(clips)
+    return GroundTruthGame(jsonl.stem, shots[0].subject, tuple(shots), jsonl, tuple(clips) if has_all else ())
+
+
+def games_from_manifest(path: str | Path, turns_per_game: int = 10) -> list[GroundTruthGame]:
+    """The test films of a clip manifest as games: consecutive tagged clips, ``turns_per_game`` per game.
+
+    A game's character is the most common subject of its shots (real films change protagonists).
+    """
+    from collections import Counter
+
+    from animegamer.config import DataConfig
+    from animegamer.data.manifest import read_manifest
+    from animegamer.data.sequences import split_films
+
+    manifest = read_manifest(path)
+    test = manifest.meta.get("splits", {}).get("test")
+    if test is None:
+        _, test = split_films([r.film_id for r in manifest.records], DataConfig().test_fraction)
+    games = []
+    for film_id, records in manifest.films().items():
+        if film_id not in test:
+            continue
+        tagged = [r for r in records if r.tags]
+        for start in range(0, len(tagged), turns_per_game):
+            chunk = tagged[start : start + turns_per_game]
+            shots = tuple(r.shot_tags() for r in chunk)
+            character = Counter(shot.subject for shot in shots).most_common(1)[0][0]
+            clips = tuple({"video": str(manifest.video_path(r))} for r in chunk)
+            games.append(GroundTruthGame(f"{film_id}_{start // turns_per_game:03d}", character, shots,
+                                         Path(path), clips))
+    if not games:
+        raise BenchmarkError(f"{path}: no tagged clips in its test films")
+    return games
+
+
+def load_games(path: str | Path, max_games: int = 0) -> list[BenchmarkGame]:
+    """The games of ``path`` (the first ``max_games`` if > 0): a benchmark dir, a games dir or a clip manifest."""
+    root = Path(path)
+    if root.is_file() and root.suffix == ".jsonl":
+        games = games_from_manifest(root)
+        return games[:max_games] if max_games > 0 else games
+    if (root / INDEX_NAME).is_file():
+        return load_benchmark(root, max_games)
+    files = sorted(root.glob("*.jsonl")) if root.is_dir() else []
+    if not files:
+        raise BenchmarkError(
+            f"{root}: neither a benchmark ({INDEX_NAME}, scripts/make_benchmark.py) nor a games directory "
+            "(<film>.jsonl, scripts/make_spriteworld.py)"
+        )
+    games = [_read_data_game(f) for f in (files[:max_games] if max_games > 0 else files)]
+    return games

@@ -1,0 +1,341 @@
+"""The systems an evaluation compares, behind one small interface: play a game, return each turn's output.
+
+    system = build_system("gc_baseline", eval_cfg, training_clips)
+    outputs = system.play_game(game, out_dir)    # list[TurnOutput], one per instruction of the game
+
+- ``animegamer`` (:class:`AnimeGamerSystem`): the full game, a :class:`GameSession` over the MLLM (with its K-turn
+  history of predicted shot representations) and the decoder of ``inference`` (stage c by default).
+- ``gc_baseline`` (:class:`GCBaseline`): the paper's GC-style baseline, the decoder driven by the text instruction
+  alone, with no MLLM and no history. Its shot representation comes from the stage (a) encoder with the T5 tokens of
+  the turn's instruction and the CLIP tokens of one fixed reference frame (``gc_reference``: a mid-grey frame by
+  default, or a given image, or ``<dir>/<character>.png``); its motion level is fixed, by default the most common
+  level of the training clips. It predicts no character state, so its state metrics are reported missing.
+- ``reconstruction`` (:class:`ReconstructionSystem`): stage (a) alone, an upper bound and the yardstick of the
+  encoder ablations: each turn's ground-truth clip is encoded (first frame + its motion text) and decoded with the
+  ground-truth level. Needs games with ground-truth clips.
+- ``random`` (:class:`RandomSystem`) and ``majority`` (:class:`MajorityClassSystem`): chance and majority-class
+  predictions of the motion level and state values, without clips: the floor for ACC-S / MAE-S.
+
+Time per turn counts the model work only (MLLM prediction, shot encoding, decoder sampling and VAE decoding), not
+writing the clip files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from animegamer.config import EvalConfig, InferenceConfig
+from animegamer.data.manifest import ClipRecord
+from animegamer.eval.benchmark import BenchmarkGame
+from animegamer.eval.games import GroundTruthGame
+from animegamer.inference.game import GameSession, turn_seed
+from animegamer.inference.mllm_runner import HistoryTurn, TurnPrediction
+from animegamer.states import VALUE_RANGES, StateValues
+
+SYSTEMS = ("animegamer", "gc_baseline", "reconstruction", "random", "majority")
+
+
+@dataclass
+class TurnOutput:
+    """What a system produced for one turn."""
+
+    instruction: str
+    values: StateValues | None  # predicted motion level and state deltas; None = the system predicts no state
+    frames: np.ndarray | None  # (T, H, W, 3) uint8 clip; None = the system renders no clip
+    motion_level: int | None  # the level the clip was rendered with (or predicted), None if neither
+    seconds: float  # model time of this turn
+    clip: str = ""  # the clip's mp4, when written
+
+
+class System(Protocol):
+    name: str
+
+    def play_game(self, game: BenchmarkGame, out_dir: str | Path) -> list[TurnOutput]:
+        """Play every instruction of ``game`` in order; clips (if any) go under ``out_dir``."""
+        ...
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda") and torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+class _Stopwatch:
+    """Model seconds of the current turn, accumulated by the timed predictor and renderer below."""
+
+    def __init__(self, device: str):
+        self.device, self.seconds = device, 0.0
+
+    def timed(self, fn, *args):
+        _sync(self.device)
+        start = time.perf_counter()
+        out = fn(*args)
+        _sync(self.device)
+        self.seconds += time.perf_counter() - start
+        return out
+
+
+class _TimedPredictor:
+    def __init__(self, predictor, watch: _Stopwatch):
+        self.predictor, self.watch = predictor, watch
+
+    def predict_turn(self, history: list[HistoryTurn], instruction: str) -> TurnPrediction:
+        return self.watch.timed(self.predictor.predict_turn, history, instruction)
+
+
+class _CapturingRenderer:
+    """Times the renderer and keeps the last clip's raw frames (the mp4 the session writes is lossy)."""
+
+    def __init__(self, renderer, watch: _Stopwatch):
+        self.renderer, self.watch, self.fps = renderer, watch, renderer.fps
+        self.frames: np.ndarray | None = None
+
+    def render(self, shot_embeds: torch.Tensor, motion_level: int, seed: int) -> np.ndarray:
+        self.frames = self.watch.timed(self.renderer.render, shot_embeds, motion_level, seed)
+        return self.frames
+
+
+# --------------------------------------------------------------------------------------------
+# AnimeGamer
+# --------------------------------------------------------------------------------------------
+
+
+class AnimeGamerSystem:
+    """The full game: MLLM next-state prediction with a sliding history, decoder rendering."""
+
+    name = "animegamer"
+
+    def __init__(self, predictor, renderer, *, history_turns: int, seed: int, device: str = "cpu"):
+        self.predictor, self.renderer = predictor, renderer
+        self.history_turns, self.seed, self.device = history_turns, seed, device
+
+    @classmethod
+    def from_config(cls, cfg: InferenceConfig, render: bool = True) -> AnimeGamerSystem:
+        from animegamer.inference.session import load_mllm_predictor, load_renderer, resolve_device
+
+        device = resolve_device(cfg.device)
+        offload = cfg.offload == "sequential" and device != "cpu"
+        torch.manual_seed(cfg.seed)
+        predictor = load_mllm_predictor(cfg, device, offload)
+        renderer = load_renderer(cfg, device, offload) if render else None
+        return cls(predictor, renderer, history_turns=cfg.history_turns, seed=cfg.seed, device=device)
+
+    def play_game(self, game: BenchmarkGame, out_dir: str | Path) -> list[TurnOutput]:
+        watch = _Stopwatch(self.device)
+        capture = _CapturingRenderer(self.renderer, watch) if self.renderer is not None else None
+        # A fresh session per game: every game starts from the initial state and an empty history.
+        session = GameSession(_TimedPredictor(self.predictor, watch), capture, history_turns=self.history_turns,
+                              output_dir=out_dir, seed=self.seed)
+        outputs = []
+        for instruction in game.instructions:
+            watch.seconds = 0.0
+            turn = session.play(instruction.render())
+            frames = capture.frames if capture is not None else None
+            outputs.append(TurnOutput(turn.instruction, turn.values, frames, turn.values.motion_level, watch.seconds,
+                                      turn.clip))
+        return outputs
+
+
+# --------------------------------------------------------------------------------------------
+# Stage (a) encoder + decoder: GC baseline and reconstruction
+# --------------------------------------------------------------------------------------------
+
+
+class ShotEncoding:
+    """s_a of (one frame, one text) with the stage (a) encoder: CLIP tokens + T5 tokens -> (N, H)."""
+
+    def __init__(self, clip_features, t5, encoder, device: str):
+        self.clip_features, self.t5, self.encoder, self.device = clip_features, t5, encoder, device
+
+    @classmethod
+    def from_config(cls, cfg: EvalConfig, device: str) -> ShotEncoding:
+        from animegamer.models.clip_image import CLIPImageFeatures
+        from animegamer.models.shot_encoder import ActionAwareEncoder
+        from animegamer.models.t5_text import T5TextFeatures
+        from animegamer.models.trained import load_encoder
+
+        on_gpu = device.startswith("cuda")
+        clip_features = CLIPImageFeatures.from_config(cfg.inference.clip).to(device).eval()
+        t5 = T5TextFeatures.from_config(cfg.inference.t5, dtype=torch.bfloat16 if on_gpu else torch.float32)
+        t5 = t5.to(device).eval()
+        if cfg.stage_a_checkpoint:
+            encoder = load_encoder(cfg.stage_a_checkpoint, device=device)
+        else:
+            print("warning: stage_a_checkpoint is empty: the encoder is untrained", file=sys.stderr)
+            torch.manual_seed(cfg.seed)
+            encoder = ActionAwareEncoder.from_config(cfg.inference.encoder).to(device).eval()
+        return cls(clip_features, t5, encoder, device)
+
+    @torch.no_grad()
+    def encode(self, frame: np.ndarray, text: str) -> torch.Tensor:
+        """(H, W, 3) uint8 frame + text -> s_a (N, H) float32 on the CPU."""
+        pixels = torch.from_numpy(np.ascontiguousarray(frame))[None].permute(0, 3, 1, 2).to(self.device)  # (1,3,H,W)
+        clip_tokens = self.clip_features(pixels)  # (1, Nc, Dc)
+        text_tokens = self.t5([text])  # (1, 226, Dt)
+        return self.encoder(clip_tokens.float(), text_tokens.float())[0].float().cpu()  # (N, H)
+
+
+def load_stage_a_parts(cfg: EvalConfig) -> tuple[ShotEncoding, object]:
+    """The stage (a) encoder (with its CLIP and T5 feature extractors) and the stage (a) decoder as a renderer."""
+    from animegamer.inference.session import load_renderer, resolve_device
+
+    device = resolve_device(cfg.inference.device)
+    offload = cfg.inference.offload == "sequential" and device != "cpu"
+    encoding = ShotEncoding.from_config(cfg, device)
+    renderer = load_renderer(dataclasses.replace(cfg.inference, decoder_checkpoint=cfg.stage_a_checkpoint), device,
+                             offload)
+    return encoding, renderer
+
+
+def _write_clip(frames: np.ndarray, out_dir: str | Path, index: int, fps: int) -> str:
+    from animegamer.data.video import write_mp4
+
+    return str(write_mp4(Path(out_dir) / f"turn_{index:03d}.mp4", frames, fps=fps))
+
+
+class GCBaseline:
+    """The decoder driven by each instruction alone: fixed reference frame, fixed motion level, no history."""
+
+    name = "gc_baseline"
+
+    def __init__(self, encoding: ShotEncoding, renderer, *, motion_level: int, reference: str = "",
+                 seed: int = 42, frame_size: tuple[int, int] = (480, 720)):
+        if motion_level not in VALUE_RANGES["motion_level"]:
+            raise ValueError(f"gc_baseline motion level {motion_level} is not one of {VALUE_RANGES['motion_level']}")
+        self.encoding, self.renderer = encoding, renderer
+        self.motion_level, self.reference, self.seed, self.frame_size = motion_level, reference, seed, frame_size
+
+    def reference_frame(self, character: str) -> np.ndarray:
+        """The fixed frame whose CLIP tokens stand in for a visual reference: grey, one image, or per character."""
+        from animegamer.data.characters import load_image
+
+        if not self.reference:
+            return np.full((*self.frame_size, 3), 128, np.uint8)
+        path = Path(self.reference)
+        if path.is_dir():
+            path = path / f"{character}.png"
+        if not path.is_file():
+            raise FileNotFoundError(f"gc_reference: reference image not found: {path}")
+        return load_image(path)
+
+    def play_game(self, game: BenchmarkGame, out_dir: str | Path) -> list[TurnOutput]:
+        reference = self.reference_frame(game.character)
+        watch = _Stopwatch(self.encoding.device)
+        outputs = []
+        for index, instruction in enumerate(game.instructions):
+            text = instruction.render()
+            watch.seconds = 0.0
+            shot = watch.timed(self.encoding.encode, reference, text)
+            frames = watch.timed(self.renderer.render, shot, self.motion_level, turn_seed(self.seed, index))
+            clip = _write_clip(frames, out_dir, index, self.renderer.fps)
+            outputs.append(TurnOutput(text, None, frames, self.motion_level, watch.seconds, clip))
+        return outputs
+
+
+class ReconstructionSystem:
+    """Stage (a) on the ground truth: s_a of each real clip (first frame + motion text), decoded at its level."""
+
+    name = "reconstruction"
+
+    def __init__(self, encoding: ShotEncoding, renderer, *, seed: int = 42):
+        self.encoding, self.renderer, self.seed = encoding, renderer, seed
+
+    def play_game(self, game: BenchmarkGame, out_dir: str | Path) -> list[TurnOutput]:
+        if not isinstance(game, GroundTruthGame) or not game.has_clips():
+            raise ValueError(f"{game.game_id}: the reconstruction system needs games with ground-truth clips "
+                             "(a games directory written by scripts/make_spriteworld.py)")
+        watch = _Stopwatch(self.encoding.device)
+        outputs = []
+        for index, shot in enumerate(game.shots):
+            first = game.clip_frames(index)[0]
+            level = shot.values.motion_level
+            watch.seconds = 0.0
+            embeds = watch.timed(self.encoding.encode, first, shot.motion_text())
+            frames = watch.timed(self.renderer.render, embeds, level, turn_seed(self.seed, index))
+            clip = _write_clip(frames, out_dir, index, self.renderer.fps)
+            outputs.append(TurnOutput(shot.instruction().render(), None, frames, level, watch.seconds, clip))
+        return outputs
+
+
+# --------------------------------------------------------------------------------------------
+# State-only floors
+# --------------------------------------------------------------------------------------------
+
+
+def majority_values(records: Sequence[ClipRecord]) -> StateValues:
+    """The most common value of every state field over the tagged clips (ties go to the smaller value)."""
+    tags = [r.shot_tags() for r in records if r.tags]
+    if not tags:
+        raise ValueError("no tagged clips to take the majority classes from")
+    chosen = {}
+    for name in VALUE_RANGES:
+        counts = Counter(getattr(t.values, name) for t in tags)
+        chosen[name] = max(sorted(counts), key=lambda v: counts[v])  # max keeps the first (smallest) of a tie
+    return StateValues(**chosen)
+
+
+class MajorityClassSystem:
+    """Predicts the training set's most common motion level and state values every turn; renders nothing."""
+
+    name = "majority"
+
+    def __init__(self, values: StateValues):
+        self.values = values
+
+    def play_game(self, game: BenchmarkGame, out_dir: str | Path) -> list[TurnOutput]:
+        return [TurnOutput(i.render(), self.values, None, self.values.motion_level, 0.0) for i in game.instructions]
+
+
+class RandomSystem:
+    """Uniformly random motion level and state values (seeded per game); renders nothing."""
+
+    name = "random"
+
+    def __init__(self, seed: int = 42):
+        self.seed = seed
+
+    def play_game(self, game: BenchmarkGame, out_dir: str | Path) -> list[TurnOutput]:
+        # Seeded by the game id, so a game's draws do not depend on which games ran before it.
+        rng = np.random.default_rng([self.seed, *game.game_id.encode("utf-8")])
+        outputs = []
+        for instruction in game.instructions:
+            values = StateValues(**{name: int(rng.choice(allowed)) for name, allowed in VALUE_RANGES.items()})
+            outputs.append(TurnOutput(instruction.render(), values, None, values.motion_level, 0.0))
+        return outputs
+
+
+def build_system(name: str, cfg: EvalConfig, training_clips: Sequence[ClipRecord] = ()) -> System:
+    """The system ``name`` of an eval config; ``training_clips`` (tagged) give majority classes and levels."""
+    if name == "animegamer":
+        return AnimeGamerSystem.from_config(cfg.inference)
+    if name in ("gc_baseline", "reconstruction"):
+        encoding, renderer = load_stage_a_parts(cfg)
+        if name == "reconstruction":
+            return ReconstructionSystem(encoding, renderer, seed=cfg.inference.seed)
+        if cfg.gc_motion_level:
+            level = cfg.gc_motion_level
+        elif training_clips:
+            level = majority_values(training_clips).motion_level
+        else:
+            raise ValueError("gc_baseline needs gc_motion_level=1..5 or a motion_manifest with tagged training clips")
+        size = (cfg.inference.sampling.height, cfg.inference.sampling.width)
+        # The same seed as the animegamer system: turn i starts from the same noise in both.
+        return GCBaseline(encoding, renderer, motion_level=level, reference=cfg.gc_reference,
+                          seed=cfg.inference.seed, frame_size=size)
+    if name == "random":
+        return RandomSystem(cfg.seed)
+    if name == "majority":
+        if not training_clips:
+            raise ValueError("the majority system needs a motion_manifest with tagged training clips")
+        return MajorityClassSystem(majority_values(training_clips))
+    raise ValueError(f"unknown system {name!r}; choose from {list(SYSTEMS)}")
