@@ -80,13 +80,13 @@ def _notes(entries: Sequence[tuple[str, MetricSummary]], columns: list[str]) -> 
             for text, labels in grouped.items()]
 
 
-def markdown_table(entries: Sequence[tuple[str, MetricSummary]], title: str = "") -> str:
+def markdown_table(entries: Sequence[tuple[str, MetricSummary]], title: str = "", first_column: str = "system") -> str:
     """The table as markdown: one row per ``(label, summary)``, then the notes."""
     if not entries:
         raise ValueError("no rows for the table")
     columns = table_columns(entries)
     lines = [f"# {title}", ""] if title else []
-    lines.append("| " + " | ".join(["system", *map(column_label, columns)]) + " |")
+    lines.append("| " + " | ".join([first_column, *map(column_label, columns)]) + " |")
     lines.append("|" + "---|" + "---:|" * len(columns))
     for label, summary in entries:
         cells = [format_value(m, summary.means.get(m)) for m in columns]
@@ -94,12 +94,12 @@ def markdown_table(entries: Sequence[tuple[str, MetricSummary]], title: str = ""
     return "\n".join([*lines, "", *_notes(entries, columns), ""])
 
 
-def csv_table(entries: Sequence[tuple[str, MetricSummary]]) -> str:
+def csv_table(entries: Sequence[tuple[str, MetricSummary]], first_column: str = "system") -> str:
     """The table as CSV: full-precision means (empty = missing) and the number of turns each mean is over."""
     columns = table_columns(entries)
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["system", *map(column_label, columns), "turns"])
+    writer.writerow([first_column, *map(column_label, columns), "turns"])
     for label, summary in entries:
         values = ["" if summary.means.get(m) is None else repr(float(summary.means[m])) for m in columns]
         turns = max((summary.counts.get(m, 0) for m in ("seconds", "acc_f", "acc_s", "clip_t")), default=0)
@@ -107,12 +107,13 @@ def csv_table(entries: Sequence[tuple[str, MetricSummary]]) -> str:
     return buffer.getvalue()
 
 
-def write_table(stem: str | Path, entries: Sequence[tuple[str, MetricSummary]], title: str = "") -> tuple[Path, Path]:
+def write_table(stem: str | Path, entries: Sequence[tuple[str, MetricSummary]], title: str = "",
+                first_column: str = "system") -> tuple[Path, Path]:
     """``<stem>.md`` and ``<stem>.csv``, written atomically; returns both paths."""
     stem = Path(stem)
     md, table_csv = stem.with_suffix(".md"), stem.with_suffix(".csv")
-    atomic_write_text(md, markdown_table(entries, title))
-    atomic_write_text(table_csv, csv_table(entries))
+    atomic_write_text(md, markdown_table(entries, title, first_column))
+    atomic_write_text(table_csv, csv_table(entries, first_column))
     return md, table_csv
 
 

@@ -1,0 +1,114 @@
+"""Ablation tables: train each row's variant (any stage, any scale), evaluate it, print the table in paper layout.
+
+    python scripts/run_ablations.py --config configs/ablations/representation.yaml    # encoder/decoder variants
+    python scripts/run_ablations.py --config configs/ablations/pipeline.yaml          # adaptation, cosine loss
+    python scripts/run_ablations.py --config configs/ablations/pipeline.yaml --skip-train   # existing checkpoints
+    python scripts/run_ablations.py --config configs/ablations/representation.yaml --table-only
+    python scripts/run_ablations.py --config configs/tiny/ablations.yaml              # tiny, on a CPU
+
+A ``kind: ablations`` config lists rows; each row names the training runs that make its variant (a stage script
+and its run config, e.g. ``configs/ablations/stage_a_fusion_add.yaml``) and the evaluation overrides that point the
+evaluation at them. Training runs go through the stage scripts' ``main(argv)`` in this process, or, with
+``launcher`` set (e.g. ``launcher="accelerate launch --config_file configs/accelerate/multi_gpu.yaml"``), as
+subprocesses under that launcher, so the same table runs on a laptop or on GPU nodes. Config strings may refer to
+``${output_dir}`` of the ablations config.
+
+Writes ``output_dir/<row>/`` (each row's evaluation: results.jsonl, table, per-turn plot) and
+``output_dir/table.md`` / ``table.csv`` (one line per row and system). ``--table-only`` rebuilds the table from the
+rows' existing results.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from animegamer.cli import parse_config
+from animegamer.config import AblationsConfig, AblationStep, ConfigError, EvalConfig, load_config
+from animegamer.eval.harness import RESULTS_FILE, evaluate, read_results
+from animegamer.eval.metrics import MetricSummary, summarize
+from animegamer.eval.report import markdown_table, write_table
+
+SCRIPTS = Path(__file__).resolve().parent
+STAGES = ("stage_a", "stage_b", "stage_c")
+
+
+def run_step(step: AblationStep, common: list[str], launcher: str) -> None:
+    """One training run: ``scripts/train_<stage>.py --config <config> <common> <overrides>``."""
+    if step.script not in STAGES:
+        raise ValueError(f"script={step.script!r} is not one of {list(STAGES)}")
+    script = SCRIPTS / f"train_{step.script}.py"
+    if not script.is_file():
+        raise FileNotFoundError(f"{script} does not exist")
+    argv = ["--config", step.config, *common, *step.overrides]
+    print(f"train: {script.name} {shlex.join(argv)}", flush=True)
+    if launcher:
+        subprocess.run([*shlex.split(launcher), str(script), *argv], check=True)
+        return
+    spec = importlib.util.spec_from_file_location(f"train_{step.script}", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(argv)
+
+
+def row_entries(label: str, summaries: list[MetricSummary]) -> list[tuple[str, MetricSummary]]:
+    """Table lines of one row: its label, with the system appended when the row evaluates several."""
+    if len(summaries) == 1:
+        return [(label, summaries[0])]
+    return [(f"{label} ({s.system})", s) for s in summaries]
+
+
+def main(argv: list[str] | None = None) -> list[tuple[str, MetricSummary]]:
+    def flags(parser):
+        parser.add_argument("--skip-train", action="store_true", help="evaluate existing checkpoints only")
+        parser.add_argument("--table-only", action="store_true", help="rebuild the table from existing results")
+        parser.add_argument("--rows", default="", help="comma-separated row names to run (default: all)")
+        parser.add_argument("--quiet", action="store_true", help="no progress bars")
+
+    cfg, args = parse_config(AblationsConfig, __doc__, argv, extra=flags)
+    names = [row.name for row in cfg.rows]
+    if not cfg.rows or not all(names) or len(set(names)) != len(names):
+        raise SystemExit(f"error: rows need unique, non-empty names (got {names})")
+    wanted = [n for n in args.rows.split(",") if n] or names
+    unknown = sorted(set(wanted) - set(names))
+    if unknown:
+        raise SystemExit(f"error: --rows names unknown rows {unknown}; the config has {names}")
+    out = Path(cfg.output_dir)
+    entries: list[tuple[str, MetricSummary]] = []
+    for row in cfg.rows:
+        if row.name not in wanted:
+            continue
+        label = row.label or row.name
+        row_dir = out / row.name
+        if args.table_only:
+            results = row_dir / RESULTS_FILE
+            if not results.is_file():
+                raise SystemExit(f"error: row {row.name}: no results at {results} (run without --table-only)")
+            grouped = read_results(results)
+            entries += row_entries(label, [summarize(records) for records in grouped.values()])
+            continue
+        started = time.perf_counter()
+        if not (cfg.skip_train or args.skip_train):
+            for step in row.train:
+                run_step(step, cfg.train_overrides, cfg.launcher)
+        eval_overrides = [*cfg.eval_overrides, *row.eval_overrides, f"output_dir={row_dir}"]
+        try:
+            eval_cfg = load_config(row.eval_config or cfg.eval_config, eval_overrides, schema=EvalConfig)
+            result = evaluate(eval_cfg, progress=not args.quiet)
+        except (ConfigError, ValueError, FileNotFoundError) as exc:
+            raise SystemExit(f"error: row {row.name}: {exc}") from None
+        entries += row_entries(label, result.summaries)
+        print(f"row {row.name}: done in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    title = f"Ablations ({Path(args.config).name if args.config else 'defaults'})"
+    md, table_csv = write_table(out / "table", entries, title=title, first_column="ablation")
+    print(markdown_table(entries, title, first_column="ablation"))
+    print(f"table      {md}\ncsv        {table_csv}")
+    return entries
+
+
+if __name__ == "__main__":
+    main()
