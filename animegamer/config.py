@@ -275,8 +275,11 @@ class StageCConfig:
     train: TrainConfig = field(default_factory=lambda: TrainConfig(lr=5e-5, max_steps=10000))
     stage_a_checkpoint: str = "outputs/stage_a/checkpoints/latest"  # decoder LoRA + motion embedding to start from
     stage_b_checkpoint: str = "outputs/stage_b/checkpoints/latest"  # frozen MLLM adapters + resamplers
-    predictions_cache: str = "outputs/stage_c/predictions"  # MLLM predictions, generated once
-    condition_dropout: float = 0.1
+    # stage (a) s_a of every clip: the teacher-forced history turns the MLLM sees, as in stage (b) training
+    shot_targets: str = "outputs/stage_a/shot_targets"
+    predictions_cache: str = "outputs/stage_c/predictions"  # MLLM predictions, generated once (TensorStore)
+    max_seq_len: int = 2048  # a window longer than this loses its oldest history turns, as in stage (b)
+    condition_dropout: float = 0.1  # probability of the unconditional (zero) shot representation, for CFG
 
 
 # --------------------------------------------------------------------------------------------
