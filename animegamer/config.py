@@ -277,7 +277,7 @@ class StageCConfig:
     stage_b_checkpoint: str = "outputs/stage_b/checkpoints/latest"  # frozen MLLM adapters + resamplers
     # stage (a) s_a of every clip: the teacher-forced history turns the MLLM sees, as in stage (b) training
     shot_targets: str = "outputs/stage_a/shot_targets"
-    predictions_cache: str = "outputs/stage_c/predictions"  # MLLM predictions, generated once (TensorStore)
+    predictions_cache: str = ""  # MLLM predictions, made once (a TensorStore); "" = <output_dir>/predictions
     max_seq_len: int = 2048  # a window longer than this loses its oldest history turns, as in stage (b)
     condition_dropout: float = 0.1  # probability of the unconditional (zero) shot representation, for CFG
 
