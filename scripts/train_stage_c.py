@@ -172,8 +172,7 @@ def main(argv: list[str] | None = None) -> Path:
 
     # ---- only the decoder's LoRA + motion embedding are optimised
     decoder.to(accelerator.device)
-    trained = decoder.trainable_parameters()
-    optimizer = build_optimizer(trained, train)
+    optimizer = build_optimizer(decoder.trainable_parameters(), train)
     lr_scheduler = build_scheduler(optimizer, train)
     if accelerator.distributed_type == DistributedType.DEEPSPEED:
         # no prepared DataLoader tells DeepSpeed the batch size; our config is the source of truth for both
@@ -183,6 +182,7 @@ def main(argv: list[str] | None = None) -> Path:
         ds_config["gradient_clipping"] = train.max_grad_norm  # DeepSpeed clips inside its step
     model, optimizer, lr_scheduler = accelerator.prepare(decoder, optimizer, lr_scheduler)
     core = accelerator.unwrap_model(model)
+    trained = core.trainable_parameters()  # after prepare: FSDP may have replaced the parameter objects
 
     def save_weights(path: Path) -> None:
         core.save_trained(path / DECODER_DIR)
