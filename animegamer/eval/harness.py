@@ -307,6 +307,7 @@ def evaluate(cfg: EvalConfig, progress: bool = True) -> EvalResult:
         judge = LLMJudge.from_config(cfg.judge)
 
     records: dict[str, list[MetricRecord]] = {}
+    results_path = out / RESULTS_FILE
     for name in cfg.systems:
         system = build_system(name, cfg, train)
         settings = settings_for(name not in ("random", "majority"), tools, cfg.frames_per_clip, cfg.clip_scale)
@@ -329,14 +330,15 @@ def evaluate(cfg: EvalConfig, progress: bool = True) -> EvalResult:
                 bar.update(len(game))
                 bar.set_postfix(s_per_turn=f"{np.mean([o.seconds for o in outputs]):.2f}")
         records[name] = system_records
+        # rewritten after every system, so a later system's failure keeps the finished ones
+        atomic_write_jsonl(results_path, [r.to_dict() for done in records.values() for r in done])
         del system
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
     summaries = [summarize(records[name]) for name in cfg.systems]
-    files = {"results": out / RESULTS_FILE, "summary": out / SUMMARY_FILE}
-    atomic_write_jsonl(files["results"], [r.to_dict() for name in cfg.systems for r in records[name]])
+    files = {"results": results_path, "summary": out / SUMMARY_FILE}
     atomic_write_json(files["summary"], {
         "benchmark": cfg.benchmark, "games": [g.game_id for g in games], "turns": sum(len(g) for g in games),
         "systems": {s.system: s.to_dict() for s in summaries},
