@@ -208,6 +208,49 @@ class SpriteWorldConfig:
     workers: int = 2  # threads writing mp4s (each encode runs in its own ffmpeg process)
 
 
+@dataclass
+class SpriteWorldPretrainConfig:
+    """SpriteWorld's stand-in for CogVideoX-2B pretraining (scripts/pretrain_spriteworld.py)."""
+
+    kind: str = "spriteworld_pretrain"
+    output_dir: str = "outputs/spriteworld/models/CogVideoX"  # the CogVideoX folder written (diffusers layout)
+    report_dir: str = "outputs/spriteworld/pretrain"  # losses (metrics.jsonl), run config, preview contact sheets
+    seed: int = 0
+    clip: CLIPConfig = field(default_factory=CLIPConfig)  # frozen CLIP of the stage (a) features filled on the way
+    data: DataConfig = field(default_factory=DataConfig)  # manifest (train split), stage (a) features_dir, clip size
+    t5_dim: int = 32  # width of the frozen tiny random T5 (text_encoder/) built into output_dir
+    vae_channels: list[int] = field(default_factory=lambda: [8, 16, 32, 32])  # 3 downsamples: 8x spatial
+    latent_channels: int = 16  # as CogVideoX-2B
+    vae: TrainConfig = field(default_factory=lambda: TrainConfig(max_steps=150, batch_size=2, lr=2e-3))
+    vae_frames: int = 9  # frames per VAE training clip (4k + 1; a random window of each clip)
+    kl_weight: float = 1.0e-6  # KL of the posterior against N(0, I), small as in latent-diffusion VAEs
+    num_heads: int = 4  # transformer attention heads
+    head_dim: int = 16  # width per head; hidden = num_heads * head_dim
+    num_layers: int = 4
+    transformer: TrainConfig = field(default_factory=lambda: TrainConfig(max_steps=500, batch_size=8, lr=1e-3))
+    condition_dropout: float = 0.1  # empty-prompt rate, so the base model has an unconditional branch
+    feature_batch: int = 8  # clips per batch while filling the features (batched VAE encode is much faster)
+    threads: int = 1  # torch CPU threads; 1 runs best on shared cores (OpenMP spin-waits otherwise)
+
+
+@dataclass
+class SpriteWorldRunConfig:
+    """The whole SpriteWorld chain (scripts/train_spriteworld.py): data -> pretraining -> stages a/b/c -> eval."""
+
+    kind: str = "spriteworld_run"
+    output_dir: str = "outputs/spriteworld"  # every step's outputs; the step configs' outputs/spriteworld moves here
+    ship_dir: str = "checkpoints/spriteworld"  # the shipped checkpoint; configs' checkpoints/spriteworld moves here
+    configs: str = "configs/spriteworld"  # data, pretrain, stage_a/b/c, ablations YAMLs of the chain
+    steps: list[str] = field(  # which steps to run, in this order
+        default_factory=lambda: ["data", "pretrain", "stage_a", "stage_b", "stage_c", "ship", "evaluate"]
+    )
+    mistral_hidden: int = 128  # hidden size of the tiny random Mistral (animegamer.tiny.build_tiny_mistral)
+    seed: int = 0  # seed of the tiny random CLIP and Mistral
+    threads: int = 1  # torch CPU threads; 1 runs best on shared cores (OpenMP spin-waits otherwise)
+    # key=value overrides per step (data, pretrain, stage_a, stage_b, stage_c, ablations), e.g. the mini run's sizes
+    overrides: dict[str, list[str]] = field(default_factory=dict)
+
+
 # --------------------------------------------------------------------------------------------
 # Training
 # --------------------------------------------------------------------------------------------
@@ -470,6 +513,8 @@ SCHEMAS: dict[str, type] = {
     "eval": EvalConfig,
     "prepare_data": PrepareDataConfig,
     "spriteworld": SpriteWorldConfig,
+    "spriteworld_pretrain": SpriteWorldPretrainConfig,
+    "spriteworld_run": SpriteWorldRunConfig,
     "benchmark": BenchmarkConfig,
     "benchmark_gen": BenchmarkGenConfig,
     "ablations": AblationsConfig,
@@ -612,6 +657,8 @@ __all__ = [
     "PrepareDataConfig",
     "SamplingConfig",
     "SpriteWorldConfig",
+    "SpriteWorldPretrainConfig",
+    "SpriteWorldRunConfig",
     "StageAConfig",
     "StageBConfig",
     "StageCConfig",

@@ -1,0 +1,398 @@
+"""SpriteWorld's stand-in for CogVideoX-2B pretraining: the frozen VAE and base transformer that stage (a) fine-tunes.
+
+    python scripts/pretrain_spriteworld.py --config configs/spriteworld/pretrain.yaml
+
+Stage (a) trains LoRA on top of a *pretrained* text-to-video CogVideoX. No such weights can be downloaded here, and a
+random tiny CogVideoX draws noise, so this script plays the part of the pretraining, on SpriteWorld's training films:
+
+1. the frozen text encoder: a tiny random T5 (seeded, never trained, as the issue asks) + sentencepiece tokenizer,
+   written to ``output_dir/{text_encoder,tokenizer}`` by :func:`animegamer.tiny.build_tiny_t5`;
+2. the VAE — ``output_dir/vae/`` (diffusers ``AutoencoderKLCogVideoX``, channels ``vae_channels``, 16 latent
+   channels, 8x spatial / 4x temporal compression like CogVideoX-2B): trained as an autoencoder on random
+   ``vae_frames``-frame windows of the training clips, L1 + MSE reconstruction of the posterior sample + a small KL
+   (``kl_weight``). Its ``scaling_factor`` is then set to 1 / std of the posterior means, as CogVideoX's 1.15;
+3. the stage (a) features (scaled VAE latents, CLIP tokens of the first frames, T5 tokens of the motion text) of
+   every clip of ``data.manifest``, written in batches to ``data.features_dir`` with exactly the fields and settings
+   of ``animegamer.data.features.precompute_features``, so stage (a) finds them all present;
+4. the base transformer — ``output_dir/transformer/`` (diffusers ``CogVideoXTransformer3DModel``, sincos
+   positions, patch 2, 226 text tokens): all parameters trained as a text-to-video model, the T5 tokens of each
+   clip's caption (its instruction line: character, motion, background) entering through the transformer's own
+   text projection exactly as in CogVideoX pretraining; v-prediction MSE with CogVideoX-2B's scheduler config
+   (``output_dir/scheduler/``); captions are replaced by the empty prompt at ``condition_dropout``.
+
+``output_dir`` is then a whole diffusers CogVideoX folder (``model_index.json`` included) for ``decoder.pretrained``
+and ``t5.path``. ``report_dir`` gets ``metrics.jsonl`` (both losses), ``config.yaml``, ``vae_reconstruction.png``
+(ground truth above reconstruction) and ``samples.png`` (text-to-video samples of held-out captions above their
+real clips).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from animegamer.cli import parse_config
+from animegamer.config import (
+    DecoderConfig,
+    SamplingConfig,
+    SpriteWorldPretrainConfig,
+    StageAConfig,
+    T5Config,
+    TrainConfig,
+    to_yaml,
+)
+from animegamer.data.features import META_FILE, clip_frame_indices, feature_settings, fit_frames
+from animegamer.data.manifest import ClipRecord, Manifest, read_manifest
+from animegamer.data.tensor_store import TensorStore
+from animegamer.data.video import read_video
+from animegamer.inference.contact_sheet import contact_sheet
+from animegamer.io import atomic_write_json, atomic_write_jsonl, atomic_write_text
+from animegamer.tiny import COGVIDEOX_2B_SCHEDULER, build_tiny_t5
+from animegamer.training.optim import build_scheduler
+
+PREVIEW_CLIPS = 6
+
+
+def read_clips(
+    manifest: Manifest, records: list[ClipRecord], cfg: SpriteWorldPretrainConfig, progress: bool = True
+) -> torch.Tensor:
+    """uint8 frames (N, T, H, W, 3) of ``records`` at the configured clip size."""
+    frames = []
+    for record in tqdm(records, desc="read clips", unit="clip", disable=not progress):
+        video, _ = read_video(manifest.video_path(record), fps=cfg.data.fps)
+        frames.append(fit_frames(video, cfg.data.num_frames, cfg.data.height, cfg.data.width))
+    return torch.stack(frames)
+
+
+def to_unit(frames: torch.Tensor) -> torch.Tensor:
+    """uint8 (B, T, H, W, 3) -> float (B, 3, T, H, W) in [-1, 1], the VAE's input."""
+    return frames.permute(0, 4, 1, 2, 3).float() / 127.5 - 1.0
+
+
+def to_uint8(video: torch.Tensor) -> np.ndarray:
+    """float (B, 3, T, H, W) in [-1, 1] -> uint8 (B, T, H, W, 3)."""
+    return ((video.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 4, 1).numpy()
+
+
+class Log:
+    """Loss lines in ``report_dir/metrics.jsonl`` (rewritten atomically as they grow)."""
+
+    def __init__(self, path: Path):
+        self.path, self.rows = path, []
+
+    def __call__(self, **row) -> None:
+        self.rows.append(row)
+        atomic_write_jsonl(self.path, self.rows)
+
+
+def mean_of(rows: list[dict], part: str, first: bool, count: int = 10) -> float:
+    losses = [r["loss"] for r in rows if r["part"] == part]
+    window = losses[:count] if first else losses[-count:]
+    return float(np.mean(window)) if window else float("nan")
+
+
+# --------------------------------------------------------------------------------------------
+# VAE
+# --------------------------------------------------------------------------------------------
+
+
+def train_vae(cfg: SpriteWorldPretrainConfig, clips: torch.Tensor, log: Log):
+    """Train a tiny AutoencoderKLCogVideoX on random ``vae_frames`` windows of ``clips``; returns it in eval mode."""
+    from diffusers import AutoencoderKLCogVideoX
+
+    torch.manual_seed(cfg.seed)
+    vae = AutoencoderKLCogVideoX(
+        block_out_channels=tuple(cfg.vae_channels),
+        latent_channels=cfg.latent_channels,
+        layers_per_block=1,
+        norm_num_groups=4,
+        temporal_compression_ratio=4,
+        sample_height=cfg.data.height,
+        sample_width=cfg.data.width,
+    ).train()
+    train = cfg.vae
+    optimizer = torch.optim.AdamW(vae.parameters(), lr=train.lr, betas=tuple(train.betas), weight_decay=0.0)
+    lr_scheduler = build_scheduler(optimizer, train)
+    rng = np.random.default_rng(cfg.seed)
+    window = cfg.vae_frames
+    progress = tqdm(range(train.max_steps), desc="pretrain vae")
+    for step in progress:
+        picks = rng.integers(0, len(clips), train.batch_size)
+        starts = rng.integers(0, clips.shape[1] - window + 1, train.batch_size)
+        x = to_unit(torch.stack([clips[i, s : s + window] for i, s in zip(picks, starts, strict=True)]))
+        posterior = vae.encode(x).latent_dist
+        reconstruction = vae.decode(posterior.sample()).sample  # (B, 3, T, H, W)
+        rec_l1 = F.l1_loss(reconstruction, x)
+        rec_mse = F.mse_loss(reconstruction, x)
+        kl = posterior.kl().mean() / x[0].numel()  # per pixel value, so kl_weight does not depend on clip size
+        loss = rec_l1 + rec_mse + cfg.kl_weight * kl
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(vae.parameters(), train.max_grad_norm)
+        optimizer.step()
+        lr_scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        if (step + 1) % train.log_every == 0 or step + 1 == train.max_steps:
+            log(part="vae", step=step + 1, loss=loss.item(), l1=rec_l1.item(), mse=rec_mse.item(), kl=kl.item())
+            progress.set_postfix(l1=f"{rec_l1.item():.4f}")
+    return vae.eval().requires_grad_(False)
+
+
+@torch.no_grad()
+def set_scaling_factor(vae, clips: torch.Tensor, batch: int) -> float:
+    """1 / std of the posterior means over ``clips``: latents of unit variance for the diffusion model."""
+    means = [vae.encode(to_unit(clips[i : i + batch])).latent_dist.mode() for i in range(0, len(clips), batch)]
+    std = torch.cat(means).std().item()
+    vae.register_to_config(scaling_factor=1.0 / std)
+    return 1.0 / std
+
+
+@torch.no_grad()
+def vae_preview(vae, clips: torch.Tensor, path: Path) -> tuple[Path, float]:
+    """Ground truth above reconstruction for a few clips; returns the sheet and the reconstruction PSNR (dB)."""
+    x = to_unit(clips)
+    video = vae.decode(vae.encode(x).latent_dist.mode()).sample
+    mse = F.mse_loss(((video.clamp(-1, 1) + 1) / 2), (x + 1) / 2).item()
+    real, rec = clips.numpy(), to_uint8(video)
+    rows = []
+    for i in range(len(clips)):
+        rows += [(real[i], ["ground truth"]), (rec[i], ["VAE reconstruction"])]
+    return contact_sheet(rows, path, frames_per_row=9), -10 * math.log10(max(mse, 1e-10))
+
+
+# --------------------------------------------------------------------------------------------
+# Stage (a) features, filled in batches
+# --------------------------------------------------------------------------------------------
+
+
+def stage_a_view(cfg: SpriteWorldPretrainConfig) -> StageAConfig:
+    """The stage (a) settings the features depend on (same ``feature_settings`` as precompute_features)."""
+    return StageAConfig(
+        clip=cfg.clip,
+        t5=T5Config(path=cfg.output_dir),
+        decoder=DecoderConfig(pretrained=cfg.output_dir, dtype="fp32"),
+        data=cfg.data,
+    )
+
+
+@torch.no_grad()
+def fill_features(cfg: SpriteWorldPretrainConfig, vae, manifest: Manifest, t5) -> TensorStore:
+    """Latents, CLIP tokens and T5 tokens of every captioned clip into ``data.features_dir`` (a TensorStore).
+
+    Features computed with an earlier VAE are stale: the directory is replaced.
+    """
+    from animegamer.models.clip_image import CLIPImageFeatures
+    from animegamer.models.decoder import vae_encode
+
+    root = Path(cfg.data.features_dir)
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    atomic_write_json(root / META_FILE, feature_settings(stage_a_view(cfg)))
+    clip = CLIPImageFeatures.from_config(cfg.clip)
+    store = TensorStore(root)
+    records = [r for r in manifest.records if r.tags]
+    picks = clip_frame_indices(cfg.data.num_frames, cfg.data.clip_frames)
+    store_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[cfg.data.feature_dtype]
+    for start in tqdm(range(0, len(records), cfg.feature_batch), desc="features", unit="batch"):
+        batch = records[start : start + cfg.feature_batch]
+        frames = read_clips(manifest, batch, cfg, progress=False)  # (B, T, H, W, 3)
+        latents = vae_encode(vae, frames)  # (B, F, C, h, w)
+        clip_tokens = clip(frames[:, picks].flatten(0, 1).permute(0, 3, 1, 2))  # (B * K, Nc, Dc)
+        clip_tokens = clip_tokens.unflatten(0, (len(batch), len(picks)))  # (B, K, Nc, Dc)
+        text_tokens = t5([r.shot_tags().motion_text() for r in batch])  # (B, 226, Dt)
+        store.write_shard(
+            {
+                r.clip_id: {
+                    "latents": latents[i].permute(1, 0, 2, 3).contiguous(),  # (C, F, h, w)
+                    "clip_tokens": clip_tokens[i].to(store_dtype).contiguous(),
+                    "text_tokens": text_tokens[i].to(store_dtype).contiguous(),
+                }
+                for i, r in enumerate(batch)
+            }
+        )
+    return TensorStore(root)
+
+
+# --------------------------------------------------------------------------------------------
+# Base transformer
+# --------------------------------------------------------------------------------------------
+
+
+def build_transformer(cfg: SpriteWorldPretrainConfig):
+    from diffusers import CogVideoXTransformer3DModel
+
+    spatial = 2 ** (len(cfg.vae_channels) - 1)
+    torch.manual_seed(cfg.seed)
+    return CogVideoXTransformer3DModel(
+        num_attention_heads=cfg.num_heads,
+        attention_head_dim=cfg.head_dim,
+        in_channels=cfg.latent_channels,
+        out_channels=cfg.latent_channels,
+        time_embed_dim=cfg.num_heads * cfg.head_dim,
+        text_embed_dim=cfg.t5_dim,
+        num_layers=cfg.num_layers,
+        sample_height=cfg.data.height // spatial,
+        sample_width=cfg.data.width // spatial,
+        sample_frames=cfg.data.num_frames,
+        max_text_seq_length=226,
+    )
+
+
+def train_transformer(cfg: SpriteWorldPretrainConfig, store: TensorStore, clip_ids: list[str], empty, log: Log):
+    """Text-to-video pretraining of all transformer parameters: v-prediction MSE, captions dropped to ``empty``."""
+    from diffusers import CogVideoXDDIMScheduler
+
+    rows = [store.load(cid, ("latents", "text_tokens")) for cid in clip_ids]
+    latents = torch.stack([r["latents"].permute(1, 0, 2, 3) for r in rows]).float()  # (N, F, C, h, w)
+    text = torch.stack([r["text_tokens"] for r in rows]).float()  # (N, 226, Dt)
+    scheduler = CogVideoXDDIMScheduler(**COGVIDEOX_2B_SCHEDULER)
+    transformer = build_transformer(cfg).train()
+    train: TrainConfig = cfg.transformer
+    optimizer = torch.optim.AdamW(
+        transformer.parameters(), lr=train.lr, betas=tuple(train.betas), weight_decay=train.weight_decay
+    )
+    lr_scheduler = build_scheduler(optimizer, train)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    progress = tqdm(range(train.max_steps), desc="pretrain transformer")
+    for step in progress:
+        picks = torch.randint(0, len(latents), (train.batch_size,), generator=generator)
+        x0, condition = latents[picks], text[picks].clone()  # (B, F, C, h, w), (B, 226, Dt)
+        dropped = torch.rand(train.batch_size, generator=generator) < cfg.condition_dropout
+        condition[dropped] = empty
+        noise = torch.randn(x0.shape, generator=generator)
+        timesteps = torch.randint(0, scheduler.config.num_train_timesteps, (train.batch_size,), generator=generator)
+        noisy = scheduler.add_noise(x0, noise, timesteps)
+        prediction = transformer(
+            hidden_states=noisy, encoder_hidden_states=condition, timestep=timesteps, return_dict=False
+        )[0]
+        loss = F.mse_loss(prediction, scheduler.get_velocity(x0, noise, timesteps))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(transformer.parameters(), train.max_grad_norm)
+        optimizer.step()
+        lr_scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        if (step + 1) % train.log_every == 0 or step + 1 == train.max_steps:
+            log(part="transformer", step=step + 1, loss=loss.item())
+            progress.set_postfix(loss=f"{loss.item():.4f}")
+    return transformer.eval().requires_grad_(False)
+
+
+@torch.no_grad()
+def sample_preview(cfg: SpriteWorldPretrainConfig, store: TensorStore, manifest: Manifest, records, path: Path):
+    """Text-to-video samples of held-out captions (20 DPM steps, no guidance) above the real clips."""
+    from animegamer.models.decoder import AnimationShotDecoder
+
+    decoder = AnimationShotDecoder.from_config(
+        DecoderConfig(pretrained=cfg.output_dir, lora_rank=0, motion_scope=False, dtype="fp32")
+    ).eval()
+    weight, bias = decoder.text_projection_state["weight"], decoder.text_projection_state["bias"]
+    text = torch.stack([store.load(r.clip_id, ("text_tokens",))["text_tokens"] for r in records]).float()
+    sampling = SamplingConfig(
+        steps=20, guidance_scale=1.0, height=cfg.data.height, width=cfg.data.width, num_frames=cfg.data.num_frames
+    )
+    generated = decoder.sample(F.linear(text, weight, bias), None, sampling).numpy()  # (B, T, H, W, 3)
+    real = read_clips(manifest, records, cfg, progress=False).numpy()
+    rows = []
+    for i, r in enumerate(records):
+        rows += [(generated[i], ["sample:", *r.shot_tags().motion_text().split("; ")]), (real[i], ["real clip"])]
+    return contact_sheet(rows, path, frames_per_row=9)
+
+
+# --------------------------------------------------------------------------------------------
+# Folder
+# --------------------------------------------------------------------------------------------
+
+
+def write_model_index(out: Path) -> None:
+    """model_index.json: the folder also loads as diffusers' own CogVideoXPipeline."""
+    index = {
+        "_class_name": "CogVideoXPipeline",
+        "scheduler": ["diffusers", "CogVideoXDDIMScheduler"],
+        "text_encoder": ["transformers", "T5EncoderModel"],
+        "tokenizer": ["transformers", "T5Tokenizer"],
+        "transformer": ["diffusers", "CogVideoXTransformer3DModel"],
+        "vae": ["diffusers", "AutoencoderKLCogVideoX"],
+    }
+    atomic_write_text(out / "model_index.json", json.dumps(index, indent=2) + "\n")
+
+
+def main(argv: list[str] | None = None) -> Path:
+    from diffusers import CogVideoXDDIMScheduler
+
+    from animegamer.models.t5_text import T5TextFeatures
+
+    cfg, _ = parse_config(SpriteWorldPretrainConfig, __doc__, argv)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    started = time.perf_counter()
+    out, report = Path(cfg.output_dir), Path(cfg.report_dir)
+    report.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(report / "config.yaml", to_yaml(cfg))
+    log = Log(report / "metrics.jsonl")
+    random.seed(cfg.seed)
+
+    manifest = read_manifest(cfg.data.manifest)
+    train_films = set(manifest.meta.get("splits", {}).get("train", [])) or {r.film_id for r in manifest.records}
+    train_records = [r for r in manifest.records if r.film_id in train_films and r.tags]
+    held_out = [r for r in manifest.records if r.film_id not in train_films and r.tags] or train_records
+    if not train_records:
+        raise SystemExit(f"error: no captioned training clips in {cfg.data.manifest}")
+
+    # 1. frozen tiny T5 (random, seeded) + tokenizer
+    out.mkdir(parents=True, exist_ok=True)
+    build_tiny_t5(out, seed=cfg.seed, d_model=cfg.t5_dim)
+    t5 = T5TextFeatures.from_config(T5Config(path=str(out)))
+
+    # 2. VAE
+    clips = read_clips(manifest, train_records, cfg)
+    vae = train_vae(cfg, clips, log)
+    scale = set_scaling_factor(vae, clips, cfg.feature_batch)
+    if (out / "vae").exists():
+        shutil.rmtree(out / "vae")
+    vae.save_pretrained(str(out / "vae"))
+    rng = np.random.default_rng(cfg.seed)
+    preview = clips[rng.choice(len(clips), min(PREVIEW_CLIPS, len(clips)), replace=False)]
+    vae_sheet, psnr = vae_preview(vae, preview, report / "vae_reconstruction.png")
+    print(f"vae: scaling_factor {scale:.4f}, reconstruction PSNR {psnr:.2f} dB on {len(preview)} clips: {vae_sheet}")
+    del clips
+
+    # 3. stage (a) features of every clip, from this VAE
+    store = fill_features(cfg, vae, manifest, t5)
+    print(f"features: {len(store)} clips in {cfg.data.features_dir}")
+
+    # 4. base text-to-video transformer
+    empty = t5([""])[0]  # (226, Dt): the unconditional prompt
+    transformer = train_transformer(cfg, store, [r.clip_id for r in train_records], empty, log)
+    transformer.save_pretrained(str(out / "transformer"))
+    CogVideoXDDIMScheduler(**COGVIDEOX_2B_SCHEDULER).save_pretrained(str(out / "scheduler"))
+    write_model_index(out)
+    picks = np.random.default_rng(cfg.seed).choice(len(held_out), min(PREVIEW_CLIPS, len(held_out)), replace=False)
+    sheet = sample_preview(cfg, store, manifest, [held_out[i] for i in sorted(picks)], report / "samples.png")
+
+    summary = {
+        "vae_loss_first": mean_of(log.rows, "vae", True),
+        "vae_loss_last": mean_of(log.rows, "vae", False),
+        "vae_psnr_db": psnr,
+        "vae_scaling_factor": scale,
+        "transformer_loss_first": mean_of(log.rows, "transformer", True),
+        "transformer_loss_last": mean_of(log.rows, "transformer", False),
+        "train_clips": len(train_records),
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    atomic_write_json(report / "summary.json", summary)
+    print(json.dumps(summary, indent=2))
+    print(f"CogVideoX folder {out}\nsamples          {sheet}")
+    return out
+
+
+if __name__ == "__main__":
+    main()
