@@ -363,7 +363,8 @@ class InferenceConfig:
     device: str = "auto"  # auto | cpu | cuda
     offload: str = "none"  # none | sequential (each model on the GPU only while it runs)
     fast: bool = False  # the fast preset (fewer steps, partial CFG)
-    compile: bool = False
+    compile: bool = False  # torch.compile the decoder's transformer blocks (first turn compiles; same outputs)
+    merge_lora: bool = False  # fold the LoRA into the base weights at load (same outputs up to weight rounding)
 
 
 BENCHMARK_SYSTEM_PROMPT = "You write stories for an anime life-simulation game. You answer with tag lines only."

@@ -143,6 +143,8 @@ def main(argv: list[str] | None = None) -> Path:
     encoder = ActionAwareEncoder.from_config(cfg.encoder)
     decoder = AnimationShotDecoder.from_config(cfg.decoder, with_vae=False)
     decoder.copy_text_projection_to(encoder.text_proj)
+    if train.compile:
+        decoder.compile_blocks()
     model = EncoderDecoder(encoder, decoder).to(accelerator.device).train()
     encoder_params, decoder_params = list(encoder.parameters()), decoder.trainable_parameters()
     optimizer = build_optimizer([{"params": encoder_params}, {"params": decoder_params}], train)

@@ -91,6 +91,8 @@ def main(argv: list[str] | None = None) -> None:
     out_dir = start_run(accelerator, cfg, "stage_b")
 
     model = AnimeGamerMLLM.from_config(cfg.mllm, mse_weight=cfg.mse_weight, cosine_weight=cfg.cosine_weight)
+    if train.compile:
+        model.compile_blocks()
     resume_from = find_resume(out_dir, train.resume)
     if resume_from is not None:
         # before prepare: ZeRO-3 / FSDP then shard the restored values like any others

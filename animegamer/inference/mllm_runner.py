@@ -13,6 +13,8 @@
    the argmax is taken, so every turn yields valid values; then ``<value> </MS> <SC>`` (the chosen value, the
    close tag and the next open tag) are fed through the cache, and so on. There is no fallback value.
 
+The two steps are also callable apart (:func:`prefill_turn`, :func:`decode_states`); the benchmark times them.
+
 Results directory written by ``inference_MLLM.py`` (:func:`write_turn`, :func:`write_game`), read by
 ``inference_Decoder.py`` (:func:`load_results`)::
 
@@ -46,7 +48,7 @@ import torch
 from animegamer.io import atomic_write_json
 from animegamer.models.weights import load_state_dict_file, save_state_dict_file
 from animegamer.states import CharacterState, StateValues
-from animegamer.tokens import STATE_FIELDS, TurnSpec
+from animegamer.tokens import STATE_FIELDS, SequenceLayout, TurnSpec
 
 RESULTS_FORMAT = "animegamer-mllm-results-v1"
 SHOT_FILE = "shot_embeds.safetensors"
@@ -95,48 +97,76 @@ def validate_instruction(text: str, tokenizer: Any, base_vocab: int, max_tokens:
     return ids
 
 
+@dataclass
+class PrefilledTurn:
+    """A turn's prompt after its one prefill: the predicted shot and what the state decoding continues from."""
+
+    sequence: SequenceLayout
+    shot_embeds: torch.Tensor  # (N, shot_dim) float32, on the model's device
+    last_hidden: torch.Tensor  # (hidden,) final hidden state at the first field's open tag
+    cache: Any  # the prompt's KV cache
+
+
 @torch.no_grad()
-def predict_turn(model, history: list[HistoryTurn], instruction: str) -> TurnPrediction:
-    """Predict the next turn from ``history`` (used as given: window it first) and the instruction."""
+def prefill_turn(model, history: list[HistoryTurn], instruction: str) -> PrefilledTurn:
+    """Step 1 of :func:`predict_turn` (model in eval mode): prefill the prompt once, read the shot at the slots."""
     layout = model.layout
     turns = [TurnSpec(h.instruction, h.values) for h in history]
     turns.append(TurnSpec(instruction, None, is_current=True))
     seq = layout.build_sequence(turns)
     device = model.device
+    input_ids = torch.tensor([seq.input_ids], device=device)  # (1, T)
+    if history:
+        positions = torch.tensor(seq.slot_positions[:-1], device=device)  # (M, N)
+        shots = torch.stack([h.shot_embeds.to(device) for h in history])  # (M, N, D)
+        embeds = model.embed(input_ids, positions, shots)
+    else:
+        embeds = model.embed(input_ids)
+    hidden, cache = model.transformer(embeds, use_cache=True)  # (1, T, hidden)
+    shot_embeds = model.predict_shots(hidden[0, seq.slot_positions[-1]])  # (N, shot_dim)
+    return PrefilledTurn(seq, shot_embeds, hidden[0, -1], cache)
+
+
+@torch.no_grad()
+def decode_states(model, prefilled: PrefilledTurn) -> tuple[dict[str, int], dict[str, dict[int, float]]]:
+    """Step 2 of :func:`predict_turn`: each field's value (argmax over its value tokens only), fed back through
+    the cache with the next tags. Returns (field -> chosen token id, field -> value -> probability); the cache
+    grows by 3 tokens per field but the last."""
+    layout = model.layout
+    cache, last = prefilled.cache, prefilled.last_hidden  # last: the open tag of the first field
+    chosen: dict[str, int] = {}
+    probs: dict[str, dict[int, float]] = {}
+    for i, name in enumerate(STATE_FIELDS):
+        logits = model.value_logits(last, name)  # (num_values,)
+        choice = int(logits.argmax())
+        token = layout.value_ids[name][choice]
+        chosen[name] = token
+        p = logits.softmax(-1).tolist()
+        probs[name] = {layout.id_to_value[name][t]: p[j] for j, t in enumerate(layout.value_ids[name])}
+        if i + 1 == len(STATE_FIELDS):
+            break
+        step = [[token, layout.close_ids[name], layout.open_ids[STATE_FIELDS[i + 1]]]]
+        hidden, cache = model.transformer(
+            model.embed(torch.tensor(step, device=model.device)), past_key_values=cache, use_cache=True
+        )
+        last = hidden[0, -1]
+    return chosen, probs
+
+
+@torch.no_grad()
+def predict_turn(model, history: list[HistoryTurn], instruction: str) -> TurnPrediction:
+    """Predict the next turn from ``history`` (used as given: window it first) and the instruction."""
     was_training = model.training
     model.eval()
     try:
-        input_ids = torch.tensor([seq.input_ids], device=device)  # (1, T)
-        if history:
-            positions = torch.tensor(seq.slot_positions[:-1], device=device)  # (M, N)
-            shots = torch.stack([h.shot_embeds.to(device) for h in history])  # (M, N, D)
-            embeds = model.embed(input_ids, positions, shots)
-        else:
-            embeds = model.embed(input_ids)
-        hidden, cache = model.transformer(embeds, use_cache=True)  # (1, T, hidden)
-        shot_embeds = model.predict_shots(hidden[0, seq.slot_positions[-1]])  # (N, shot_dim)
-
-        last = hidden[0, -1]  # the open tag of the first field
-        chosen: dict[str, int] = {}
-        probs: dict[str, dict[int, float]] = {}
-        for i, name in enumerate(STATE_FIELDS):
-            logits = model.value_logits(last, name)  # (num_values,)
-            choice = int(logits.argmax())
-            token = layout.value_ids[name][choice]
-            chosen[name] = token
-            p = logits.softmax(-1).tolist()
-            probs[name] = {layout.id_to_value[name][t]: p[j] for j, t in enumerate(layout.value_ids[name])}
-            if i + 1 == len(STATE_FIELDS):
-                break
-            step = torch.tensor([[token, layout.close_ids[name], layout.open_ids[STATE_FIELDS[i + 1]]]], device=device)
-            hidden, cache = model.transformer(model.embed(step), past_key_values=cache, use_cache=True)
-            last = hidden[0, -1]
+        prefilled = prefill_turn(model, history, instruction)
+        chosen, probs = decode_states(model, prefilled)
     finally:
         model.train(was_training)
     return TurnPrediction(
-        shot_embeds=shot_embeds.float().cpu(),
-        values=layout.decode_values(chosen),
-        prompt_tokens=len(seq),
+        shot_embeds=prefilled.shot_embeds.float().cpu(),
+        values=model.layout.decode_values(chosen),
+        prompt_tokens=len(prefilled.sequence),
         value_probs=probs,
     )
 

@@ -6,6 +6,8 @@
 ``offload: sequential`` keeps each model on the CPU and moves it to the GPU only while it runs, so the MLLM and
 the decoder are never resident at once (a full game then fits a 24 GB GPU). ``fast: true`` swaps the sampling
 settings for the fast preset (:func:`fast_sampling`).
+``merge_lora: true`` folds both LoRAs into their base weights and ``compile: true`` compiles the decoder's
+transformer blocks: the lossless fast path (outputs change by weight rounding only), measured by scripts/benchmark.py.
 """
 
 from __future__ import annotations
@@ -94,6 +96,8 @@ def load_mllm_predictor(cfg: InferenceConfig, device: str, offload: bool) -> MLL
         model.load_trained(resolve_checkpoint(cfg.mllm_checkpoint))
     else:
         print("warning: mllm_checkpoint is empty: the MLLM runs with untrained LoRA/resamplers", file=sys.stderr)
+    if cfg.merge_lora:
+        model.merge_lora()
     runner = MLLMRunner(model, history_turns=cfg.history_turns, max_instruction_tokens=cfg.mllm.max_instruction_tokens)
     return MLLMPredictor(runner, device, offload)
 
@@ -112,6 +116,10 @@ def load_renderer(cfg: InferenceConfig, device: str, offload: bool) -> DecoderRe
         decoder.vae.enable_slicing()
     if cfg.decoder.vae_tiling and hasattr(decoder.vae, "enable_tiling"):
         decoder.vae.enable_tiling()
+    if cfg.merge_lora:
+        decoder.merge_lora()
+    if cfg.compile:
+        decoder.compile_blocks()
     sampling = fast_sampling(cfg.sampling) if cfg.fast else cfg.sampling
     return DecoderRenderer(decoder, sampling, device, offload)
 

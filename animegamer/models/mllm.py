@@ -240,6 +240,22 @@ class AnimeGamerMLLM(nn.Module):
         """Hidden states at a turn's slots (..., N, hidden) -> predicted s_a (..., N, shot_dim), float32."""
         return self.output_resampler(slot_hidden).float()
 
+    # ------------------------------------------------------------------ fast path
+
+    def merge_lora(self) -> None:
+        """Fold the LoRA into the base weights (inference): the same outputs up to the weights' rounding, without
+        the per-layer LoRA matmuls. :meth:`unmerge_lora` undoes it; train and save unmerged."""
+        self.llm.merge_adapter()
+
+    def unmerge_lora(self) -> None:
+        self.llm.unmerge_adapter()
+
+    def compile_blocks(self, **compile_kwargs) -> None:
+        """``torch.compile`` every decoder layer in place (regional compilation; ``compile_kwargs`` go to
+        torch.compile). Meant for training, where every step has the same shapes."""
+        for layer in self.decoder.layers:
+            layer.compile(**compile_kwargs)
+
     # ------------------------------------------------------------------ training
 
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
