@@ -221,9 +221,10 @@ class SpriteWorldPretrainConfig:
     t5_dim: int = 32  # width of the frozen tiny random T5 (text_encoder/) built into output_dir
     vae_channels: list[int] = field(default_factory=lambda: [8, 16, 32, 32])  # 3 downsamples: 8x spatial
     latent_channels: int = 16  # as CogVideoX-2B
-    vae: TrainConfig = field(default_factory=lambda: TrainConfig(max_steps=150, batch_size=2, lr=2e-3))
-    vae_frames: int = 9  # frames per VAE training clip (4k + 1; a random window of each clip)
+    vae: TrainConfig = field(default_factory=lambda: TrainConfig(max_steps=600, batch_size=8, lr=3e-3))
+    vae_frames: int = 1  # frames per VAE training window (1 or 4k + 1; 1 = single pictures, the cheapest on a CPU)
     kl_weight: float = 1.0e-6  # KL of the posterior against N(0, I), small as in latent-diffusion VAEs
+    resume_vae: bool = False  # keep output_dir/vae + data.features_dir of an earlier run; only the transformer trains
     num_heads: int = 4  # transformer attention heads
     head_dim: int = 16  # width per head; hidden = num_heads * head_dim
     num_layers: int = 4

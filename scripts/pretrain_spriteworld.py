@@ -9,8 +9,11 @@ random tiny CogVideoX draws noise, so this script plays the part of the pretrain
    written to ``output_dir/{text_encoder,tokenizer}`` by :func:`animegamer.tiny.build_tiny_t5`;
 2. the VAE — ``output_dir/vae/`` (diffusers ``AutoencoderKLCogVideoX``, channels ``vae_channels``, 16 latent
    channels, 8x spatial / 4x temporal compression like CogVideoX-2B): trained as an autoencoder on random
-   ``vae_frames``-frame windows of the training clips, L1 + MSE reconstruction of the posterior sample + a small KL
-   (``kl_weight``). Its ``scaling_factor`` is then set to 1 / std of the posterior means, as CogVideoX's 1.15;
+   ``vae_frames``-frame windows of the training clips (the shipped one: 600 steps of 8 single frames, ~5x more
+   pictures per CPU second than 9-frame windows; its causal 3D convolutions then encode and decode whole 17-frame
+   clips), L1 + MSE reconstruction of the posterior sample + a small KL (``kl_weight``). Its ``scaling_factor`` is
+   then set to 1 / std of the posterior means, as CogVideoX-2B's 1.15. ``resume_vae=true`` keeps the VAE (and the
+   features of step 3) of an earlier run and trains the transformer only;
 3. the stage (a) features (scaled VAE latents, CLIP tokens of the first frames, T5 tokens of the motion text) of
    every clip of ``data.manifest``, written in batches to ``data.features_dir`` with exactly the fields and settings
    of ``animegamer.data.features.precompute_features``, so stage (a) finds them all present;
@@ -352,22 +355,28 @@ def main(argv: list[str] | None = None) -> Path:
     build_tiny_t5(out, seed=cfg.seed, d_model=cfg.t5_dim)
     t5 = T5TextFeatures.from_config(T5Config(path=str(out)))
 
-    # 2. VAE
-    clips = read_clips(manifest, train_records, cfg)
-    vae = train_vae(cfg, clips, log)
-    scale = set_scaling_factor(vae, clips, cfg.feature_batch)
-    if (out / "vae").exists():
-        shutil.rmtree(out / "vae")
-    vae.save_pretrained(str(out / "vae"))
-    rng = np.random.default_rng(cfg.seed)
-    preview = clips[rng.choice(len(clips), min(PREVIEW_CLIPS, len(clips)), replace=False)]
-    vae_sheet, psnr = vae_preview(vae, preview, report / "vae_reconstruction.png")
-    print(f"vae: scaling_factor {scale:.4f}, reconstruction PSNR {psnr:.2f} dB on {len(preview)} clips: {vae_sheet}")
-    del clips
-
-    # 3. stage (a) features of every clip, from this VAE
-    store = fill_features(cfg, vae, manifest, t5)
-    print(f"features: {len(store)} clips in {cfg.data.features_dir}")
+    # 2. VAE, and 3. the stage (a) features of every clip from it (kept from an earlier run if resume_vae)
+    earlier = json.loads((report / "summary.json").read_text()) if (report / "summary.json").is_file() else {}
+    store = TensorStore(cfg.data.features_dir)
+    if cfg.resume_vae and (out / "vae" / "config.json").is_file() and "vae_psnr_db" in earlier and len(store):
+        print(f"vae: kept {out / 'vae'} and the features in {cfg.data.features_dir} (resume_vae=true)")
+        lines = (report / "metrics.jsonl").read_text().splitlines() if (report / "metrics.jsonl").is_file() else []
+        log.rows = [row for row in map(json.loads, lines) if row["part"] == "vae"]
+        psnr, scale = earlier["vae_psnr_db"], earlier["vae_scaling_factor"]
+    else:
+        clips = read_clips(manifest, train_records, cfg)
+        vae = train_vae(cfg, clips, log)
+        scale = set_scaling_factor(vae, clips, cfg.feature_batch)
+        if (out / "vae").exists():
+            shutil.rmtree(out / "vae")
+        vae.save_pretrained(str(out / "vae"))
+        rng = np.random.default_rng(cfg.seed)
+        preview = clips[rng.choice(len(clips), min(PREVIEW_CLIPS, len(clips)), replace=False)]
+        vae_sheet, psnr = vae_preview(vae, preview, report / "vae_reconstruction.png")
+        print(f"vae: scaling_factor {scale:.4f}, reconstruction PSNR {psnr:.2f} dB: {vae_sheet}")
+        del clips
+        store = fill_features(cfg, vae, manifest, t5)
+        print(f"features: {len(store)} clips in {cfg.data.features_dir}")
 
     # 4. base text-to-video transformer
     empty = t5([""])[0]  # (226, Dt): the unconditional prompt
