@@ -499,12 +499,26 @@ class AblationsConfig:
 @dataclass
 class BenchmarkConfig:
     kind: str = "benchmark"
-    output_dir: str = "outputs/benchmark"
+    output_dir: str = "outputs/benchmark"  # benchmark.json, benchmark.md (and profile_turn.txt) land here
     seed: int = 0
-    preset: str = "tiny"  # full | tiny
-    device: str = "cuda"
-    warmup: int = 2
-    repeats: int = 5
+    preset: str = "tiny"  # model sizes: full (CogVideoX-2B + VAE, Mistral-7B, ViT-H/T5-XXL widths) | tiny
+    device: str = "cuda"  # cuda | cpu
+    warmup: int = 2  # untimed calls before every measurement (compilation, allocator, autotuning)
+    repeats: int = 5  # timed calls per measurement; the median is reported
+    parts: list[str] = field(default_factory=lambda: ["turn", "stage_a", "stage_b"])  # what to measure
+    dtype: str = "bf16"  # frozen weights of the decoder and the MLLM in the timed turn
+    history_turns: int = 3  # K earlier turns in the timed turn's MLLM prompt
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)  # the timed turn (paper: 480x720, 17, 50 steps)
+    merge_lora: bool = True  # our path at inference: LoRA folded into the base weights
+    compile: bool = True  # our path: torch.compile of the transformer blocks (decoder at inference; training steps)
+    low_memory: bool = True  # also time a whole turn with offload=sequential + VAE tiling, and its peak memory
+    profile: bool = False  # write a torch.profiler table of one turn on our path (profile_turn.txt)
+    stage_a: str = "configs/stage_a.yaml"  # run config whose settings (batch, checkpointing, LoRA, precision) the
+    stage_b: str = "configs/stage_b.yaml"  # timed training steps use; model sizes always come from the preset
+    train_warmup: int = 3  # untimed optimizer steps before the timed ones
+    train_repeats: int = 10  # timed optimizer steps
+    matmul_size: int = 8192  # n of the n^3 matmul that measures peak FLOP/s (bf16 on a GPU, fp32 on a CPU)
+    threads: int = 0  # torch CPU threads; 0 = torch's default (tiny models on shared cores run best on 1)
 
 
 SCHEMAS: dict[str, type] = {

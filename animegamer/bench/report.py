@@ -1,0 +1,123 @@
+"""benchmark.json -> the markdown tables printed by scripts/benchmark.py and pasted into the README."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _s(x: float | None) -> str:
+    if x is None:
+        return "—"
+    return f"{x:.3f}" if x < 10 else f"{x:.1f}"
+
+
+def _ratio(x: float | None) -> str:
+    return "—" if x is None else f"{x:.2f}×"
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{100 * x:.1f}%"
+
+
+def _gb(x: float | None) -> str:
+    return "—" if x is None else f"{x:.2f}"
+
+
+def _precision(settings: dict) -> str:
+    autocast = settings["mixed_precision"]
+    return f"{settings['dtype']} weights" + ("" if autocast == "no" else f", {autocast} autocast")
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The tables of one benchmark run, headed by device, date and versions."""
+    dev = result["device"]
+    mem = "peak GPU memory allocated" if dev["type"] == "cuda" else "peak process RSS"
+    lines = [
+        f"### Benchmark: preset `{result['preset']}` on {dev['name']} ({dev['type']}), {result['date'][:10]}",
+        "",
+        f"torch {dev['torch']}, diffusers {dev['diffusers']}, transformers {dev['transformers']}, peft {dev['peft']}"
+        + (f", {dev['threads']} CPU threads" if dev["type"] == "cpu" else "")
+        + f". Peak matmul ({result['peak']['dtype']} {result['peak']['size']}³): "
+        f"{result['peak']['tflops']:.3g} TFLOP/s. Medians of {result['settings']['repeats']} timed runs after "
+        f"{result['settings']['warmup']} warm-up runs.",
+        "",
+    ]
+    turn = result.get("turn")
+    if turn:
+        s, plain, ours = turn["settings"], turn["plain"], turn["ours"]
+        speed = turn["speedup"]
+        lines += [
+            f"**One turn**: {s['height']}×{s['width']}, {s['num_frames']} frames ({s['latent_frames']} latent), "
+            f"{s['steps']} {s['scheduler']} steps ({s['guided_steps']} with CFG {s['guidance_scale']:g}), "
+            f"K={s['history_turns']} history turns ({s['prompt_tokens']} prompt tokens), {s['decoder_dtype']}.",
+            "",
+            f"| part | plain (s) | ours (s) | speedup | ours: {mem} (GB) |",
+            "| --- | ---: | ---: | ---: | ---: |",
+            f"| MLLM prefill + slots | {_s(plain['mllm_prefill_s'])} | {_s(ours['mllm_prefill_s'])} | "
+            f"{_ratio(speed['mllm_prefill'])} | {_gb(ours['peak_memory_gb']['mllm'])} |",
+            f"| state decoding | {_s(plain['mllm_states_s'])} | {_s(ours['mllm_states_s'])} | "
+            f"{_ratio(speed['mllm_states'])} | |",
+            f"| denoising ({s['steps']} steps; MFU plain / ours {_pct(plain['denoise_mfu'])} / "
+            f"{_pct(ours['denoise_mfu'])}) | {_s(plain['denoise_s'])} | {_s(ours['denoise_s'])} | "
+            f"{_ratio(speed['denoise'])} | {_gb(ours['peak_memory_gb']['denoise'])} |",
+            f"| VAE decode | {_s(plain['vae_decode_s'])} | {_s(ours['vae_decode_s'])} | {_ratio(speed['vae_decode'])} "
+            f"| {_gb(ours['peak_memory_gb']['vae_decode'])} |",
+            f"| **turn** | **{_s(plain['turn_s'])}** | **{_s(ours['turn_s'])}** | **{_ratio(speed['turn'])}** | |",
+        ]
+        fast = turn["fast"]
+        lines.append(
+            f"| `fast` preset turn ({fast['steps']} steps, {fast['guided_steps']} with CFG) | | {_s(fast['turn_s'])} "
+            f"| {_ratio(fast['speedup_vs_plain'])} | {_gb(fast['peak_memory_gb'])} |"
+        )
+        low = turn.get("low_memory")
+        if low:
+            lines.append(
+                f"| turn with offload + VAE tiling | | {_s(low['turn_s'])} | "
+                f"{_ratio(plain['turn_s'] / low['turn_s'])} | {_gb(low['peak_memory_gb'])} (whole turn) |"
+            )
+        out = turn["outputs"]
+        lines += [
+            "",
+            f"Outputs, ours vs plain from the same seed: shot representation relative difference "
+            f"{out['shot_embeds_rel_diff']:.1e}, final latents {out['latents_rel_diff']:.1e}.",
+        ]
+        if turn.get("sdpa_backends"):
+            backends = ", ".join(f"{k} {_s(v)} s" for k, v in turn["sdpa_backends"].items())
+            lines.append(f"One eager CFG-batched denoising step by SDPA kernel: {backends}.")
+        lines.append("")
+    train = result.get("training", {})
+    if train:
+        lines += [
+            f"**Training steps** (one device; {mem}):",
+            "",
+            "| stage | settings | plain | ours | speedup | MFU plain / ours | memory plain / ours (GB) |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        a = train.get("stage_a")
+        if a:
+            st = a["settings"]
+            lines.append(
+                f"| (a) clips/s | batch {st['batch_size']}, {st['clip']}, LoRA r={st['lora_rank']}, "
+                f"{'checkpointing' if st['gradient_checkpointing'] else 'no checkpointing'}, {_precision(st)}"
+                f"{', compiled' if st['compile'] else ''} | {a['plain']['clips_per_s']:.3g} | "
+                f"{a['ours']['clips_per_s']:.3g} | {_ratio(a['speedup'])} | {_pct(a['plain']['mfu'])} / "
+                f"{_pct(a['ours']['mfu'])} | {_gb(a['plain']['peak_memory_gb'])} / "
+                f"{_gb(a['ours']['peak_memory_gb'])} |"
+            )
+        b = train.get("stage_b")
+        if b:
+            st = b["settings"]
+            lines.append(
+                f"| (b) tokens/s | batch {st['batch_size']} × K={st['history_turns']}+1 turns "
+                f"({st['tokens_per_step']} tokens), LoRA r={st['lora_rank']}, "
+                f"{'checkpointing' if st['gradient_checkpointing'] else 'no checkpointing'}, {_precision(st)}"
+                f"{', compiled' if st['compile'] else ''} | {b['plain']['tokens_per_s']:.4g} | "
+                f"{b['ours']['tokens_per_s']:.4g} | {_ratio(b['speedup'])} | {_pct(b['plain']['mfu'])} / "
+                f"{_pct(b['ours']['mfu'])} | {_gb(b['plain']['peak_memory_gb'])} / "
+                f"{_gb(b['ours']['peak_memory_gb'])} |"
+            )
+        if not result["settings"]["compile"]:
+            lines += ["", "With compile off, plain and ours run the same training code: the ratio is noise."]
+        lines.append("")
+    lines += ["Conventions: " + " ".join(result["conventions"].values()), ""]
+    return "\n".join(lines)

@@ -1,0 +1,257 @@
+"""Benchmark: seconds per game turn and training throughput, our path against the plain-library path, in one run.
+
+    python scripts/benchmark.py --preset full --device cuda     # CogVideoX-2B + VAE, Mistral-7B: random weights
+    python scripts/benchmark.py --preset tiny --device cpu      # tiny models, CI-size (about a minute)
+    python scripts/benchmark.py --config configs/benchmark.yaml parts=[turn] compile=false profile=true
+
+Without ``--config``, ``--preset`` picks configs/benchmark.yaml (full) or configs/tiny/benchmark.yaml (tiny).
+The models are built from configs written in code (animegamer.bench.models) straight on the device, so no
+pretrained directory is needed; training settings (batch, gradient checkpointing, LoRA, precision) come from the
+stage configs named by ``stage_a`` / ``stage_b``.
+
+Measured, after warm-up (CUDA events on a GPU, perf_counter on a CPU), with peak memory per part:
+
+- ``turn``: one game turn (MLLM prefill + slots, state decoding, denoising, VAE decode) on the plain path and on
+  ours, the ratio, a check that both give the same outputs, the ``fast`` preset, and a turn with offload + VAE
+  tiling (animegamer.bench.turn);
+- ``stage_a`` / ``stage_b``: one optimizer step of each stage, eager and (with ``compile``) compiled: clips/s and
+  tokens/s with MFU against a matmul peak measured in the same run (animegamer.bench.training).
+
+Writes ``output_dir/benchmark.json`` (every number, the settings and the conventions) and
+``output_dir/benchmark.md`` (the tables, also printed). A part that fails is reported under ``errors`` and the
+others still run; the exit status is then 1.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import platform
+import sys
+import tempfile
+import time
+import traceback
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from animegamer.bench.models import (
+    ARCHITECTURES,
+    ParameterCounts,
+    build_decoder,
+    build_encoder,
+    build_mllm,
+    build_tokenizer,
+)
+from animegamer.bench.report import markdown
+from animegamer.bench.timing import device_name, matmul_peak_flops
+from animegamer.bench.training import StepSettings, bench_stage_a, bench_stage_b
+from animegamer.bench.turn import TurnSettings, bench_turn
+from animegamer.cli import parse_config
+from animegamer.config import BenchmarkConfig, ConfigError, StageAConfig, StageBConfig, load_config
+from animegamer.io import atomic_write_json, atomic_write_text
+
+ROOT = Path(__file__).resolve().parents[1]
+PRESET_CONFIGS = {"full": ROOT / "configs" / "benchmark.yaml", "tiny": ROOT / "configs" / "tiny" / "benchmark.yaml"}
+PARTS = ("turn", "stage_a", "stage_b")
+FORMAT = "animegamer-benchmark-v1"
+
+CONVENTIONS = {
+    "timing": "Times are wall-clock seconds per call after warm-up (CUDA events + synchronize on a GPU, "
+    "perf_counter on a CPU), medians of the timed calls; a turn is the sum of its parts' medians, except the "
+    "offload turn, timed whole.",
+    "memory": "Peak memory is torch.cuda.max_memory_allocated over each part on a GPU, and the process RSS "
+    "sampled every 2 ms on a CPU (there it includes every model the process holds).",
+    "mfu": "MFU = model FLOPs / time / peak FLOP/s, the peak being the best of 10 n^3 matmuls in this run (bf16 "
+    "on a GPU, fp32 on a CPU). DiT: forward FLOPs from torch's FlopCounterMode (matmuls + attention), x3 for a "
+    "training step. MLLM: 6 N T + 12 L d sum(S^2) (nanoGPT/PaLM; N = weights of the per-token linears, LoRA "
+    "included). Recomputation under gradient checkpointing is not counted.",
+    "plain": "Plain path: transformers generate for the MLLM (1 token for the prefill, 10 for the states), the "
+    "diffusers CogVideoX transformer called once per CFG branch, eager, LoRA unmerged; training steps eager. Ours: "
+    "one prefill + cached constrained state decoding, both CFG branches in one batch, LoRA merged and transformer "
+    "blocks compiled when enabled.",
+}
+
+
+def load_script(name: str):
+    """A sibling training script as a module (its EncoderDecoder / compute_loss are what the benchmark times)."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def device_info(device: torch.device) -> dict:
+    import diffusers
+    import peft
+    import transformers
+
+    info = {
+        "type": device.type,
+        "name": device_name(device),
+        "torch": torch.__version__,
+        "diffusers": diffusers.__version__,
+        "transformers": transformers.__version__,
+        "peft": peft.__version__,
+        "python": platform.python_version(),
+        "threads": torch.get_num_threads(),
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info["memory_gb"] = props.total_memory / 1024**3
+        info["cuda"] = torch.version.cuda
+    return info
+
+
+def release(device: torch.device) -> None:
+    """Drop compiled graphs (they hold the modules) and cached blocks before the next part builds its models."""
+    torch._dynamo.reset()
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def parse(argv: list[str] | None) -> BenchmarkConfig:
+    def flags(parser):
+        parser.add_argument("--preset", choices=sorted(PRESET_CONFIGS), help="model sizes (picks the config too)")
+        parser.add_argument("--device", choices=["cuda", "cpu"])
+
+    cfg, args = parse_config(BenchmarkConfig, __doc__, argv, extra=flags)
+    overrides = list(args.overrides)
+    if args.preset:
+        overrides.append(f"preset={args.preset}")
+    if args.device:
+        overrides.append(f"device={args.device}")
+    path = args.config or PRESET_CONFIGS[args.preset or "tiny"]
+    try:
+        cfg = load_config(path, overrides, schema=BenchmarkConfig)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    unknown = [p for p in cfg.parts if p not in PARTS]
+    if unknown or cfg.device not in ("cuda", "cpu"):
+        print(f"error: parts must be among {list(PARTS)} and device cuda|cpu (got {cfg.parts}, {cfg.device})",
+              file=sys.stderr)
+        raise SystemExit(2)
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        print("error: device=cuda but no CUDA device is visible; use --device cpu (with --preset tiny)",
+              file=sys.stderr)
+        raise SystemExit(2)
+    return cfg
+
+
+def main(argv: list[str] | None = None) -> dict:
+    cfg = parse(argv)
+    started = time.perf_counter()
+    device = torch.device(cfg.device)
+    arch = ARCHITECTURES[cfg.preset]
+    say = lambda msg: print(f"[benchmark] {msg}", file=sys.stderr, flush=True)  # noqa: E731
+    if cfg.threads > 0:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    stage_a_cfg = load_config(cfg.stage_a, schema=StageAConfig)
+    stage_b_cfg = load_config(cfg.stage_b, schema=StageBConfig)
+
+    peak_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    say(f"{arch.name} models on {device_name(device)}; peak matmul {cfg.matmul_size}^3 {peak_dtype}")
+    peak = matmul_peak_flops(device, peak_dtype, cfg.matmul_size)
+    result: dict = {
+        "format": FORMAT,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "preset": cfg.preset,
+        "device": device_info(device),
+        "settings": {
+            "warmup": cfg.warmup,
+            "repeats": cfg.repeats,
+            "train_warmup": cfg.train_warmup,
+            "train_repeats": cfg.train_repeats,
+            "compile": cfg.compile,
+            "merge_lora": cfg.merge_lora,
+            "dtype": cfg.dtype,
+            "threads": torch.get_num_threads(),
+            "parts": list(cfg.parts),
+            "stage_a_config": cfg.stage_a,
+            "stage_b_config": cfg.stage_b,
+        },
+        "conventions": CONVENTIONS,
+        "peak": {"dtype": str(peak_dtype).removeprefix("torch."), "size": cfg.matmul_size, "tflops": peak / 1e12},
+        "parameters": {},
+        "training": {},
+        "errors": {},
+    }
+    counts = ParameterCounts()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer_dir = build_tokenizer(Path(tmp) / "tokenizer", arch.tokenizer_vocab)
+        for part in cfg.parts:
+            say(f"{part} ...")
+            try:
+                if part == "turn":
+                    # The inference models: the trained stages' LoRA settings, frozen weights in cfg.dtype.
+                    decoder_cfg = stage_a_cfg.decoder
+                    decoder_cfg.dtype, decoder_cfg.gradient_checkpointing = cfg.dtype, False
+                    mllm_cfg = stage_b_cfg.mllm
+                    mllm_cfg.dtype, mllm_cfg.gradient_checkpointing = cfg.dtype, False
+                    decoder = build_decoder(arch, decoder_cfg, device, with_vae=True, seed=cfg.seed)
+                    mllm = build_mllm(arch, mllm_cfg, device, tokenizer_dir, seed=cfg.seed)
+                    counts.add("decoder_transformer", decoder.transformer)
+                    counts.add("vae", decoder.vae)
+                    counts.add("mllm", mllm)
+                    settings = TurnSettings(
+                        sampling=cfg.sampling,
+                        history_turns=cfg.history_turns,
+                        warmup=cfg.warmup,
+                        repeats=cfg.repeats,
+                        compile=cfg.compile,
+                        merge_lora=cfg.merge_lora,
+                        low_memory=cfg.low_memory,
+                        seed=cfg.seed,
+                    )
+                    result["turn"] = bench_turn(
+                        decoder, mllm, settings, device, peak, cfg.output_dir if cfg.profile else None
+                    )
+                    del decoder, mllm
+                elif part == "stage_a":
+                    script = load_script("train_stage_a")
+                    run_cfg = load_config(cfg.stage_a, schema=StageAConfig)
+                    encoder = build_encoder(arch, run_cfg.encoder, device, seed=cfg.seed)
+                    decoder = build_decoder(arch, run_cfg.decoder, device, with_vae=False, seed=cfg.seed)
+                    decoder.copy_text_projection_to(encoder.text_proj)
+                    model = script.EncoderDecoder(encoder, decoder)
+                    counts.add("encoder", encoder)
+                    steps = StepSettings(cfg.train_warmup, cfg.train_repeats, cfg.compile)
+                    stage = bench_stage_a(model, run_cfg, script.compute_loss, arch, device, peak, steps)
+                    stage["settings"]["config"] = cfg.stage_a
+                    result["training"]["stage_a"] = stage
+                    del encoder, decoder, model
+                else:
+                    run_cfg = load_config(cfg.stage_b, schema=StageBConfig)
+                    model = build_mllm(arch, run_cfg.mllm, device, tokenizer_dir, seed=cfg.seed,
+                                       mse_weight=run_cfg.mse_weight, cosine_weight=run_cfg.cosine_weight)
+                    counts.add("mllm_training", model)
+                    steps = StepSettings(cfg.train_warmup, cfg.train_repeats, cfg.compile)
+                    stage = bench_stage_b(model, run_cfg, device, peak, steps)
+                    stage["settings"]["config"] = cfg.stage_b
+                    result["training"]["stage_b"] = stage
+                    del model
+            except Exception:  # one failing part (e.g. a compiler error) must not lose the others' numbers
+                result["errors"][part] = traceback.format_exc()
+                say(f"{part} failed:\n{result['errors'][part]}")
+            release(device)
+
+    result["parameters"] = counts.counts
+    result["wall_s"] = time.perf_counter() - started
+    out = Path(cfg.output_dir)
+    atomic_write_json(out / "benchmark.json", result)
+    table = markdown(result)
+    atomic_write_text(out / "benchmark.md", table)
+    print(table)
+    say(f"wrote {out / 'benchmark.json'} and {out / 'benchmark.md'} in {result['wall_s']:.0f} s")
+    if result["errors"]:
+        raise SystemExit(1)
+    return result
+
+
+if __name__ == "__main__":
+    main()
