@@ -15,6 +15,10 @@ def _ratio(x: float | None) -> str:
     return "—" if x is None else f"{x:.2f}×"
 
 
+def _rate(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
 def _pct(x: float | None) -> str:
     return "—" if x is None else f"{100 * x:.1f}%"
 
@@ -36,10 +40,11 @@ def markdown(result: dict[str, Any]) -> str:
         f"### Benchmark: preset `{result['preset']}` on {dev['name']} ({dev['type']}), {result['date'][:10]}",
         "",
         f"torch {dev['torch']}, diffusers {dev['diffusers']}, transformers {dev['transformers']}, peft {dev['peft']}"
-        + (f", {dev['threads']} CPU threads" if dev["type"] == "cpu" else "")
+        + (f", CPU threads: {dev['threads']}" if dev["type"] == "cpu" else "")
         + f". Peak matmul ({result['peak']['dtype']} {result['peak']['size']}³): "
-        f"{result['peak']['tflops']:.3g} TFLOP/s. Medians of {result['settings']['repeats']} timed runs after "
-        f"{result['settings']['warmup']} warm-up runs.",
+        f"{result['peak']['tflops']:.3g} TFLOP/s. Turn parts: medians of {result['settings']['repeats']} timed calls "
+        f"after {result['settings']['warmup']} untimed; training: {result['settings']['train_repeats']} after "
+        f"{result['settings']['train_warmup']}.",
         "",
     ]
     turn = result.get("turn")
@@ -99,8 +104,8 @@ def markdown(result: dict[str, Any]) -> str:
             lines.append(
                 f"| (a) clips/s | batch {st['batch_size']}, {st['clip']}, LoRA r={st['lora_rank']}, "
                 f"{'checkpointing' if st['gradient_checkpointing'] else 'no checkpointing'}, {_precision(st)}"
-                f"{', compiled' if st['compile'] else ''} | {a['plain']['clips_per_s']:.3g} | "
-                f"{a['ours']['clips_per_s']:.3g} | {_ratio(a['speedup'])} | {_pct(a['plain']['mfu'])} / "
+                f"{', compiled' if st['compile'] else ''} | {_rate(a['plain']['clips_per_s'])} | "
+                f"{_rate(a['ours']['clips_per_s'])} | {_ratio(a['speedup'])} | {_pct(a['plain']['mfu'])} / "
                 f"{_pct(a['ours']['mfu'])} | {_gb(a['plain']['peak_memory_gb'])} / "
                 f"{_gb(a['ours']['peak_memory_gb'])} |"
             )
@@ -111,8 +116,8 @@ def markdown(result: dict[str, Any]) -> str:
                 f"| (b) tokens/s | batch {st['batch_size']} × K={st['history_turns']}+1 turns "
                 f"({st['tokens_per_step']} tokens), LoRA r={st['lora_rank']}, "
                 f"{'checkpointing' if st['gradient_checkpointing'] else 'no checkpointing'}, {_precision(st)}"
-                f"{', compiled' if st['compile'] else ''} | {b['plain']['tokens_per_s']:.4g} | "
-                f"{b['ours']['tokens_per_s']:.4g} | {_ratio(b['speedup'])} | {_pct(b['plain']['mfu'])} / "
+                f"{', compiled' if st['compile'] else ''} | {_rate(b['plain']['tokens_per_s'])} | "
+                f"{_rate(b['ours']['tokens_per_s'])} | {_ratio(b['speedup'])} | {_pct(b['plain']['mfu'])} / "
                 f"{_pct(b['ours']['mfu'])} | {_gb(b['plain']['peak_memory_gb'])} / "
                 f"{_gb(b['ours']['peak_memory_gb'])} |"
             )
