@@ -519,6 +519,9 @@ class BenchmarkConfig:
     train_repeats: int = 10  # timed optimizer steps
     matmul_size: int = 8192  # n of the n^3 matmul that measures peak FLOP/s (bf16 on a GPU, fp32 on a CPU)
     threads: int = 0  # torch CPU threads; 0 = torch's default (tiny models on shared cores run best on 1)
+    # keep the other parts of an existing output_dir/benchmark.json of the same preset and device, so the parts can
+    # run as separate commands (each part's MFU stays relative to the peak measured in its own run)
+    merge_existing: bool = False
 
 
 SCHEMAS: dict[str, type] = {

@@ -112,6 +112,35 @@ def release(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
+def merge_existing(result: dict, path: Path) -> None:
+    """Copy into ``result`` the parts it did not measure from an earlier run of the same preset on the same device."""
+    import json
+
+    if not path.is_file():
+        return
+    earlier = json.loads(path.read_text())
+    same = (earlier.get("format"), earlier.get("preset"), earlier.get("device", {}).get("name")) == (
+        FORMAT, result["preset"], result["device"]["name"]
+    )
+    if not same:
+        print(f"[benchmark] not merging {path}: another preset or device", file=sys.stderr)
+        return
+    measured = set(result["settings"]["parts"])
+    dates = {**{part: earlier["date"] for part in PARTS}, **earlier.get("merged_from", {})}
+    merged = {}
+    if "turn" not in measured and "turn" in earlier:
+        result["turn"] = earlier["turn"]
+        merged["turn"] = dates["turn"]
+    for stage in ("stage_a", "stage_b"):
+        if stage not in measured and stage in earlier.get("training", {}):
+            result["training"][stage] = earlier["training"][stage]
+            merged[stage] = dates[stage]
+    for name, counts in earlier.get("parameters", {}).items():
+        result["parameters"].setdefault(name, counts)
+    if merged:
+        result["merged_from"] = merged
+
+
 def parse(argv: list[str] | None) -> BenchmarkConfig:
     def flags(parser):
         parser.add_argument("--preset", choices=sorted(PRESET_CONFIGS), help="model sizes (picks the config too)")
@@ -243,6 +272,8 @@ def main(argv: list[str] | None = None) -> dict:
     result["parameters"] = counts.counts
     result["wall_s"] = time.perf_counter() - started
     out = Path(cfg.output_dir)
+    if cfg.merge_existing:
+        merge_existing(result, out / "benchmark.json")
     atomic_write_json(out / "benchmark.json", result)
     table = markdown(result)
     atomic_write_text(out / "benchmark.md", table)

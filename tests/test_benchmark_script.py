@@ -138,6 +138,18 @@ def test_tiny_benchmark_writes_every_field(tmp_path):
     assert "| **turn** |" in table and "| (a) clips/s |" in table and "| (b) tokens/s |" in table
     assert data["date"][:10] in table and data["device"]["name"] in table
 
+    # one part again, merged into the existing results (how a GPU session runs the parts as separate commands)
+    try:
+        script.main(["--preset", "tiny", "--device", "cpu", f"output_dir={tmp_path}", "parts=[stage_a]",
+                     "merge_existing=true", "train_repeats=1"])
+    finally:
+        torch.set_num_threads(threads)
+    again = json.loads((tmp_path / "benchmark.json").read_text())
+    assert again["turn"] == data["turn"] and again["training"]["stage_b"] == data["training"]["stage_b"]
+    assert len(again["training"]["stage_a"]["ours"]["raw_s"]) == 1
+    assert again["merged_from"] == {"turn": data["date"], "stage_b": data["date"]}
+    assert "Parts kept from earlier runs" in (tmp_path / "benchmark.md").read_text()
+
 
 def test_cli_errors_exit_2(tmp_path):
     script = load_script()

@@ -47,6 +47,9 @@ def markdown(result: dict[str, Any]) -> str:
         f"{result['settings']['train_warmup']}.",
         "",
     ]
+    if result.get("merged_from"):
+        earlier = ", ".join(f"{part} on {date[:10]}" for part, date in result["merged_from"].items())
+        lines += [f"Parts kept from earlier runs on this device: {earlier}.", ""]
     turn = result.get("turn")
     if turn:
         s, plain, ours = turn["settings"], turn["plain"], turn["ours"]
