@@ -23,25 +23,8 @@ import torch
 from torch import nn
 
 from animegamer.config import DecoderConfig, EncoderConfig, MLLMConfig
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-# CogVideoX-2B's scheduler config (v-prediction, zero-terminal-SNR betas, SNR shift 3).
-COGVIDEOX_2B_SCHEDULER = {
-    "beta_start": 0.00085,
-    "beta_end": 0.012,
-    "beta_schedule": "scaled_linear",
-    "clip_sample": False,
-    "clip_sample_range": 1.0,
-    "num_train_timesteps": 1000,
-    "prediction_type": "v_prediction",
-    "rescale_betas_zero_snr": True,
-    "sample_max_value": 1.0,
-    "set_alpha_to_one": True,
-    "snr_shift_scale": 3.0,
-    "steps_offset": 0,
-    "timestep_spacing": "trailing",
-}
+from animegamer.models.decoder import DTYPES
+from animegamer.tiny import COGVIDEOX_2B_SCHEDULER
 
 
 @dataclass(frozen=True)
@@ -242,18 +225,7 @@ def build_decoder(arch: Architecture, cfg: DecoderConfig, device: torch.device |
         transformer = CogVideoXTransformer3DModel(**arch.transformer).to(device)
         vae = AutoencoderKLCogVideoX(**arch.vae).to(device).eval().requires_grad_(False) if with_vae else None
     with building_on(device):
-        decoder = AnimationShotDecoder(
-            transformer,
-            vae,
-            COGVIDEOX_2B_SCHEDULER,
-            lora_rank=cfg.lora_rank,
-            lora_alpha=cfg.lora_alpha,
-            lora_targets=tuple(cfg.lora_targets),
-            motion_scope=cfg.motion_scope,
-            num_motion_levels=cfg.num_motion_levels,
-            motion_embed_dim=cfg.motion_embed_dim,
-            gradient_checkpointing=cfg.gradient_checkpointing,
-        )
+        decoder = AnimationShotDecoder.from_modules(cfg, transformer, vae, COGVIDEOX_2B_SCHEDULER)
     randomize_trained(decoder.trainable_parameters(), seed)
     return decoder
 
@@ -282,21 +254,8 @@ def build_mllm(
     with building_on(device, DTYPES[cfg.dtype]):
         llm = MistralForCausalLM(config).to(device)
     with building_on(device):
-        model = AnimeGamerMLLM(
-            llm,
-            tokenizer,
-            base_vocab,
-            vocabulary=cfg.vocabulary,
-            num_slots=cfg.num_slots,
-            shot_dim=arch.hidden,
-            resampler_layers=cfg.resampler_layers,
-            lora_rank=cfg.lora_rank,
-            lora_alpha=cfg.lora_alpha,
-            lora_dropout=cfg.lora_dropout,
-            lora_targets=tuple(cfg.lora_targets),
-            gradient_checkpointing=cfg.gradient_checkpointing,
-            mse_weight=mse_weight,
-            cosine_weight=cosine_weight,
+        model = AnimeGamerMLLM.from_modules(
+            cfg, llm, tokenizer, base_vocab, shot_dim=arch.hidden, mse_weight=mse_weight, cosine_weight=cosine_weight
         )
     randomize_trained([p for n, p in model.named_parameters() if "lora_" in n], seed)
     return model

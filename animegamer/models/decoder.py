@@ -215,7 +215,14 @@ class AnimationShotDecoder(nn.Module):
         scheduler_dir = _require_dir(root, "scheduler")
         scheduler_config = json.loads((scheduler_dir / "scheduler_config.json").read_text())
         vae = load_vae(cfg) if with_vae else None
-        decoder = cls(
+        decoder = cls.from_modules(cfg, transformer, vae, scheduler_config)
+        return decoder.to(device) if device is not None else decoder
+
+    @classmethod
+    def from_modules(cls, cfg: DecoderConfig, transformer: nn.Module, vae: nn.Module | None, scheduler_config: dict):
+        """Wrap already-built diffusers modules with the LoRA / motion settings of ``cfg`` (e.g. random full-size
+        models built on the GPU by the benchmark)."""
+        return cls(
             transformer,
             vae,
             scheduler_config,
@@ -227,7 +234,6 @@ class AnimationShotDecoder(nn.Module):
             motion_embed_dim=cfg.motion_embed_dim,
             gradient_checkpointing=cfg.gradient_checkpointing,
         )
-        return decoder.to(device) if device is not None else decoder
 
     def _lora_config(self):
         from peft import LoraConfig

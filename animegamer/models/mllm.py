@@ -142,13 +142,25 @@ class AnimeGamerMLLM(nn.Module):
         llm = MistralForCausalLM.from_pretrained(
             cfg.pretrained, dtype=DTYPES[cfg.dtype], attn_implementation=cfg.attn_implementation
         )
-        model = cls(
+        model = cls.from_modules(cfg, llm, tokenizer, base_vocab, mse_weight=mse_weight, cosine_weight=cosine_weight)
+        if device is not None:
+            model.to(device)
+        return model
+
+    @classmethod
+    def from_modules(
+        cls, cfg: MLLMConfig, llm: nn.Module, tokenizer, base_vocab: int, shot_dim: int | None = None,
+        mse_weight: float = 0.5, cosine_weight: float = 0.0,
+    ) -> AnimeGamerMLLM:
+        """Wrap an already-built causal LM + tokenizer with the settings of ``cfg`` (``shot_dim`` overrides
+        ``cfg.shot_dim``; the benchmark builds random full-size models on the GPU this way)."""
+        return cls(
             llm,
             tokenizer,
             base_vocab,
             vocabulary=cfg.vocabulary,
             num_slots=cfg.num_slots,
-            shot_dim=cfg.shot_dim,
+            shot_dim=shot_dim if shot_dim is not None else cfg.shot_dim,
             resampler_layers=cfg.resampler_layers,
             lora_rank=cfg.lora_rank,
             lora_alpha=cfg.lora_alpha,
@@ -158,9 +170,6 @@ class AnimeGamerMLLM(nn.Module):
             mse_weight=mse_weight,
             cosine_weight=cosine_weight,
         )
-        if device is not None:
-            model.to(device)
-        return model
 
     # ------------------------------------------------------------------ building blocks (also used by inference)
 
