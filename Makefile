@@ -27,10 +27,11 @@ $(TINY)/.built: $(STAMP) animegamer/tiny.py
 
 tiny: $(TINY)/.built
 
-# The embedded default: the demo game end to end (MLLM turn by turn, then the decoder) on CPU with tiny models.
-demo: $(TINY)/.built
-	$(PY) inference_MLLM.py --config configs/tiny/inference.yaml output_dir=outputs/demo mllm_checkpoint=
-	$(PY) inference_Decoder.py --config configs/tiny/inference.yaml output_dir=outputs/demo decoder_checkpoint=
+# The demo game end to end on CPU (MLLM turn by turn, then the decoder) with the shipped SpriteWorld checkpoint
+# (checkpoints/spriteworld/, trained on CPU by scripts/train_spriteworld.py; see its README.md).
+demo: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) inference_MLLM.py --config configs/spriteworld/inference.yaml output_dir=outputs/demo
+	OMP_NUM_THREADS=1 $(PY) inference_Decoder.py --config configs/spriteworld/inference.yaml output_dir=outputs/demo
 
 clean:
 	rm -rf outputs $(TINY)
