@@ -33,7 +33,6 @@ import torch.nn.functional as F
 from accelerate.utils import set_seed
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
-from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from animegamer.cli import parse_config
@@ -50,7 +49,7 @@ from animegamer.models.decoder import AnimationShotDecoder
 from animegamer.models.shot_encoder import ActionAwareEncoder
 from animegamer.models.trained import DECODER_DIR, ENCODER_DIR, save_encoder
 from animegamer.models.weights import load_state_dict_file
-from animegamer.training.batches import ResumableBatchSampler
+from animegamer.training.batches import resumable_batches
 from animegamer.training.checkpoint import find_resume, load_checkpoint, save_checkpoint, skip_model_weights_in_state
 from animegamer.training.optim import build_optimizer, lr_factor
 from animegamer.training.run import build_accelerator, start_run
@@ -171,19 +170,7 @@ def main(argv: list[str] | None = None) -> Path:
     if resume_from is not None:
         step = load_checkpoint(accelerator, resume_from, load_weights)["step"]
         say(f"resumed from {resume_from} at step {step}")
-    sampler = ResumableBatchSampler(
-        len(dataset),
-        train.batch_size,
-        seed=cfg.seed,
-        rank=accelerator.process_index,
-        world_size=accelerator.num_processes,
-        start_batch=step * train.grad_accum,
-    )
-    # A private generator keeps DataLoader start-up from drawing on the global RNG (exact resume).
-    loader = DataLoader(
-        dataset, batch_sampler=sampler, num_workers=cfg.data.num_workers, generator=torch.Generator().manual_seed(0)
-    )
-    batches = iter(loader)
+    batches = resumable_batches(dataset, accelerator, train, cfg.seed, step, cfg.data.num_workers)
 
     # ---- loop
     progress = tqdm(total=train.max_steps, initial=step, desc="stage a", disable=not accelerator.is_main_process)

@@ -22,7 +22,6 @@ from pathlib import Path
 
 import torch
 from accelerate.utils import DistributedType, set_seed
-from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from animegamer.cli import parse_config
@@ -34,10 +33,10 @@ from animegamer.data.tensor_store import TensorStore
 from animegamer.io import atomic_write_text
 from animegamer.models.mllm import AnimeGamerMLLM, load_tokenizer
 from animegamer.tokens import TurnLayout, get_vocabulary
-from animegamer.training.batches import ResumableBatchSampler
+from animegamer.training.batches import resumable_batches
 from animegamer.training.checkpoint import find_resume, load_checkpoint, save_checkpoint, skip_model_weights_in_state
 from animegamer.training.optim import build_optimizer, build_scheduler
-from animegamer.training.run import build_accelerator, start_run
+from animegamer.training.run import build_accelerator, configure_deepspeed, start_run
 
 LOSS_PARTS = ("loss", "ce", "mse", "cos", "state_acc")
 
@@ -99,12 +98,7 @@ def main(argv: list[str] | None = None) -> None:
         model.load_trained(resume_from)
     optimizer = build_optimizer(model.trainable_parameters(), train)
     scheduler = build_scheduler(optimizer, train)
-    if accelerator.distributed_type == DistributedType.DEEPSPEED:
-        # no prepared DataLoader tells DeepSpeed the batch size; our config is the source of truth for both
-        ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
-        ds_config["train_micro_batch_size_per_gpu"] = train.batch_size
-        ds_config["gradient_accumulation_steps"] = train.grad_accum
-        ds_config["gradient_clipping"] = train.max_grad_norm  # DeepSpeed clips inside its step
+    configure_deepspeed(accelerator, train)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     unwrapped = accelerator.unwrap_model(model)
 
@@ -114,21 +108,10 @@ def main(argv: list[str] | None = None) -> None:
         accelerator.print(f"resumed from {resume_from} at step {step}")
 
     # The sampler, not accelerate, shards batches over ranks: batch b of a run is a pure function of (seed, b).
-    sampler = ResumableBatchSampler(
-        len(dataset),
-        train.batch_size,
-        seed=cfg.seed,
-        rank=accelerator.process_index,
-        world_size=accelerator.num_processes,
-        start_batch=step * train.grad_accum,
-    )
     pad_id = dataset.layout.tokenizer.pad_token_id
     pad_id = pad_id if pad_id is not None else dataset.layout.tokenizer.eos_token_id
     collator = StageBCollator(pad_id=pad_id, max_seq_len=cfg.max_seq_len, pack=cfg.pack_sequences)
-    # its own generator: creating the iterator must not draw from the global RNG that a resume restores
-    loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collator, num_workers=cfg.data.num_workers,
-                        generator=torch.Generator().manual_seed(cfg.seed))
-    batches = iter(loader)
+    batches = resumable_batches(dataset, accelerator, train, cfg.seed, step, cfg.data.num_workers, collator)
 
     def save(path: Path, state: dict | None) -> None:
         unwrapped.save_trained(path, state_dict=state)

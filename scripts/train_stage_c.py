@@ -34,8 +34,7 @@ from typing import NoReturn
 
 import torch
 import torch.nn.functional as F
-from accelerate.utils import DistributedType, gather_object, set_seed
-from torch.utils.data import DataLoader
+from accelerate.utils import gather_object, set_seed
 from tqdm.auto import tqdm
 
 from animegamer.cli import parse_config
@@ -54,10 +53,10 @@ from animegamer.models.decoder import AnimationShotDecoder
 from animegamer.models.mllm import AnimeGamerMLLM, load_tokenizer
 from animegamer.models.trained import DECODER_DIR, load_decoder
 from animegamer.tokens import TurnLayout, get_vocabulary
-from animegamer.training.batches import ResumableBatchSampler
+from animegamer.training.batches import resumable_batches
 from animegamer.training.checkpoint import find_resume, load_checkpoint, save_checkpoint, skip_model_weights_in_state
 from animegamer.training.optim import build_optimizer, build_scheduler
-from animegamer.training.run import build_accelerator, start_run
+from animegamer.training.run import build_accelerator, configure_deepspeed, start_run
 
 
 def load_frozen_mllm(cfg: StageCConfig, device: torch.device) -> AnimeGamerMLLM:
@@ -174,12 +173,7 @@ def main(argv: list[str] | None = None) -> Path:
     decoder.to(accelerator.device)
     optimizer = build_optimizer(decoder.trainable_parameters(), train)
     lr_scheduler = build_scheduler(optimizer, train)
-    if accelerator.distributed_type == DistributedType.DEEPSPEED:
-        # no prepared DataLoader tells DeepSpeed the batch size; our config is the source of truth for both
-        ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
-        ds_config["train_micro_batch_size_per_gpu"] = train.batch_size
-        ds_config["gradient_accumulation_steps"] = train.grad_accum
-        ds_config["gradient_clipping"] = train.max_grad_norm  # DeepSpeed clips inside its step
+    configure_deepspeed(accelerator, train)
     model, optimizer, lr_scheduler = accelerator.prepare(decoder, optimizer, lr_scheduler)
     core = accelerator.unwrap_model(model)
     trained = core.trainable_parameters()  # after prepare: FSDP may have replaced the parameter objects
@@ -197,19 +191,7 @@ def main(argv: list[str] | None = None) -> Path:
     if resume_from is not None:
         step = load_checkpoint(accelerator, resume_from, load_weights)["step"]
         say(f"resumed from {resume_from} at step {step}")
-    sampler = ResumableBatchSampler(
-        len(dataset),
-        train.batch_size,
-        seed=cfg.seed,
-        rank=accelerator.process_index,
-        world_size=accelerator.num_processes,
-        start_batch=step * train.grad_accum,
-    )
-    # A private generator keeps DataLoader start-up from drawing on the global RNG (exact resume).
-    loader = DataLoader(
-        dataset, batch_sampler=sampler, num_workers=cfg.data.num_workers, generator=torch.Generator().manual_seed(0)
-    )
-    batches = iter(loader)
+    batches = resumable_batches(dataset, accelerator, train, cfg.seed, step, cfg.data.num_workers)
 
     # ---- loop
     progress = tqdm(total=train.max_steps, initial=step, desc="stage c", disable=not accelerator.is_main_process)

@@ -51,3 +51,25 @@ class ResumableBatchSampler(Sampler[list[int]]):
 
     def __len__(self) -> int:  # endless; DataLoader only needs it for progress reporting
         return 2**62
+
+
+def resumable_batches(dataset, accelerator, train, seed: int, step: int, num_workers: int = 0,
+                      collate_fn=None) -> Iterator:
+    """Endless micro-batches for this process, starting where optimizer step ``step`` left off.
+
+    The DataLoader gets its own generator: creating its iterator must not draw on the global RNG that a resume
+    restores, or a resumed run would diverge from an uninterrupted one.
+    """
+    from torch.utils.data import DataLoader
+
+    sampler = ResumableBatchSampler(
+        len(dataset),
+        train.batch_size,
+        seed=seed,
+        rank=accelerator.process_index,
+        world_size=accelerator.num_processes,
+        start_batch=step * train.grad_accum,
+    )
+    loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_fn, num_workers=num_workers,
+                        generator=torch.Generator().manual_seed(seed))
+    return iter(loader)

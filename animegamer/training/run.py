@@ -133,3 +133,15 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{k}"] = v if isinstance(v, (int, float, str, bool)) else str(v)
     return out
+
+
+def configure_deepspeed(accelerator, train: TrainConfig) -> None:
+    """Tell DeepSpeed the batch settings: no prepared DataLoader does, and our config is the source of truth."""
+    from accelerate.utils import DistributedType
+
+    if accelerator.distributed_type != DistributedType.DEEPSPEED:
+        return
+    ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
+    ds_config["train_micro_batch_size_per_gpu"] = train.batch_size
+    ds_config["gradient_accumulation_steps"] = train.grad_accum
+    ds_config["gradient_clipping"] = train.max_grad_norm  # DeepSpeed clips inside its step
