@@ -37,3 +37,15 @@ def atomic_write_json(path: str | Path, data: Any) -> None:
 
 def atomic_write_jsonl(path: str | Path, rows: list[dict]) -> None:
     atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
+def iter_jsonl(path: str | Path, error: type[Exception] = ValueError) -> Iterator[tuple[int, Any]]:
+    """``(line number, parsed JSON)`` for every non-blank line; a bad line raises ``error`` naming file:line."""
+    with open(path, encoding="utf-8") as fh:
+        for number, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield number, json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise error(f"{path}:{number}: not valid JSON ({exc.msg})") from None

@@ -29,7 +29,7 @@ import torch
 from animegamer.bench.timing import PeakMemory, Timing, count_flops, measure
 from animegamer.config import SamplingConfig
 from animegamer.inference.mllm_runner import HistoryTurn, decode_states, predict_turn, prefill_turn
-from animegamer.models.decoder import build_scheduler, guidance_scales
+from animegamer.models.decoder import guidance_scales
 from animegamer.states import StateValues
 from animegamer.tokens import STATE_FIELDS, TurnSpec
 
@@ -114,13 +114,8 @@ def plain_denoise(decoder, shot_embeds, motion_level, sampling: SamplingConfig, 
 
     transformer, device, dtype = decoder.transformer, decoder.device, decoder.dtype
     batch = shot_embeds.shape[0]
-    scheduler = build_scheduler(sampling.scheduler, decoder.scheduler_config)
-    scheduler.set_timesteps(sampling.steps, device=device)
+    scheduler, scales, latents = decoder.start_sampling(batch, sampling, generator)  # latents (B, F, C, h, w)
     timesteps = scheduler.timesteps
-    scales = guidance_scales(sampling)
-    shape = (batch, *decoder.latent_shape(sampling.num_frames, sampling.height, sampling.width))
-    latents = torch.randn(shape, generator=generator, device=generator.device).to(device)
-    latents = latents * scheduler.init_noise_sigma  # (B, F, C, h, w)
     cond = shot_embeds.to(device, dtype)
     null = decoder.null_shot_embeds(batch, device, dtype)
     levels = motion_level.to(device) if decoder.motion_scope else None

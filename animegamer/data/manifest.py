@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from animegamer.io import atomic_write_json, atomic_write_jsonl
+from animegamer.io import atomic_write_json, atomic_write_jsonl, iter_jsonl
 from animegamer.states import NUM_MOTION_LEVELS, ShotTags, TagError, parse_tags
 
 
@@ -119,21 +119,14 @@ def read_manifest(path: str | Path) -> Manifest:
         raise ManifestError(f"manifest not found: {path}")
     records: list[ClipRecord] = []
     seen: dict[str, int] = {}
-    with open(path, encoding="utf-8") as fh:
-        for number, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                data = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ManifestError(f"{where}: not valid JSON ({exc.msg})") from None
-            record = _record_from_json(data, where)
-            if record.clip_id in seen:
-                first = seen[record.clip_id]
-                raise ManifestError(f"{where}: duplicate clip_id {record.clip_id!r} (first on line {first})")
-            seen[record.clip_id] = number
-            records.append(record)
+    for number, data in iter_jsonl(path, ManifestError):
+        where = f"{path}:{number}"
+        record = _record_from_json(data, where)
+        if record.clip_id in seen:
+            first = seen[record.clip_id]
+            raise ManifestError(f"{where}: duplicate clip_id {record.clip_id!r} (first on line {first})")
+        seen[record.clip_id] = number
+        records.append(record)
     meta_file = meta_path(path)
     meta = json.loads(meta_file.read_text()) if meta_file.is_file() else {}
     return Manifest(path=path, records=records, meta=meta)

@@ -29,7 +29,7 @@ from typing import Any
 from tqdm import tqdm
 
 from animegamer.config import BenchmarkGenConfig
-from animegamer.io import atomic_write_json, atomic_write_jsonl, atomic_write_text
+from animegamer.io import atomic_write_json, atomic_write_jsonl, atomic_write_text, iter_jsonl
 from animegamer.states import (
     MAX_INSTRUCTION_CHARS,
     Instruction,
@@ -149,23 +149,16 @@ def read_game(root: str | Path, game_id: str, character: str) -> BenchmarkGame:
             raise BenchmarkError(f"{required}: missing")
     instructions = read_game_file(str(path / GAME_FILE))
     shots = []
-    with open(truth_path, encoding="utf-8") as fh:
-        for number, raw in enumerate(fh, start=1):
-            if not raw.strip():
-                continue
-            try:
-                row = json.loads(raw)
-            except json.JSONDecodeError as exc:
-                raise BenchmarkError(f"{truth_path}:{number}: not valid JSON ({exc.msg})") from None
-            if not isinstance(row, dict) or "tags" not in row:
-                raise BenchmarkError(f"{truth_path}:{number}: expected an object with a 'tags' line")
-            shot = parse_tags(str(row["tags"]), source=str(truth_path), line=number)
-            fields = {key: row.get(key) for key in shot.to_dict()}
-            if fields != shot.to_dict() or row.get("turn") != len(shots):
-                raise BenchmarkError(f"{truth_path}:{number}: fields or turn disagree with its tags {row['tags']!r}")
-            if shot.subject != character:
-                raise BenchmarkError(f"{truth_path}:{number}: subject {shot.subject!r} is not {character!r}")
-            shots.append(shot)
+    for number, row in iter_jsonl(truth_path, BenchmarkError):
+        if not isinstance(row, dict) or "tags" not in row:
+            raise BenchmarkError(f"{truth_path}:{number}: expected an object with a 'tags' line")
+        shot = parse_tags(str(row["tags"]), source=str(truth_path), line=number)
+        fields = {key: row.get(key) for key in shot.to_dict()}
+        if fields != shot.to_dict() or row.get("turn") != len(shots):
+            raise BenchmarkError(f"{truth_path}:{number}: fields or turn disagree with its tags {row['tags']!r}")
+        if shot.subject != character:
+            raise BenchmarkError(f"{truth_path}:{number}: subject {shot.subject!r} is not {character!r}")
+        shots.append(shot)
     if len(shots) != len(instructions):
         raise BenchmarkError(f"{path}: {len(instructions)} instructions but {len(shots)} ground-truth rows")
     for turn, (instruction, shot) in enumerate(zip(instructions, shots, strict=True)):

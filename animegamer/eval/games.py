@@ -14,13 +14,13 @@ Three sources are read by :func:`load_games`:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from animegamer.eval.benchmark import INDEX_NAME, BenchmarkError, BenchmarkGame, load_benchmark
+from animegamer.io import iter_jsonl
 from animegamer.states import ShotTags, parse_tags
 
 
@@ -53,23 +53,16 @@ def _read_data_game(jsonl: Path) -> GroundTruthGame:
     root = jsonl.parent.parent  # videos are relative to the manifest directory
     shots: list[ShotTags] = []
     clips: list[dict] = []
-    with open(jsonl, encoding="utf-8") as fh:
-        for number, raw in enumerate(fh, start=1):
-            if not raw.strip():
-                continue
-            try:
-                row = json.loads(raw)
-            except json.JSONDecodeError as exc:
-                raise BenchmarkError(f"{jsonl}:{number}: not valid JSON ({exc.msg})") from None
-            if not isinstance(row, dict) or "tags" not in row or row.get("turn") != len(shots):
-                raise BenchmarkError(f"{jsonl}:{number}: expected turn {len(shots)} with a 'tags' line")
-            shots.append(parse_tags(str(row["tags"]), source=str(jsonl), line=number))
-            clip: dict = {}
-            if row.get("video"):
-                clip["video"] = str(root / row["video"])
-            if row.get("spec") is not None:
-                clip["spec"], clip["render_seed"] = row["spec"], row.get("render_seed")
-            clips.append(clip)
+    for number, row in iter_jsonl(jsonl, BenchmarkError):
+        if not isinstance(row, dict) or "tags" not in row or row.get("turn") != len(shots):
+            raise BenchmarkError(f"{jsonl}:{number}: expected turn {len(shots)} with a 'tags' line")
+        shots.append(parse_tags(str(row["tags"]), source=str(jsonl), line=number))
+        clip: dict = {}
+        if row.get("video"):
+            clip["video"] = str(root / row["video"])
+        if row.get("spec") is not None:
+            clip["spec"], clip["render_seed"] = row["spec"], row.get("render_seed")
+        clips.append(clip)
     if not shots:
         raise BenchmarkError(f"{jsonl}: no turns")
     characters = {shot.subject for shot in shots}

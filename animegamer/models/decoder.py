@@ -431,6 +431,17 @@ class AnimationShotDecoder(nn.Module):
 
     # ------------------------------------------------------------------ sampling
 
+    def start_sampling(self, batch: int, sampling: SamplingConfig, generator: torch.Generator):
+        """The scheduler set to ``sampling.steps``, the guidance scale of every step and the initial latents.
+
+        Latents are drawn on the generator's device (CPU by default) so a seed gives the same clip on any device.
+        """
+        scheduler = build_scheduler(sampling.scheduler, self.scheduler_config)
+        scheduler.set_timesteps(sampling.steps, device=self.device)
+        shape = (batch, *self.latent_shape(sampling.num_frames, sampling.height, sampling.width))
+        latents = torch.randn(shape, generator=generator, device=generator.device).to(self.device)
+        return scheduler, guidance_scales(sampling), latents * scheduler.init_noise_sigma  # (B, F, C, h, w)
+
     @torch.no_grad()
     def sample(
         self,
@@ -459,15 +470,8 @@ class AnimationShotDecoder(nn.Module):
             raise ValueError(f"motion levels must be in 1..{self.num_motion_levels}, got {motion_level.tolist()}")
         if generator is None:
             generator = torch.Generator().manual_seed(sampling.seed)
-        scheduler = build_scheduler(sampling.scheduler, self.scheduler_config)
-        scheduler.set_timesteps(sampling.steps, device=device)
+        scheduler, scales, latents = self.start_sampling(batch, sampling, generator)
         timesteps = scheduler.timesteps
-        scales = guidance_scales(sampling)
-
-        shape = (batch, *self.latent_shape(sampling.num_frames, sampling.height, sampling.width))
-        # Drawn on the generator's device (CPU by default) so a seed gives the same clip on any device.
-        latents = torch.randn(shape, generator=generator, device=generator.device).to(device)
-        latents = latents * scheduler.init_noise_sigma  # (B, F, C, h, w)
         cond = shot_embeds.to(device)
         null = self.null_shot_embeds(batch, device, cond.dtype)
         levels = motion_level.to(device) if motion_level is not None else None
