@@ -219,17 +219,26 @@ class SpriteWorldPretrainConfig:
     clip: CLIPConfig = field(default_factory=CLIPConfig)  # frozen CLIP of the stage (a) features filled on the way
     data: DataConfig = field(default_factory=DataConfig)  # manifest (train split), stage (a) features_dir, clip size
     t5_dim: int = 32  # width of the frozen tiny random T5 (text_encoder/) built into output_dir
+    text_tokens: int = 226  # T5 tokens per caption = the transformer's max_text_seq_length (= shot tokens N later)
     vae_channels: list[int] = field(default_factory=lambda: [8, 16, 32, 32])  # 3 downsamples: 8x spatial
     latent_channels: int = 16  # as CogVideoX-2B
     vae: TrainConfig = field(default_factory=lambda: TrainConfig(max_steps=600, batch_size=8, lr=3e-3))
     vae_frames: int = 1  # frames per VAE training window (1 or 4k + 1; 1 = single pictures, the cheapest on a CPU)
     kl_weight: float = 1.0e-6  # KL of the posterior against N(0, I), small as in latent-diffusion VAEs
+    foreground_weight: float = 0.0  # extra loss weight of pixels off their place's empty scenery (the figures)
     resume_vae: bool = False  # keep output_dir/vae + data.features_dir of an earlier run; only the transformer trains
     num_heads: int = 4  # transformer attention heads
     head_dim: int = 16  # width per head; hidden = num_heads * head_dim
     num_layers: int = 4
+    patch_size: int = 2  # latent pixels per token side (CogVideoX-2B: 2); 4 on a 4x VAE keeps 8x8 pixels per token
     transformer: TrainConfig = field(default_factory=lambda: TrainConfig(max_steps=500, batch_size=8, lr=1e-3))
     condition_dropout: float = 0.1  # empty-prompt rate, so the base model has an unconditional branch
+    # From scratch, a small model learns to guess the scene from the faint signal left in very noisy latents and
+    # never reads the caption, so samples from pure noise ignore it. At the last timestep (zero terminal SNR) the
+    # latent is pure noise and only the caption says what to draw: the first text_warmup_steps train there only,
+    # and pure_noise_fraction of every later batch stays there.
+    text_warmup_steps: int = 0
+    pure_noise_fraction: float = 0.0
     feature_batch: int = 8  # clips per batch while filling the features (batched VAE encode is much faster)
     threads: int = 1  # torch CPU threads; 1 runs best on shared cores (OpenMP spin-waits otherwise)
 
@@ -450,7 +459,7 @@ class EvalConfig:
     seed: int = 42
     inference: InferenceConfig = field(default_factory=InferenceConfig)
     benchmark: str = "data/benchmark"  # benchmark dir, games/ dir (<film>.jsonl) or clips.jsonl (its test films)
-    # animegamer | gc_baseline | reconstruction | random | majority (animegamer.eval.systems)
+    # animegamer | gc_baseline | reconstruction | ground_truth | random | majority (animegamer.eval.systems)
     systems: list[str] = field(default_factory=lambda: ["animegamer"])
     metrics_clip: CLIPConfig = field(default_factory=CLIPConfig)  # CLIP used by CLIP-I / CLIP-T
     clip_scale: float = 1.0  # CLIP-I / CLIP-T scale: 1 = raw cosine, 100 = the "CLIPScore" convention

@@ -7,21 +7,29 @@ random tiny CogVideoX draws noise, so this script plays the part of the pretrain
 
 1. the frozen text encoder: a tiny random T5 (seeded, never trained, as the issue asks) + sentencepiece tokenizer,
    written to ``output_dir/{text_encoder,tokenizer}`` by :func:`animegamer.tiny.build_tiny_t5`;
-2. the VAE — ``output_dir/vae/`` (diffusers ``AutoencoderKLCogVideoX``, channels ``vae_channels``, 16 latent
-   channels, 8x spatial / 4x temporal compression like CogVideoX-2B): trained as an autoencoder on random
-   ``vae_frames``-frame windows of the training clips (the shipped one: 600 steps of 8 single frames, ~5x more
-   pictures per CPU second than 9-frame windows; its causal 3D convolutions then encode and decode whole 17-frame
-   clips), L1 + MSE reconstruction of the posterior sample + a small KL (``kl_weight``). Its ``scaling_factor`` is
-   then set to 1 / std of the posterior means, as CogVideoX-2B's 1.15. ``resume_vae=true`` keeps the VAE (and the
-   features of step 3) of an earlier run and trains the transformer only;
+2. the VAE — ``output_dir/vae/`` (diffusers ``AutoencoderKLCogVideoX``, one block per ``vae_channels`` entry:
+   2^(n-1)x spatial, 16 latent channels, 4x temporal like CogVideoX-2B; SpriteWorld uses 4x spatial, since at 8x a
+   16 px figure ends up as a smudge): trained as an autoencoder on random ``vae_frames``-frame windows of the
+   training clips (single frames are ~5x more pictures per CPU second than 9-frame windows; the causal 3D
+   convolutions then encode and decode whole 17-frame clips), L1 + MSE reconstruction of the posterior sample + a
+   small KL (``kl_weight``). Figures cover a few % of a frame, so pixels that differ from their place's empty
+   scenery (the per-place median of the training frames, :func:`static_backgrounds`) weigh ``1 +
+   foreground_weight``. Its ``scaling_factor`` is then set to 1 / std of the posterior means, as CogVideoX-2B's
+   1.15. ``resume_vae=true`` keeps the VAE (and the features of step 3) of an earlier run and trains the
+   transformer only;
 3. the stage (a) features (scaled VAE latents, CLIP tokens of the first frames, T5 tokens of the motion text) of
    every clip of ``data.manifest``, written in batches to ``data.features_dir`` with exactly the fields and settings
    of ``animegamer.data.features.precompute_features``, so stage (a) finds them all present;
 4. the base transformer — ``output_dir/transformer/`` (diffusers ``CogVideoXTransformer3DModel``, sincos
-   positions, patch 2, 226 text tokens): all parameters trained as a text-to-video model, the T5 tokens of each
-   clip's caption (its instruction line: character, motion, background) entering through the transformer's own
-   text projection exactly as in CogVideoX pretraining; v-prediction MSE with CogVideoX-2B's scheduler config
-   (``output_dir/scheduler/``); captions are replaced by the empty prompt at ``condition_dropout``.
+   positions, ``patch_size``, ``text_tokens`` text tokens: 226 in CogVideoX, 48 in SpriteWorld, whose captions are
+   short): all parameters trained as a text-to-video model, the T5 tokens of each clip's caption (its instruction
+   line: character, motion, background) entering through the transformer's own text projection exactly as in
+   CogVideoX pretraining; v-prediction MSE with CogVideoX-2B's scheduler config (``output_dir/scheduler/``);
+   captions are replaced by the empty prompt at ``condition_dropout``. A small model trained from scratch learns to
+   guess the scene from the faint signal left in very noisy latents and never reads the caption (its samples from
+   pure noise then ignore the text), so the first ``text_warmup_steps`` train at the last timestep only, where the
+   latent is pure noise (zero terminal SNR) and only the caption says what to draw, and ``pure_noise_fraction`` of
+   every later batch stays there.
 
 ``output_dir`` is then a whole diffusers CogVideoX folder (``model_index.json`` included) for ``decoder.pretrained``
 and ``t5.path``. ``report_dir`` gets ``metrics.jsonl`` (both losses), ``config.yaml``, ``vae_reconstruction.png``
@@ -63,6 +71,7 @@ from animegamer.tiny import COGVIDEOX_2B_SCHEDULER, build_tiny_t5
 from animegamer.training.optim import build_scheduler
 
 PREVIEW_CLIPS = 6
+FOREGROUND_THRESHOLD = 24  # a pixel further than this (0..255, any channel) from its place's scenery is a figure
 
 
 def read_clips(
@@ -108,8 +117,25 @@ def mean_of(rows: list[dict], part: str, first: bool, count: int = 10) -> float:
 # --------------------------------------------------------------------------------------------
 
 
-def train_vae(cfg: SpriteWorldPretrainConfig, clips: torch.Tensor, log: Log):
-    """Train a tiny AutoencoderKLCogVideoX on random ``vae_frames`` windows of ``clips``; returns it in eval mode."""
+def static_backgrounds(clips: torch.Tensor, places: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per place (the caption's background), the per-pixel median of all its frames: the scenery without figures.
+
+    Figures stand at different spots in different clips, so the median over a place's clips is its empty scenery.
+    Returns the backgrounds (P, H, W, 3) uint8 and each clip's index into them (N,).
+    """
+    names = sorted(set(places))
+    index = torch.tensor([names.index(p) for p in places])
+    backgrounds = torch.stack([clips[index == i].flatten(0, 1).median(dim=0).values for i in range(len(names))])
+    return backgrounds, index
+
+
+def train_vae(cfg: SpriteWorldPretrainConfig, clips: torch.Tensor, log: Log, places: list[str] | None = None):
+    """Train a tiny AutoencoderKLCogVideoX on random ``vae_frames`` windows of ``clips``; returns it in eval mode.
+
+    With ``foreground_weight`` > 0 (and each clip's place given), pixels that differ from the place's empty scenery
+    (the figures, a few % of a frame) weigh ``1 + foreground_weight`` in the reconstruction loss: an unweighted
+    loss is spent on the background and leaves the characters as smudges.
+    """
     from diffusers import AutoencoderKLCogVideoX
 
     torch.manual_seed(cfg.seed)
@@ -118,6 +144,8 @@ def train_vae(cfg: SpriteWorldPretrainConfig, clips: torch.Tensor, log: Log):
         latent_channels=cfg.latent_channels,
         layers_per_block=1,
         norm_num_groups=4,
+        down_block_types=("CogVideoXDownBlock3D",) * len(cfg.vae_channels),  # one block per width: 2^(n-1)x spatial
+        up_block_types=("CogVideoXUpBlock3D",) * len(cfg.vae_channels),
         temporal_compression_ratio=4,
         sample_height=cfg.data.height,
         sample_width=cfg.data.width,
@@ -127,15 +155,25 @@ def train_vae(cfg: SpriteWorldPretrainConfig, clips: torch.Tensor, log: Log):
     lr_scheduler = build_scheduler(optimizer, train)
     rng = np.random.default_rng(cfg.seed)
     window = cfg.vae_frames
+    weigh = cfg.foreground_weight > 0 and places is not None
+    if weigh:
+        backgrounds, place_of = static_backgrounds(clips, places)
     progress = tqdm(range(train.max_steps), desc="pretrain vae")
     for step in progress:
         picks = rng.integers(0, len(clips), train.batch_size)
         starts = rng.integers(0, clips.shape[1] - window + 1, train.batch_size)
-        x = to_unit(torch.stack([clips[i, s : s + window] for i, s in zip(picks, starts, strict=True)]))
+        frames = torch.stack([clips[i, s : s + window] for i, s in zip(picks, starts, strict=True)])  # (B,T,H,W,3)
+        x = to_unit(frames)
         posterior = vae.encode(x).latent_dist
         reconstruction = vae.decode(posterior.sample()).sample  # (B, 3, T, H, W)
-        rec_l1 = F.l1_loss(reconstruction, x)
-        rec_mse = F.mse_loss(reconstruction, x)
+        weight = torch.ones_like(x[:, :1])  # (B, 1, T, H, W)
+        if weigh:
+            scenery = backgrounds[place_of[picks]][:, None]  # (B, 1, H, W, 3)
+            moved = (frames.float() - scenery.float()).abs().amax(dim=-1) > FOREGROUND_THRESHOLD  # (B, T, H, W)
+            weight = weight + cfg.foreground_weight * moved[:, None].float()
+        weight = weight / weight.mean()
+        rec_l1 = (weight * (reconstruction - x).abs()).mean()
+        rec_mse = (weight * (reconstruction - x).square()).mean()
         kl = posterior.kl().mean() / x[0].numel()  # per pixel value, so kl_weight does not depend on clip size
         loss = rec_l1 + rec_mse + cfg.kl_weight * kl
         loss.backward()
@@ -180,7 +218,7 @@ def stage_a_view(cfg: SpriteWorldPretrainConfig) -> StageAConfig:
     """The stage (a) settings the features depend on (same ``feature_settings`` as precompute_features)."""
     return StageAConfig(
         clip=cfg.clip,
-        t5=T5Config(path=cfg.output_dir),
+        t5=T5Config(path=cfg.output_dir, max_length=cfg.text_tokens),
         decoder=DecoderConfig(pretrained=cfg.output_dir, dtype="fp32"),
         data=cfg.data,
     )
@@ -211,7 +249,7 @@ def fill_features(cfg: SpriteWorldPretrainConfig, vae, manifest: Manifest, t5) -
         latents = vae_encode(vae, frames)  # (B, F, C, h, w)
         clip_tokens = clip(frames[:, picks].flatten(0, 1).permute(0, 3, 1, 2))  # (B * K, Nc, Dc)
         clip_tokens = clip_tokens.unflatten(0, (len(batch), len(picks)))  # (B, K, Nc, Dc)
-        text_tokens = t5([r.shot_tags().motion_text() for r in batch])  # (B, 226, Dt)
+        text_tokens = t5([r.shot_tags().motion_text() for r in batch])  # (B, Nt, Dt)
         store.write_shard(
             {
                 r.clip_id: {
@@ -243,10 +281,11 @@ def build_transformer(cfg: SpriteWorldPretrainConfig):
         time_embed_dim=cfg.num_heads * cfg.head_dim,
         text_embed_dim=cfg.t5_dim,
         num_layers=cfg.num_layers,
+        patch_size=cfg.patch_size,
         sample_height=cfg.data.height // spatial,
         sample_width=cfg.data.width // spatial,
         sample_frames=cfg.data.num_frames,
-        max_text_seq_length=226,
+        max_text_seq_length=cfg.text_tokens,
     )
 
 
@@ -256,7 +295,7 @@ def train_transformer(cfg: SpriteWorldPretrainConfig, store: TensorStore, clip_i
 
     rows = [store.load(cid, ("latents", "text_tokens")) for cid in clip_ids]
     latents = torch.stack([r["latents"].permute(1, 0, 2, 3) for r in rows]).float()  # (N, F, C, h, w)
-    text = torch.stack([r["text_tokens"] for r in rows]).float()  # (N, 226, Dt)
+    text = torch.stack([r["text_tokens"] for r in rows]).float()  # (N, Nt, Dt)
     scheduler = CogVideoXDDIMScheduler(**COGVIDEOX_2B_SCHEDULER)
     transformer = build_transformer(cfg).train()
     train: TrainConfig = cfg.transformer
@@ -268,11 +307,14 @@ def train_transformer(cfg: SpriteWorldPretrainConfig, store: TensorStore, clip_i
     progress = tqdm(range(train.max_steps), desc="pretrain transformer")
     for step in progress:
         picks = torch.randint(0, len(latents), (train.batch_size,), generator=generator)
-        x0, condition = latents[picks], text[picks].clone()  # (B, F, C, h, w), (B, 226, Dt)
+        x0, condition = latents[picks], text[picks].clone()  # (B, F, C, h, w), (B, Nt, Dt)
         dropped = torch.rand(train.batch_size, generator=generator) < cfg.condition_dropout
         condition[dropped] = empty
         noise = torch.randn(x0.shape, generator=generator)
-        timesteps = torch.randint(0, scheduler.config.num_train_timesteps, (train.batch_size,), generator=generator)
+        last = scheduler.config.num_train_timesteps - 1
+        timesteps = torch.randint(0, last + 1, (train.batch_size,), generator=generator)
+        share = 1.0 if step < cfg.text_warmup_steps else cfg.pure_noise_fraction
+        timesteps[torch.rand(train.batch_size, generator=generator) < share] = last  # pure noise: caption only
         noisy = scheduler.add_noise(x0, noise, timesteps)
         prediction = transformer(
             hidden_states=noisy, encoder_hidden_states=condition, timestep=timesteps, return_dict=False
@@ -353,7 +395,7 @@ def main(argv: list[str] | None = None) -> Path:
     # 1. frozen tiny T5 (random, seeded) + tokenizer
     out.mkdir(parents=True, exist_ok=True)
     build_tiny_t5(out, seed=cfg.seed, d_model=cfg.t5_dim)
-    t5 = T5TextFeatures.from_config(T5Config(path=str(out)))
+    t5 = T5TextFeatures.from_config(T5Config(path=str(out), max_length=cfg.text_tokens))
 
     # 2. VAE, and 3. the stage (a) features of every clip from it (kept from an earlier run if resume_vae)
     earlier = json.loads((report / "summary.json").read_text()) if (report / "summary.json").is_file() else {}
@@ -365,7 +407,7 @@ def main(argv: list[str] | None = None) -> Path:
         psnr, scale = earlier["vae_psnr_db"], earlier["vae_scaling_factor"]
     else:
         clips = read_clips(manifest, train_records, cfg)
-        vae = train_vae(cfg, clips, log)
+        vae = train_vae(cfg, clips, log, [r.shot_tags().environment for r in train_records])
         scale = set_scaling_factor(vae, clips, cfg.feature_batch)
         if (out / "vae").exists():
             shutil.rmtree(out / "vae")
@@ -379,7 +421,7 @@ def main(argv: list[str] | None = None) -> Path:
         print(f"features: {len(store)} clips in {cfg.data.features_dir}")
 
     # 4. base text-to-video transformer
-    empty = t5([""])[0]  # (226, Dt): the unconditional prompt
+    empty = t5([""])[0]  # (Nt, Dt): the unconditional prompt
     transformer = train_transformer(cfg, store, [r.clip_id for r in train_records], empty, log)
     transformer.save_pretrained(str(out / "transformer"))
     CogVideoXDDIMScheduler(**COGVIDEOX_2B_SCHEDULER).save_pretrained(str(out / "scheduler"))

@@ -25,6 +25,7 @@ from animegamer.eval.harness import (
 from animegamer.eval.metrics import CLIPScorer, MetricRecord, MetricSettings, summarize
 from animegamer.eval.report import csv_table, markdown_table, plot_per_turn
 from animegamer.eval.systems import (
+    GroundTruthSystem,
     MajorityClassSystem,
     RandomSystem,
     ReconstructionSystem,
@@ -262,6 +263,24 @@ def test_random_and_majority_systems():
         majority_values(records[-1:])
     with pytest.raises(ValueError, match="ground-truth clips"):
         ReconstructionSystem(None, None).play_game(_game("g"), "unused")
+
+
+def test_ground_truth_system_is_the_ceiling(world, scorer, tmp_path):
+    game = load_games(world / "games", max_games=1)[0]
+    outputs = GroundTruthSystem(24, 32, fps=8).play_game(game, tmp_path / "clips")
+    assert len(outputs) == len(game)
+    meter = build_level_meter(read_manifest(world / "clips.jsonl"), progress=False)
+    tools = MetricTools(clip=scorer, meter=meter, reference="truth")
+    for turn, (output, shot) in enumerate(zip(outputs, game.shots, strict=True)):
+        assert output.frames.shape == (9, 24, 32, 3) and output.frames.dtype == np.uint8  # sampling size
+        assert output.values is None and output.motion_level == shot.values.motion_level and output.seconds == 0.0
+        assert Path(output.clip).is_file()
+        values, missing = score_turn(output, shot, game.clip_frames(turn), None, tools)
+        assert values["clip_i"] > 0.99 and values["ssim"] > 0.9  # the real clip against itself, resized
+        assert values["acc_f"] == float(meter.level(output.frames) == shot.values.motion_level)
+        assert "acc_s" in missing
+    with pytest.raises(ValueError, match="ground-truth clips"):
+        GroundTruthSystem(32, 48, fps=8).play_game(_game("g"), "unused")
 
 
 # --------------------------------------------------------------------------------------------

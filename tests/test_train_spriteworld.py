@@ -91,3 +91,20 @@ def test_losses_are_finite_and_decrease(mini_run):
     ce = _losses(out / "stage_b" / "metrics.csv", "ce")
     assert ce[-1] < ce[0]
     assert summary["stage_b"]["loss_last"] < summary["stage_b"]["loss_first"]
+
+
+def test_static_backgrounds_are_the_empty_scenery():
+    """The per-place median over clips removes figures that stand at different spots in different clips."""
+    pretrain = _script("pretrain_spriteworld")
+    scenery = {"noon park": 40, "night street": 200}
+    clips, places = [], []
+    for i, (place, grey) in enumerate([*scenery.items()] * 3):
+        clip = torch.full((5, 16, 24, 3), grey, dtype=torch.uint8)  # (T, H, W, 3)
+        for t in range(5):  # a bright figure walking, at a different spot in each clip
+            clip[t, 4:10, 2 + 4 * (i // 2) + t : 5 + 4 * (i // 2) + t] = 255
+        clips.append(clip)
+        places.append(place)
+    backgrounds, index = pretrain.static_backgrounds(torch.stack(clips), places)
+    assert backgrounds.shape == (2, 16, 24, 3) and backgrounds.dtype == torch.uint8
+    assert index.tolist() == [1, 0, 1, 0, 1, 0]  # sorted place names: "night street", "noon park"
+    assert (backgrounds[0] == 200).all() and (backgrounds[1] == 40).all()

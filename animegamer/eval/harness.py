@@ -298,7 +298,7 @@ def evaluate(cfg: EvalConfig, progress: bool = True) -> EvalResult:
     atomic_write_text(out / "config.yaml", to_yaml(cfg))
     manifest = read_manifest(cfg.motion_manifest) if cfg.motion_manifest else None
     train = training_clips(manifest) if manifest is not None else []
-    renders = any(s in ("animegamer", "gc_baseline", "reconstruction") for s in cfg.systems)
+    renders = any(s in ("animegamer", "gc_baseline", "reconstruction", "ground_truth") for s in cfg.systems)
     tools = _tools(cfg, games, renders, manifest, progress)
     judge = None
     if cfg.judge.backend:

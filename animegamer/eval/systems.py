@@ -42,7 +42,7 @@ from animegamer.inference.game import GameSession, turn_seed
 from animegamer.inference.mllm_runner import HistoryTurn, TurnPrediction
 from animegamer.states import VALUE_RANGES, StateValues
 
-SYSTEMS = ("animegamer", "gc_baseline", "reconstruction", "random", "majority")
+SYSTEMS = ("animegamer", "gc_baseline", "reconstruction", "ground_truth", "random", "majority")
 
 
 @dataclass
@@ -267,6 +267,33 @@ class ReconstructionSystem:
         return outputs
 
 
+class GroundTruthSystem:
+    """The real clips themselves, resized to the sampling size: the ceiling of every clip metric.
+
+    Its ACC-F / MAE-F say how well the flow meter recovers the data's own motion levels (the most any generated
+    clip can score); its CLIP-T is the text alignment of real clips. No model runs.
+    """
+
+    name = "ground_truth"
+
+    def __init__(self, height: int, width: int, fps: int):
+        self.height, self.width, self.fps = height, width, fps
+
+    def play_game(self, game: BenchmarkGame, out_dir: str | Path) -> list[TurnOutput]:
+        from animegamer.data.features import fit_frames
+
+        if not isinstance(game, GroundTruthGame) or not game.has_clips():
+            raise ValueError(f"{game.game_id}: the ground_truth system needs games with ground-truth clips "
+                             "(a games directory written by scripts/make_spriteworld.py)")
+        outputs = []
+        for index, shot in enumerate(game.shots):
+            real = game.clip_frames(index)  # (T, H', W', 3)
+            frames = fit_frames(real, len(real), self.height, self.width).numpy()  # (T, H, W, 3)
+            clip = _write_clip(frames, out_dir, index, self.fps)
+            outputs.append(TurnOutput(shot.instruction().render(), None, frames, shot.values.motion_level, 0.0, clip))
+        return outputs
+
+
 # --------------------------------------------------------------------------------------------
 # State-only floors
 # --------------------------------------------------------------------------------------------
@@ -332,6 +359,9 @@ def build_system(name: str, cfg: EvalConfig, training_clips: Sequence[ClipRecord
         # The same seed as the animegamer system: turn i starts from the same noise in both.
         return GCBaseline(encoding, renderer, motion_level=level, reference=cfg.gc_reference,
                           seed=cfg.inference.seed, frame_size=size)
+    if name == "ground_truth":
+        sampling = cfg.inference.sampling
+        return GroundTruthSystem(sampling.height, sampling.width, sampling.fps)
     if name == "random":
         return RandomSystem(cfg.seed)
     if name == "majority":
