@@ -289,6 +289,18 @@ def build_transformer(cfg: SpriteWorldPretrainConfig):
     )
 
 
+def training_timesteps(cfg: SpriteWorldPretrainConfig, step: int, num_train_timesteps: int, generator) -> torch.Tensor:
+    """Timesteps of one batch: uniform, except that a share sits at the last one (pure noise, caption only).
+
+    The share is 1 during the first ``text_warmup_steps`` and ``pure_noise_fraction`` afterwards.
+    """
+    batch, last = cfg.transformer.batch_size, num_train_timesteps - 1
+    timesteps = torch.randint(0, num_train_timesteps, (batch,), generator=generator)
+    share = 1.0 if step < cfg.text_warmup_steps else cfg.pure_noise_fraction
+    timesteps[torch.rand(batch, generator=generator) < share] = last
+    return timesteps
+
+
 def train_transformer(cfg: SpriteWorldPretrainConfig, store: TensorStore, clip_ids: list[str], empty, log: Log):
     """Text-to-video pretraining of all transformer parameters: v-prediction MSE, captions dropped to ``empty``."""
     from diffusers import CogVideoXDDIMScheduler
@@ -311,10 +323,7 @@ def train_transformer(cfg: SpriteWorldPretrainConfig, store: TensorStore, clip_i
         dropped = torch.rand(train.batch_size, generator=generator) < cfg.condition_dropout
         condition[dropped] = empty
         noise = torch.randn(x0.shape, generator=generator)
-        last = scheduler.config.num_train_timesteps - 1
-        timesteps = torch.randint(0, last + 1, (train.batch_size,), generator=generator)
-        share = 1.0 if step < cfg.text_warmup_steps else cfg.pure_noise_fraction
-        timesteps[torch.rand(train.batch_size, generator=generator) < share] = last  # pure noise: caption only
+        timesteps = training_timesteps(cfg, step, scheduler.config.num_train_timesteps, generator)
         noisy = scheduler.add_noise(x0, noise, timesteps)
         prediction = transformer(
             hidden_states=noisy, encoder_hidden_states=condition, timestep=timesteps, return_dict=False

@@ -108,3 +108,21 @@ def test_static_backgrounds_are_the_empty_scenery():
     assert backgrounds.shape == (2, 16, 24, 3) and backgrounds.dtype == torch.uint8
     assert index.tolist() == [1, 0, 1, 0, 1, 0]  # sorted place names: "night street", "noon park"
     assert (backgrounds[0] == 200).all() and (backgrounds[1] == 40).all()
+
+
+def test_training_timesteps_start_at_pure_noise_then_mix():
+    from animegamer.config import SpriteWorldPretrainConfig, TrainConfig
+
+    pretrain = _script("pretrain_spriteworld")
+    cfg = SpriteWorldPretrainConfig(transformer=TrainConfig(batch_size=4000), text_warmup_steps=5,
+                                    pure_noise_fraction=0.25)
+    generator = torch.Generator().manual_seed(0)
+    warm = pretrain.training_timesteps(cfg, 4, 1000, generator)
+    assert warm.shape == (4000,) and (warm == 999).all()  # the caption is all there is
+    mixed = pretrain.training_timesteps(cfg, 5, 1000, generator)
+    assert mixed.min() >= 0 and mixed.max() == 999
+    assert 0.2 < (mixed == 999).float().mean() < 0.3  # the pure-noise share, plus ~1/1000 drawn uniformly
+    assert (mixed < 500).float().mean() > 0.35  # the rest stays uniform
+    plain = pretrain.training_timesteps(SpriteWorldPretrainConfig(transformer=TrainConfig(batch_size=4000)), 0,
+                                        1000, generator)
+    assert (plain == 999).float().mean() < 0.01
