@@ -109,6 +109,9 @@ class DataConfig:
     num_frames: int = 17  # frames per clip fed to the VAE (4k + 1)
     fps: int = 8
     history_turns: int = 3  # K: earlier turns in the MLLM window
+    # also train each turn with every shorter history, down to none: a model that always sees the previous shot
+    # can learn to copy it instead of reading the instruction, and then fails on a game's first turn
+    all_history_lengths: bool = False
     sequence_stride: int = 1  # step between consecutive stage (b) windows of a film
     min_sequence_turns: int = 1  # drop films shorter than this
     split: str = "train"  # which split of the manifest to use: train | test | all

@@ -8,8 +8,10 @@ random tiny CogVideoX draws noise, so this script plays the part of the pretrain
 1. the frozen text encoder: a tiny random T5 (seeded, never trained, as the issue asks) + sentencepiece tokenizer,
    written to ``output_dir/{text_encoder,tokenizer}`` by :func:`animegamer.tiny.build_tiny_t5`;
 2. the VAE — ``output_dir/vae/`` (diffusers ``AutoencoderKLCogVideoX``, one block per ``vae_channels`` entry:
-   2^(n-1)x spatial, 16 latent channels, 4x temporal like CogVideoX-2B; SpriteWorld uses 4x spatial, since at 8x a
-   16 px figure ends up as a smudge): trained as an autoencoder on random ``vae_frames``-frame windows of the
+   2^(n-1)x spatial, 4x temporal like CogVideoX-2B, ``latent_channels`` channels; SpriteWorld uses 4x spatial, since
+   at 8x a 16 px figure ends up as a smudge, and 4 channels, so that a token's patch_size^2 x channels outputs stay
+   well under the tiny transformer's width — at 16 channels its rank-128 output layer cannot predict the noise of
+   256 values and leaves it in the samples): trained as an autoencoder on random ``vae_frames``-frame windows of the
    training clips (single frames are ~5x more pictures per CPU second than 9-frame windows; the causal 3D
    convolutions then encode and decode whole 17-frame clips), L1 + MSE reconstruction of the posterior sample + a
    small KL (``kl_weight``). Figures cover a few % of a frame, so pixels that differ from their place's empty

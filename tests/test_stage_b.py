@@ -48,6 +48,12 @@ def test_windows_history_and_stride(tmp_path):
     assert [len(w.clip_ids) for w in windows_of_run(run, history_turns=0)] == [1] * 5
     with pytest.raises(ValueError):
         windows_of_run(run, history_turns=1, stride=0)
+    # every turn with every shorter history too, down to none
+    every = [w.clip_ids for w in windows_of_run(run, history_turns=2, all_history_lengths=True)]
+    assert every[:6] == [tuple(ids[:1]), tuple(ids[:2]), tuple(ids[1:2]), tuple(ids[:3]), tuple(ids[1:3]),
+                         tuple(ids[2:3])]
+    assert len(every) == 1 + 2 + 3 + 3 + 3 and sum(len(w) == 1 for w in every) == 5
+    assert {w[-1] for w in every} == set(ids) and set(got) <= set(every)
 
 
 def test_runs_break_at_uncaptioned_clips_and_gaps(tmp_path):

@@ -8,8 +8,9 @@ run, since the story is not continuous across it. Every clip of a run whose posi
     run  c0 c1 c2 c3 c4      history_turns=2, stride=1
     ->   [c0] [c0 c1] [c0 c1 c2] [c1 c2 c3] [c2 c3 c4]
 
-so early turns see a short history, as the first turns of a game do. Runs with fewer than ``min_turns`` clips are
-dropped.
+so early turns see a short history, as the first turns of a game do. With ``all_history_lengths`` every turn also
+gets a window for each shorter history, down to none (``[c3] [c2 c3] [c1 c2 c3]`` for c3). Runs with fewer than
+``min_turns`` clips are dropped.
 
 Split (``DataConfig.split_by``):
   film  whole films go to test, chosen by a stable hash of ``film_id`` (round(n * test_fraction), at least one when
@@ -89,14 +90,23 @@ def runs(clips: list[ClipRecord]) -> list[list[ClipRecord]]:
     return out
 
 
-def windows_of_run(run: list[ClipRecord], history_turns: int, stride: int = 1) -> list[Window]:
-    """The windows whose current turns are the run's clips at positions 0, stride, 2*stride, ..."""
+def windows_of_run(
+    run: list[ClipRecord], history_turns: int, stride: int = 1, all_history_lengths: bool = False
+) -> list[Window]:
+    """The windows whose current turns are the run's clips at positions 0, stride, 2*stride, ...
+
+    One window per current turn with the longest history available, or, with ``all_history_lengths``, one for
+    each history length from the longest down to none.
+    """
     if history_turns < 0 or stride < 1:
         raise ValueError(f"need history_turns >= 0 and stride >= 1 (got {history_turns}, {stride})")
     ids = [r.clip_id for r in run]
-    return [
-        Window(run[t].film_id, tuple(ids[max(0, t - history_turns) : t + 1])) for t in range(0, len(run), stride)
-    ]
+    windows = []
+    for t in range(0, len(run), stride):
+        longest = min(t, history_turns)
+        for h in range(longest, -1, -1) if all_history_lengths else (longest,):
+            windows.append(Window(run[t].film_id, tuple(ids[t - h : t + 1])))
+    return windows
 
 
 def build_windows(
@@ -107,6 +117,7 @@ def build_windows(
     split: str = "train",
     test_fraction: float = 0.2,
     split_by: str = "film",
+    all_history_lengths: bool = False,
 ) -> list[Window]:
     """All windows of one split of the manifest, film by film (films sorted by id, runs in time order)."""
     if split not in SPLITS:
@@ -132,7 +143,7 @@ def build_windows(
     for clips in parts.values():
         for run in runs(clips):
             if len(run) >= min_turns:
-                windows += windows_of_run(run, history_turns, stride)
+                windows += windows_of_run(run, history_turns, stride, all_history_lengths)
     return windows
 
 
@@ -145,4 +156,5 @@ def windows_from_config(manifest: Manifest, data: DataConfig) -> list[Window]:
         split=data.split,
         test_fraction=data.test_fraction,
         split_by=data.split_by,
+        all_history_lengths=data.all_history_lengths,
     )
