@@ -242,6 +242,8 @@ class SpriteWorldPretrainConfig:
     # and pure_noise_fraction of every later batch stays there.
     text_warmup_steps: int = 0
     pure_noise_fraction: float = 0.0
+    # extra weight of the latent cells figures fall in, in the transformer's loss (the background fills the rest)
+    figure_loss_weight: float = 0.0
     feature_batch: int = 8  # clips per batch while filling the features (batched VAE encode is much faster)
     threads: int = 1  # torch CPU threads; 1 runs best on shared cores (OpenMP spin-waits otherwise)
 

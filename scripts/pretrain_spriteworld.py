@@ -131,6 +131,22 @@ def static_backgrounds(clips: torch.Tensor, places: list[str]) -> tuple[torch.Te
     return backgrounds, index
 
 
+def figure_pixels(frames: torch.Tensor, scenery: torch.Tensor) -> torch.Tensor:
+    """uint8 frames (B, T, H, W, 3) and their places' empty scenery (B, H, W, 3) -> where figures are (B, T, H, W)."""
+    return (frames.float() - scenery[:, None].float()).abs().amax(dim=-1) > FOREGROUND_THRESHOLD
+
+
+def figure_latents(pixels: torch.Tensor, temporal: int, spatial: int) -> torch.Tensor:
+    """Figure pixels (B, T, H, W) -> the latent cells they fall in (B, F, H / spatial, W / spatial), 0. or 1.
+
+    The causal VAE encodes frame 0 alone and each later group of ``temporal`` frames into one latent frame.
+    """
+    first, rest = pixels[:, :1], pixels[:, 1:]
+    groups = rest.unflatten(1, (rest.shape[1] // temporal, temporal)).any(dim=2)  # (B, F - 1, H, W)
+    cells = torch.cat([first, groups], dim=1).float()  # (B, F, H, W)
+    return F.max_pool2d(cells, spatial)  # (B, F, h, w)
+
+
 def train_vae(cfg: SpriteWorldPretrainConfig, clips: torch.Tensor, log: Log, places: list[str] | None = None):
     """Train a tiny AutoencoderKLCogVideoX on random ``vae_frames`` windows of ``clips``; returns it in eval mode.
 
@@ -170,8 +186,7 @@ def train_vae(cfg: SpriteWorldPretrainConfig, clips: torch.Tensor, log: Log, pla
         reconstruction = vae.decode(posterior.sample()).sample  # (B, 3, T, H, W)
         weight = torch.ones_like(x[:, :1])  # (B, 1, T, H, W)
         if weigh:
-            scenery = backgrounds[place_of[picks]][:, None]  # (B, 1, H, W, 3)
-            moved = (frames.float() - scenery.float()).abs().amax(dim=-1) > FOREGROUND_THRESHOLD  # (B, T, H, W)
+            moved = figure_pixels(frames, backgrounds[place_of[picks]])  # (B, T, H, W)
             weight = weight + cfg.foreground_weight * moved[:, None].float()
         weight = weight / weight.mean()
         rec_l1 = (weight * (reconstruction - x).abs()).mean()
@@ -227,9 +242,13 @@ def stage_a_view(cfg: SpriteWorldPretrainConfig) -> StageAConfig:
 
 
 @torch.no_grad()
-def fill_features(cfg: SpriteWorldPretrainConfig, vae, manifest: Manifest, t5) -> TensorStore:
+def fill_features(
+    cfg: SpriteWorldPretrainConfig, vae, manifest: Manifest, t5, scenery: dict[str, torch.Tensor]
+) -> TensorStore:
     """Latents, CLIP tokens and T5 tokens of every captioned clip into ``data.features_dir`` (a TensorStore).
 
+    With ``scenery`` (place -> empty scenery (H, W, 3)) each clip also gets ``figure_mask`` (F, h, w): the latent
+    cells its figures fall in, for the transformer's ``figure_loss_weight`` (a clip of an unknown place gets none).
     Features computed with an earlier VAE are stale: the directory is replaced.
     """
     from animegamer.models.clip_image import CLIPImageFeatures
@@ -252,16 +271,21 @@ def fill_features(cfg: SpriteWorldPretrainConfig, vae, manifest: Manifest, t5) -
         clip_tokens = clip(frames[:, picks].flatten(0, 1).permute(0, 3, 1, 2))  # (B * K, Nc, Dc)
         clip_tokens = clip_tokens.unflatten(0, (len(batch), len(picks)))  # (B, K, Nc, Dc)
         text_tokens = t5([r.shot_tags().motion_text() for r in batch])  # (B, Nt, Dt)
-        store.write_shard(
-            {
-                r.clip_id: {
-                    "latents": latents[i].permute(1, 0, 2, 3).contiguous(),  # (C, F, h, w)
-                    "clip_tokens": clip_tokens[i].to(store_dtype).contiguous(),
-                    "text_tokens": text_tokens[i].to(store_dtype).contiguous(),
-                }
-                for i, r in enumerate(batch)
+        places = [r.shot_tags().environment for r in batch]
+        masks = None
+        if all(p in scenery for p in places):
+            pixels = figure_pixels(frames, torch.stack([scenery[p] for p in places]))  # (B, T, H, W)
+            masks = figure_latents(pixels, vae.config.temporal_compression_ratio, 2 ** (len(cfg.vae_channels) - 1))
+        shard = {}
+        for i, r in enumerate(batch):
+            shard[r.clip_id] = {
+                "latents": latents[i].permute(1, 0, 2, 3).contiguous(),  # (C, F, h, w)
+                "clip_tokens": clip_tokens[i].to(store_dtype).contiguous(),
+                "text_tokens": text_tokens[i].to(store_dtype).contiguous(),
             }
-        )
+            if masks is not None:
+                shard[r.clip_id]["figure_mask"] = masks[i].to(torch.uint8).contiguous()  # (F, h, w)
+        store.write_shard(shard)
     return TensorStore(root)
 
 
@@ -307,8 +331,11 @@ def train_transformer(cfg: SpriteWorldPretrainConfig, store: TensorStore, clip_i
     """Text-to-video pretraining of all transformer parameters: v-prediction MSE, captions dropped to ``empty``."""
     from diffusers import CogVideoXDDIMScheduler
 
-    rows = [store.load(cid, ("latents", "text_tokens")) for cid in clip_ids]
+    fields = ("latents", "text_tokens", "figure_mask") if cfg.figure_loss_weight > 0 else ("latents", "text_tokens")
+    rows = [store.load(cid, fields) for cid in clip_ids]
     latents = torch.stack([r["latents"].permute(1, 0, 2, 3) for r in rows]).float()  # (N, F, C, h, w)
+    if cfg.figure_loss_weight > 0:
+        figures = torch.stack([r["figure_mask"] for r in rows]).float()[:, :, None]  # (N, F, 1, h, w)
     text = torch.stack([r["text_tokens"] for r in rows]).float()  # (N, Nt, Dt)
     scheduler = CogVideoXDDIMScheduler(**COGVIDEOX_2B_SCHEDULER)
     transformer = build_transformer(cfg).train()
@@ -330,7 +357,12 @@ def train_transformer(cfg: SpriteWorldPretrainConfig, store: TensorStore, clip_i
         prediction = transformer(
             hidden_states=noisy, encoder_hidden_states=condition, timestep=timesteps, return_dict=False
         )[0]
-        loss = F.mse_loss(prediction, scheduler.get_velocity(x0, noise, timesteps))
+        error = (prediction - scheduler.get_velocity(x0, noise, timesteps)).square()  # (B, F, C, h, w)
+        if cfg.figure_loss_weight > 0:
+            weight = 1.0 + cfg.figure_loss_weight * figures[picks]  # (B, F, 1, h, w)
+            loss = (weight * error).mean() / weight.mean()
+        else:
+            loss = error.mean()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(transformer.parameters(), train.max_grad_norm)
         optimizer.step()
@@ -418,7 +450,10 @@ def main(argv: list[str] | None = None) -> Path:
         psnr, scale = earlier["vae_psnr_db"], earlier["vae_scaling_factor"]
     else:
         clips = read_clips(manifest, train_records, cfg)
-        vae = train_vae(cfg, clips, log, [r.shot_tags().environment for r in train_records])
+        places = [r.shot_tags().environment for r in train_records]
+        vae = train_vae(cfg, clips, log, places)
+        backgrounds, place_of = static_backgrounds(clips, places)
+        scenery = {places[i]: backgrounds[place_of[i]] for i in range(len(places))}
         scale = set_scaling_factor(vae, clips, cfg.feature_batch)
         if (out / "vae").exists():
             shutil.rmtree(out / "vae")
@@ -428,7 +463,7 @@ def main(argv: list[str] | None = None) -> Path:
         vae_sheet, psnr = vae_preview(vae, preview, report / "vae_reconstruction.png")
         print(f"vae: scaling_factor {scale:.4f}, reconstruction PSNR {psnr:.2f} dB: {vae_sheet}")
         del clips
-        store = fill_features(cfg, vae, manifest, t5)
+        store = fill_features(cfg, vae, manifest, t5, scenery)
         print(f"features: {len(store)} clips in {cfg.data.features_dir}")
 
     # 4. base text-to-video transformer

@@ -126,3 +126,16 @@ def test_training_timesteps_start_at_pure_noise_then_mix():
     plain = pretrain.training_timesteps(SpriteWorldPretrainConfig(transformer=TrainConfig(batch_size=4000)), 0,
                                         1000, generator)
     assert (plain == 999).float().mean() < 0.01
+
+
+def test_figure_latents_mark_the_cells_figures_fall_in():
+    pretrain = _script("pretrain_spriteworld")
+    frames = torch.full((1, 9, 16, 24, 3), 50, dtype=torch.uint8)  # (B, T, H, W, 3)
+    frames[0, 0, 0:2, 0:2] = 250  # frame 0: top-left cell
+    frames[0, 6, 9, 21] = 250  # frame 6 (latent frame 2, frames 5..8): one pixel in cell (2, 5)
+    scenery = torch.full((1, 16, 24, 3), 50, dtype=torch.uint8)
+    pixels = pretrain.figure_pixels(frames, scenery)
+    assert pixels.shape == (1, 9, 16, 24) and int(pixels.sum()) == 5
+    cells = pretrain.figure_latents(pixels, temporal=4, spatial=4)
+    assert cells.shape == (1, 3, 4, 6)
+    assert cells[0, 0, 0, 0] == 1 and cells[0, 2, 2, 5] == 1 and cells.sum() == 2 and cells[0, 1].sum() == 0
