@@ -147,11 +147,11 @@ def figure_latents(pixels: torch.Tensor, temporal: int, spatial: int) -> torch.T
     return F.max_pool2d(cells, spatial)  # (B, F, h, w)
 
 
-def train_vae(cfg: SpriteWorldPretrainConfig, clips: torch.Tensor, log: Log, places: list[str] | None = None):
+def train_vae(cfg: SpriteWorldPretrainConfig, clips: torch.Tensor, log: Log, scenery: torch.Tensor | None = None):
     """Train a tiny AutoencoderKLCogVideoX on random ``vae_frames`` windows of ``clips``; returns it in eval mode.
 
-    With ``foreground_weight`` > 0 (and each clip's place given), pixels that differ from the place's empty scenery
-    (the figures, a few % of a frame) weigh ``1 + foreground_weight`` in the reconstruction loss: an unweighted
+    With ``foreground_weight`` > 0 and ``scenery`` (each clip's empty place, (N, H, W, 3)), pixels that differ from
+    it (the figures, a few % of a frame) weigh ``1 + foreground_weight`` in the reconstruction loss: an unweighted
     loss is spent on the background and leaves the characters as smudges.
     """
     from diffusers import AutoencoderKLCogVideoX
@@ -173,9 +173,7 @@ def train_vae(cfg: SpriteWorldPretrainConfig, clips: torch.Tensor, log: Log, pla
     lr_scheduler = build_scheduler(optimizer, train)
     rng = np.random.default_rng(cfg.seed)
     window = cfg.vae_frames
-    weigh = cfg.foreground_weight > 0 and places is not None
-    if weigh:
-        backgrounds, place_of = static_backgrounds(clips, places)
+    weigh = cfg.foreground_weight > 0 and scenery is not None
     progress = tqdm(range(train.max_steps), desc="pretrain vae")
     for step in progress:
         picks = rng.integers(0, len(clips), train.batch_size)
@@ -186,7 +184,7 @@ def train_vae(cfg: SpriteWorldPretrainConfig, clips: torch.Tensor, log: Log, pla
         reconstruction = vae.decode(posterior.sample()).sample  # (B, 3, T, H, W)
         weight = torch.ones_like(x[:, :1])  # (B, 1, T, H, W)
         if weigh:
-            moved = figure_pixels(frames, backgrounds[place_of[picks]])  # (B, T, H, W)
+            moved = figure_pixels(frames, scenery[picks])  # (B, T, H, W)
             weight = weight + cfg.foreground_weight * moved[:, None].float()
         weight = weight / weight.mean()
         rec_l1 = (weight * (reconstruction - x).abs()).mean()
@@ -451,8 +449,8 @@ def main(argv: list[str] | None = None) -> Path:
     else:
         clips = read_clips(manifest, train_records, cfg)
         places = [r.shot_tags().environment for r in train_records]
-        vae = train_vae(cfg, clips, log, places)
         backgrounds, place_of = static_backgrounds(clips, places)
+        vae = train_vae(cfg, clips, log, backgrounds[place_of])
         scenery = {places[i]: backgrounds[place_of[i]] for i in range(len(places))}
         scale = set_scaling_factor(vae, clips, cfg.feature_batch)
         if (out / "vae").exists():
