@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from animegamer.io import atomic_write_text
+
 # Words the tiny tokenizers must cover: the game instruction format and a small life-sim lexicon.
 _CORPUS_WORDS = """
 Character Motion Background the a an and of in on at to with is are
@@ -170,21 +172,21 @@ def build_tiny_cogvideox(
     )
     transformer.save_pretrained(str(out_dir / "transformer"))
     CogVideoXDDIMScheduler(**COGVIDEOX_2B_SCHEDULER).save_pretrained(str(out_dir / "scheduler"))
-    # model_index.json makes the folder loadable by diffusers' own CogVideoXPipeline as well.
-    (out_dir / "model_index.json").write_text(
-        json.dumps(
-            {
-                "_class_name": "CogVideoXPipeline",
-                "scheduler": ["diffusers", "CogVideoXDDIMScheduler"],
-                "text_encoder": ["transformers", "T5EncoderModel"],
-                "tokenizer": ["transformers", "T5Tokenizer"],
-                "transformer": ["diffusers", "CogVideoXTransformer3DModel"],
-                "vae": ["diffusers", "AutoencoderKLCogVideoX"],
-            },
-            indent=2,
-        )
-    )
+    write_model_index(out_dir)
     return out_dir
+
+
+def write_model_index(out_dir: str | Path) -> None:
+    """model_index.json: a CogVideoX folder we write also loads as diffusers' own CogVideoXPipeline."""
+    index = {
+        "_class_name": "CogVideoXPipeline",
+        "scheduler": ["diffusers", "CogVideoXDDIMScheduler"],
+        "text_encoder": ["transformers", "T5EncoderModel"],
+        "tokenizer": ["transformers", "T5Tokenizer"],
+        "transformer": ["diffusers", "CogVideoXTransformer3DModel"],
+        "vae": ["diffusers", "AutoencoderKLCogVideoX"],
+    }
+    atomic_write_text(Path(out_dir) / "model_index.json", json.dumps(index, indent=2) + "\n")
 
 
 def build_all(out_dir: str | Path, seed: int = 0) -> dict[str, Path]:

@@ -69,7 +69,7 @@ from animegamer.data.tensor_store import TensorStore
 from animegamer.data.video import read_video
 from animegamer.inference.contact_sheet import contact_sheet
 from animegamer.io import atomic_write_json, atomic_write_jsonl, atomic_write_text
-from animegamer.tiny import COGVIDEOX_2B_SCHEDULER, build_tiny_t5
+from animegamer.tiny import COGVIDEOX_2B_SCHEDULER, build_tiny_t5, write_model_index
 from animegamer.training.optim import build_scheduler
 
 PREVIEW_CLIPS = 6
@@ -396,19 +396,6 @@ def sample_preview(cfg: SpriteWorldPretrainConfig, store: TensorStore, manifest:
 # --------------------------------------------------------------------------------------------
 # Folder
 # --------------------------------------------------------------------------------------------
-
-
-def write_model_index(out: Path) -> None:
-    """model_index.json: the folder also loads as diffusers' own CogVideoXPipeline."""
-    index = {
-        "_class_name": "CogVideoXPipeline",
-        "scheduler": ["diffusers", "CogVideoXDDIMScheduler"],
-        "text_encoder": ["transformers", "T5EncoderModel"],
-        "tokenizer": ["transformers", "T5Tokenizer"],
-        "transformer": ["diffusers", "CogVideoXTransformer3DModel"],
-        "vae": ["diffusers", "AutoencoderKLCogVideoX"],
-    }
-    atomic_write_text(out / "model_index.json", json.dumps(index, indent=2) + "\n")
 
 
 def main(argv: list[str] | None = None) -> Path:
