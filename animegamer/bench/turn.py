@@ -29,7 +29,7 @@ import torch
 from animegamer.bench.timing import PeakMemory, Timing, count_flops, measure
 from animegamer.config import SamplingConfig
 from animegamer.inference.mllm_runner import HistoryTurn, decode_states, predict_turn, prefill_turn
-from animegamer.models.decoder import guidance_scales
+from animegamer.models.decoder import guidance_scales, scheduler_step
 from animegamer.states import StateValues
 from animegamer.tokens import STATE_FIELDS, TurnSpec
 
@@ -110,8 +110,6 @@ def plain_denoise(decoder, shot_embeds, motion_level, sampling: SamplingConfig, 
     Same scheduler, seeds, guidance scales and latents as :meth:`AnimationShotDecoder.sample`; only the batching
     of the two branches differs, so the final latents (B, F, C, h, w) agree up to rounding.
     """
-    from diffusers import CogVideoXDPMScheduler
-
     transformer, device, dtype = decoder.transformer, decoder.device, decoder.dtype
     batch = shot_embeds.shape[0]
     scheduler, scales, latents = decoder.start_sampling(batch, sampling, generator)  # latents (B, F, C, h, w)
@@ -134,12 +132,7 @@ def plain_denoise(decoder, shot_embeds, motion_level, sampling: SamplingConfig, 
         if scales[i] > 1.0:
             uncond = branch(model_in, t, null)
             out = uncond + scales[i] * (out - uncond)
-        if isinstance(scheduler, CogVideoXDPMScheduler):
-            back = timesteps[i - 1] if i > 0 else None
-            latents, old_x0 = scheduler.step(out, old_x0, t, back, latents, generator=generator, return_dict=False)
-        else:
-            latents = scheduler.step(out, t, latents, generator=generator, return_dict=False)[0]
-        latents = latents.float()
+        latents, old_x0 = scheduler_step(scheduler, out, i, latents, old_x0, generator)
     return latents
 
 

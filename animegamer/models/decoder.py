@@ -116,6 +116,23 @@ def build_scheduler(name: str, config: dict):
     return classes[name].from_config(config)
 
 
+def scheduler_step(scheduler, out, i: int, latents, old_x0, generator):
+    """One denoising step ``i`` of ``scheduler.timesteps`` -> (latents (float32), old_x0).
+
+    DPM-Solver++ (second order) also takes the previous timestep and keeps the previous x0 prediction; DDIM needs
+    neither (``old_x0`` stays None).
+    """
+    from diffusers import CogVideoXDPMScheduler
+
+    timesteps, t = scheduler.timesteps, scheduler.timesteps[i]
+    if isinstance(scheduler, CogVideoXDPMScheduler):
+        back = timesteps[i - 1] if i > 0 else None
+        latents, old_x0 = scheduler.step(out, old_x0, t, back, latents, generator=generator, return_dict=False)
+    else:
+        latents = scheduler.step(out, t, latents, generator=generator, return_dict=False)[0]
+    return latents.float(), old_x0
+
+
 def guidance_scales(sampling: SamplingConfig) -> list[float]:
     """The classifier-free guidance scale of every denoising step (1.0 = no guidance on that step).
 
@@ -461,7 +478,6 @@ class AnimationShotDecoder(nn.Module):
         unconditional (zero s_a) branch in one batch while guidance is on, combine them with that step's scale,
         and let the scheduler step (DPM-Solver++ keeps the previous x0 prediction for its second order).
         """
-        from diffusers import CogVideoXDPMScheduler
         from tqdm.auto import tqdm
 
         batch = shot_embeds.shape[0]
@@ -489,10 +505,5 @@ class AnimationShotDecoder(nn.Module):
             if guided:
                 uncond, conditional = out.chunk(2)
                 out = uncond + scales[i] * (conditional - uncond)
-            if isinstance(scheduler, CogVideoXDPMScheduler):
-                back = timesteps[i - 1] if i > 0 else None
-                latents, old_x0 = scheduler.step(out, old_x0, t, back, latents, generator=generator, return_dict=False)
-            else:
-                latents = scheduler.step(out, t, latents, generator=generator, return_dict=False)[0]
-            latents = latents.float()
+            latents, old_x0 = scheduler_step(scheduler, out, i, latents, old_x0, generator)
         return self.decode_latents(latents) if decode else latents
