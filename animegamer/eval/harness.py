@@ -51,7 +51,7 @@ from animegamer.eval.metrics import (
     summarize,
     try_dreamsim,
 )
-from animegamer.eval.systems import SYSTEMS, TurnOutput, build_system
+from animegamer.eval.systems import RENDERING, SYSTEMS, TurnOutput, build_system
 from animegamer.io import atomic_write_json, atomic_write_jsonl, atomic_write_text
 from animegamer.states import ShotTags
 
@@ -298,7 +298,7 @@ def evaluate(cfg: EvalConfig, progress: bool = True) -> EvalResult:
     atomic_write_text(out / "config.yaml", to_yaml(cfg))
     manifest = read_manifest(cfg.motion_manifest) if cfg.motion_manifest else None
     train = training_clips(manifest) if manifest is not None else []
-    renders = any(s in ("animegamer", "gc_baseline", "reconstruction", "ground_truth") for s in cfg.systems)
+    renders = any(s in RENDERING for s in cfg.systems)
     tools = _tools(cfg, games, renders, manifest, progress)
     judge = None
     if cfg.judge.backend:
@@ -310,7 +310,7 @@ def evaluate(cfg: EvalConfig, progress: bool = True) -> EvalResult:
     results_path = out / RESULTS_FILE
     for name in cfg.systems:
         system = build_system(name, cfg, train)
-        settings = settings_for(name not in ("random", "majority"), tools, cfg.frames_per_clip, cfg.clip_scale)
+        settings = settings_for(name in RENDERING, tools, cfg.frames_per_clip, cfg.clip_scale)
         system_records: list[MetricRecord] = []
         turns = sum(len(g) for g in games)
         with tqdm(total=turns, desc=name, unit="turn", disable=not progress) as bar:

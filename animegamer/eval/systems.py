@@ -42,7 +42,8 @@ from animegamer.inference.game import GameSession, turn_seed
 from animegamer.inference.mllm_runner import HistoryTurn, TurnPrediction
 from animegamer.states import VALUE_RANGES, StateValues
 
-SYSTEMS = ("animegamer", "gc_baseline", "reconstruction", "ground_truth", "random", "majority")
+RENDERING = ("animegamer", "gc_baseline", "reconstruction", "ground_truth")  # systems that produce clips
+SYSTEMS = (*RENDERING, "random", "majority")
 
 
 @dataclass
