@@ -227,6 +227,9 @@ class SpriteWorldPretrainConfig:
     latent_channels: int = 16  # as CogVideoX-2B
     vae: TrainConfig = field(default_factory=lambda: TrainConfig(max_steps=600, batch_size=8, lr=3e-3))
     vae_frames: int = 1  # frames per VAE training window (1 or 4k + 1; 1 = single pictures, the cheapest on a CPU)
+    # frames per latent frame (CogVideoX: 4). A tiny VAE averages a fast figure away inside each group of 4 frames;
+    # 1 keeps every frame (a single-picture VAE applied frame by frame) at the cost of 4x the transformer's tokens
+    vae_temporal_compression: int = 4
     kl_weight: float = 1.0e-6  # KL of the posterior against N(0, I), small as in latent-diffusion VAEs
     foreground_weight: float = 0.0  # extra loss weight of pixels off their place's empty scenery (the figures)
     resume_vae: bool = False  # keep output_dir/vae + data.features_dir of an earlier run; only the transformer trains
@@ -249,6 +252,25 @@ class SpriteWorldPretrainConfig:
 
 
 @dataclass
+class SpriteWorldLLMConfig:
+    """SpriteWorld's stand-in for Mistral-7B's pretraining (scripts/pretrain_spriteworld_llm.py): the tiny random
+    Mistral trained as a causal LM, all parameters, on the text of SpriteWorld's training films."""
+
+    kind: str = "spriteworld_llm"
+    pretrained: str = "outputs/spriteworld/models/Mistral"  # the tiny random Mistral + tokenizer it starts from
+    output_dir: str = "outputs/spriteworld/models/Mistral"  # the pretrained model + tokenizer (may be `pretrained`)
+    report_dir: str = "outputs/spriteworld/pretrain_llm"  # losses (metrics.jsonl), config.yaml, summary.json
+    manifest: str = "outputs/spriteworld/data/train.jsonl"  # its meta's train films (all films without a split)
+    seq_len: int = 192  # tokens per training window (a film's text is ~1400 tokens)
+    train: TrainConfig = field(
+        default_factory=lambda: TrainConfig(max_steps=600, batch_size=8, lr=3e-3, lr_scheduler="cosine",
+                                            lr_warmup_steps=30)
+    )
+    seed: int = 0
+    threads: int = 0  # torch CPU threads; 0: as the caller
+
+
+@dataclass
 class SpriteWorldRunConfig:
     """The whole SpriteWorld chain (scripts/train_spriteworld.py): data -> pretraining -> stages a/b/c -> eval."""
 
@@ -257,7 +279,8 @@ class SpriteWorldRunConfig:
     ship_dir: str = "checkpoints/spriteworld"  # the shipped checkpoint; configs' checkpoints/spriteworld moves here
     configs: str = "configs/spriteworld"  # data, pretrain, stage_a/b/c, ablations YAMLs of the chain
     steps: list[str] = field(  # which steps to run, in this order
-        default_factory=lambda: ["data", "pretrain", "stage_a", "stage_b", "stage_c", "ship", "evaluate"]
+        default_factory=lambda: ["data", "pretrain", "pretrain_llm", "stage_a", "stage_b", "stage_c", "ship",
+                                 "evaluate"]
     )
     mistral_hidden: int = 128  # hidden size of the tiny random Mistral (animegamer.tiny.build_tiny_mistral)
     seed: int = 0  # seed of the tiny random CLIP and Mistral
@@ -547,6 +570,7 @@ SCHEMAS: dict[str, type] = {
     "prepare_data": PrepareDataConfig,
     "spriteworld": SpriteWorldConfig,
     "spriteworld_pretrain": SpriteWorldPretrainConfig,
+    "spriteworld_llm": SpriteWorldLLMConfig,
     "spriteworld_run": SpriteWorldRunConfig,
     "benchmark": BenchmarkConfig,
     "benchmark_gen": BenchmarkGenConfig,
@@ -690,6 +714,7 @@ __all__ = [
     "PrepareDataConfig",
     "SamplingConfig",
     "SpriteWorldConfig",
+    "SpriteWorldLLMConfig",
     "SpriteWorldPretrainConfig",
     "SpriteWorldRunConfig",
     "StageAConfig",

@@ -8,12 +8,14 @@ random tiny CogVideoX draws noise, so this script plays the part of the pretrain
 1. the frozen text encoder: a tiny random T5 (seeded, never trained, as the issue asks) + sentencepiece tokenizer,
    written to ``output_dir/{text_encoder,tokenizer}`` by :func:`animegamer.tiny.build_tiny_t5`;
 2. the VAE — ``output_dir/vae/`` (diffusers ``AutoencoderKLCogVideoX``, one block per ``vae_channels`` entry:
-   2^(n-1)x spatial, 4x temporal like CogVideoX-2B, ``latent_channels`` channels; SpriteWorld uses 4x spatial, since
+   2^(n-1)x spatial, ``vae_temporal_compression``x temporal (CogVideoX-2B: 4), ``latent_channels`` channels;
+   SpriteWorld uses 1x temporal, since a tiny VAE averages a running figure away inside a group of 4 frames (its
+   reconstructions of level-5 clips measured level 1-2), and 4x spatial, since
    at 8x a 16 px figure ends up as a smudge, and 4 channels, so that a token's patch_size^2 x channels outputs stay
    well under the tiny transformer's width — at 16 channels its rank-128 output layer cannot predict the noise of
    256 values and leaves it in the samples): trained as an autoencoder on random ``vae_frames``-frame windows of the
-   training clips (single frames are ~5x more pictures per CPU second than 9-frame windows; the causal 3D
-   convolutions then encode and decode whole 17-frame clips), L1 + MSE reconstruction of the posterior sample + a
+   training clips (single frames are the cheapest on a CPU; their causal 3D convolutions are then folded to code a
+   clip frame by frame, :func:`frame_by_frame`), L1 + MSE reconstruction of the posterior sample + a
    small KL (``kl_weight``). Figures cover a few % of a frame, so pixels that differ from their place's empty
    scenery (the per-place median of the training frames, :func:`static_backgrounds`) weigh ``1 +
    foreground_weight``. Its ``scaling_factor`` is then set to 1 / std of the posterior means, as CogVideoX-2B's
@@ -164,7 +166,7 @@ def train_vae(cfg: SpriteWorldPretrainConfig, clips: torch.Tensor, log: Log, sce
         norm_num_groups=4,
         down_block_types=("CogVideoXDownBlock3D",) * len(cfg.vae_channels),  # one block per width: 2^(n-1)x spatial
         up_block_types=("CogVideoXUpBlock3D",) * len(cfg.vae_channels),
-        temporal_compression_ratio=4,
+        temporal_compression_ratio=cfg.vae_temporal_compression,
         sample_height=cfg.data.height,
         sample_width=cfg.data.width,
     ).train()
@@ -199,7 +201,27 @@ def train_vae(cfg: SpriteWorldPretrainConfig, clips: torch.Tensor, log: Log, sce
         if (step + 1) % train.log_every == 0 or step + 1 == train.max_steps:
             log(part="vae", step=step + 1, loss=loss.item(), l1=rec_l1.item(), mse=rec_mse.item(), kl=kl.item())
             progress.set_postfix(l1=f"{rec_l1.item():.4f}")
+    if window == 1:
+        frame_by_frame(vae)
     return vae.eval().requires_grad_(False)
+
+
+@torch.no_grad()
+def frame_by_frame(vae) -> None:
+    """Fold every causal 3D convolution's time taps into the tap of the current frame.
+
+    A VAE trained on single pictures only ever saw its causal padding (copies of the one frame) in the earlier
+    taps, so only their sum was trained; on a video those taps would blend earlier frames into each frame and
+    ghost moving figures. Folded, every single picture encodes and decodes exactly as before, and a video is
+    coded frame by frame (up to the group norms' statistics over the clip).
+    """
+    from diffusers.models.autoencoders.autoencoder_kl_cogvideox import CogVideoXCausalConv3d
+
+    for module in vae.modules():
+        if isinstance(module, CogVideoXCausalConv3d) and module.time_kernel_size > 1:
+            weight = module.conv.weight  # (out, in, t, kh, kw)
+            weight[:, :, -1] = weight.sum(dim=2)
+            weight[:, :, :-1] = 0.0
 
 
 @torch.no_grad()
@@ -309,6 +331,7 @@ def build_transformer(cfg: SpriteWorldPretrainConfig):
         sample_height=cfg.data.height // spatial,
         sample_width=cfg.data.width // spatial,
         sample_frames=cfg.data.num_frames,
+        temporal_compression_ratio=cfg.vae_temporal_compression,
         max_text_seq_length=cfg.text_tokens,
     )
 
