@@ -5,12 +5,14 @@
     python scripts/train_spriteworld.py --config configs/spriteworld/run.yaml "steps=[ship,evaluate]"   # some steps
 
 Each step runs the real entry point's ``main(argv)`` in this process, with the step's YAML from ``configs``
-(data.yaml, pretrain.yaml, stage_a/b/c.yaml, eval.yaml, ablations.yaml):
+(data.yaml, pretrain.yaml, pretrain_llm.yaml, stage_a/b/c.yaml, eval.yaml, ablations.yaml):
 
     data       scripts/make_spriteworld.py's write_dataset; then <out>/data/train.jsonl: the training films only
                (stages a-c never see a held-out film; pretraining reads the split itself)
     pretrain   the tiny random CLIP (frozen, seeded) and Mistral (animegamer.tiny), then
                scripts/pretrain_spriteworld.py: tiny T5, VAE, stage (a) features, base text-to-video transformer
+    pretrain_llm  scripts/pretrain_spriteworld_llm.py: the tiny Mistral trained as a causal LM on the training
+               films' text (the pretrained LLM stage (b) adds LoRA to)
     stage_a    scripts/train_stage_a.py    stage_b  scripts/train_stage_b.py    stage_c  scripts/train_stage_c.py
     ship       the weights inference needs, copied to ``ship_dir`` (safetensors + configs, no optimizer states)
     evaluate   scripts/run_ablations.py with ablations.yaml: the main table (AnimeGamer, GC-style, random,
@@ -40,8 +42,8 @@ from animegamer.config import SpriteWorldRunConfig, load_config, to_yaml
 from animegamer.io import atomic_write_json, atomic_write_text
 
 ROOT = Path(__file__).resolve().parent.parent
-STEPS = ("data", "pretrain", "stage_a", "stage_b", "stage_c", "ship", "evaluate")
-CONFIG_FILES = ("data", "pretrain", "stage_a", "stage_b", "stage_c", "inference", "eval", "ablations")
+STEPS = ("data", "pretrain", "pretrain_llm", "stage_a", "stage_b", "stage_c", "ship", "evaluate")
+CONFIG_FILES = ("data", "pretrain", "pretrain_llm", "stage_a", "stage_b", "stage_c", "inference", "eval", "ablations")
 RESUME_STATE = ("optimizer*.bin", "scheduler*.bin", "random_states_*.pkl", "trainer_state.json")
 DEFAULT_OUT, DEFAULT_SHIP, DEFAULT_CONFIGS = "outputs/spriteworld", "checkpoints/spriteworld", "configs/spriteworld"
 
@@ -120,6 +122,11 @@ def step_pretrain(cfg: SpriteWorldRunConfig, configs: dict[str, Path]) -> dict:
     return json.loads((Path(pretrain.report_dir) / "summary.json").read_text())
 
 
+def step_pretrain_llm(configs: dict[str, Path]) -> dict:
+    load_script("pretrain_spriteworld_llm").main(["--config", str(configs["pretrain_llm"])])
+    return json.loads((Path(load_config(configs["pretrain_llm"]).report_dir) / "summary.json").read_text())
+
+
 def step_stage(name: str, configs: dict[str, Path]) -> dict:
     """A fresh run of ``scripts/train_<name>.py`` (an earlier run's directory is replaced)."""
     out = Path(load_config(configs[name]).output_dir)
@@ -186,6 +193,8 @@ def main(argv: list[str] | None = None) -> dict:
             result = step_data(configs)
         elif step == "pretrain":
             result = step_pretrain(cfg, configs)
+        elif step == "pretrain_llm":
+            result = step_pretrain_llm(configs)
         elif step in ("stage_a", "stage_b", "stage_c"):
             result = step_stage(step, configs)
         elif step == "ship":

@@ -41,7 +41,7 @@ def mini_run(tmp_path_factory):
 
 def test_every_step_ran_and_wrote_its_outputs(mini_run):
     out, summary = mini_run
-    assert list(summary) == ["data", "pretrain", "stage_a", "stage_b", "stage_c", "ship", "evaluate"]
+    assert list(summary) == ["data", "pretrain", "pretrain_llm", "stage_a", "stage_b", "stage_c", "ship", "evaluate"]
     assert json.loads((out / "summary.json").read_text()).keys() == summary.keys()
     # data: the held-out film is not in the training manifest
     assert summary["data"]["clips"] == 9 and summary["data"]["train_clips"] == 6
@@ -55,6 +55,10 @@ def test_every_step_ran_and_wrote_its_outputs(mini_run):
     assert vae_config["scaling_factor"] == pytest.approx(summary["pretrain"]["vae_scaling_factor"])
     assert len(json.loads((out / "features" / "index.json").read_text())) == 9
     assert (out / "pretrain" / "samples.png").is_file() and (out / "pretrain" / "vae_reconstruction.png").is_file()
+    # the tiny Mistral after its LM pretraining: a transformers folder with its tokenizer, trained weights
+    mistral = out / "models" / "Mistral"
+    assert (mistral / "model.safetensors").is_file() and (mistral / "tokenizer_config.json").is_file()
+    assert summary["pretrain_llm"]["films"] == 2 and summary["pretrain_llm"]["tokens"] > 100
     # stages: checkpoints, stage (a) shot targets, stage (c) predictions
     for stage in ("stage_a", "stage_b", "stage_c"):
         assert (out / stage / "checkpoints" / "latest").is_file(), stage
@@ -88,6 +92,8 @@ def test_losses_are_finite_and_decrease(mini_run):
     for stage in ("stage_a", "stage_b", "stage_c"):
         losses = _losses(out / stage / "metrics.csv")
         assert losses and all(math.isfinite(v) for v in losses), stage
+    llm = [json.loads(line)["loss"] for line in (out / "pretrain_llm" / "metrics.jsonl").read_text().splitlines()]
+    assert len(llm) == 4 and all(math.isfinite(v) for v in llm) and llm[-1] < llm[0]
     ce = _losses(out / "stage_b" / "metrics.csv", "ce")
     assert ce[-1] < ce[0]
     assert summary["stage_b"]["loss_last"] < summary["stage_b"]["loss_first"]
@@ -139,3 +145,63 @@ def test_figure_latents_mark_the_cells_figures_fall_in():
     cells = pretrain.figure_latents(pixels, temporal=4, spatial=4)
     assert cells.shape == (1, 3, 4, 6)
     assert cells[0, 0, 0, 0] == 1 and cells[0, 2, 2, 5] == 1 and cells.sum() == 2 and cells[0, 1].sum() == 0
+
+
+def test_frame_by_frame_keeps_pictures_and_codes_each_frame_alone():
+    """Folding the causal time taps: a single picture codes exactly as before; a frame no longer sees earlier ones."""
+    from diffusers import AutoencoderKLCogVideoX
+
+    pretrain = _script("pretrain_spriteworld")
+    torch.manual_seed(0)
+    vae = AutoencoderKLCogVideoX(
+        block_out_channels=(8, 16), latent_channels=4, layers_per_block=1, norm_num_groups=4,
+        down_block_types=("CogVideoXDownBlock3D",) * 2, up_block_types=("CogVideoXUpBlock3D",) * 2,
+        temporal_compression_ratio=1, sample_height=16, sample_width=16,
+    ).eval()
+    picture = torch.rand(1, 3, 1, 16, 16) * 2 - 1  # (B, C, T, H, W)
+    with torch.no_grad():
+        before = vae.decode(vae.encode(picture).latent_dist.mode()).sample
+        pretrain.frame_by_frame(vae)
+        after = vae.decode(vae.encode(picture).latent_dist.mode()).sample
+    assert torch.allclose(before, after, atol=1e-5)
+    convs = [m.conv.weight for m in vae.modules()
+             if type(m).__name__ == "CogVideoXCausalConv3d" and m.time_kernel_size > 1]
+    assert convs and all((w[:, :, :-1] == 0).all() and (w[:, :, -1] != 0).any() for w in convs)
+    # a video: every latent frame is its own frame's code (the group norms' clip statistics aside)
+    video = torch.rand(1, 3, 5, 16, 16) * 2 - 1
+    with torch.no_grad():
+        latents = vae.encode(video).latent_dist.mode()  # (1, 4, 5, 8, 8): 2x spatial, 1x time
+    assert latents.shape == (1, 4, 5, 8, 8)
+    changed = video.clone()
+    changed[:, :, 1] = -changed[:, :, 1]  # frame 1 only
+    with torch.no_grad():
+        other = vae.encode(changed).latent_dist.mode()
+    untouched = (latents - other).abs()[:, :, [0, 2, 3, 4]].mean()
+    assert (latents - other).abs()[:, :, 1].mean() > 10 * untouched
+
+
+def test_llm_pretraining_text_and_windows(tmp_path):
+    import numpy as np
+
+    from animegamer.data.manifest import ClipRecord, Manifest
+
+    llm = _script("pretrain_spriteworld_llm")
+    tags = "<S>Qiqi</S><MD>run</MD><EV>noon park</EV><ML>5</ML><MA>quickly</MA><SC>0</SC><ET>0</ET><ST>-1</ST>"
+    other = "<S>Qiqi</S><MD>sleep</MD><EV>night bedroom</EV><ML>1</ML><MA></MA><SC>0</SC><ET>0</ET><ST>1</ST>"
+    records = [
+        ClipRecord("a_1", "a/1.mp4", "a", 1, 2.0, 4.0, tags=other),
+        ClipRecord("a_0", "a/0.mp4", "a", 0, 0.0, 2.0, tags=tags),
+        ClipRecord("b_0", "b/0.mp4", "b", 0, 0.0, 2.0, tags=tags),  # a held-out film
+        ClipRecord("a_2", "a/2.mp4", "a", 2, 4.0, 6.0),  # not captioned
+    ]
+    texts = llm.film_texts(Manifest(tmp_path / "clips.jsonl", records, {"splits": {"train": ["a"], "test": ["b"]}}))
+    assert list(texts) == ["a"]
+    assert texts["a"] == (
+        "Character: Qiqi; Motion: quickly run; Background: noon park. " + tags + " "
+        "Character: Qiqi; Motion: sleep; Background: night bedroom. " + other
+    )
+    documents = [list(range(100)), list(range(100, 110))]
+    batch = llm.token_windows(documents, 16, 6, np.random.default_rng(0))
+    assert batch.shape[0] == 6 and batch.shape[1] <= 16
+    for row in batch.tolist():  # consecutive tokens of one document
+        assert all(b - a == 1 for a, b in zip(row, row[1:], strict=False))
