@@ -8,6 +8,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -205,3 +206,26 @@ def test_llm_pretraining_text_and_windows(tmp_path):
     assert batch.shape[0] == 6 and batch.shape[1] <= 16
     for row in batch.tolist():  # consecutive tokens of one document
         assert all(b - a == 1 for a, b in zip(row, row[1:], strict=False))
+
+
+def test_nearest_scene_ignores_the_figure():
+    places = _script("spriteworld_places")
+    scenes = {"noon park": np.full((8, 12, 3), 60, np.float32), "night street": np.full((8, 12, 3), 200, np.float32)}
+    clip = np.full((3, 16, 24, 3), 70, np.uint8)  # twice the size: resized to the sceneries'
+    clip[:, 4:12, 8:14] = 250  # a bright figure
+    assert places.nearest_scene(clip, scenes) == "noon park"
+    assert places.nearest_scene(np.full((2, 8, 12, 3), 190, np.uint8), scenes) == "night street"
+
+
+def test_places_report_on_the_mini_run(mini_run, tmp_path):
+    out, _ = mini_run
+    report = _script("spriteworld_places").main([
+        "--config", str(out / "ship" / "configs" / "inference.yaml"), "--manifest", str(out / "data" / "clips.jsonl"),
+        "--shot-targets", str(out / "stage_a" / "shot_targets"), "--turns", "2", "--out", str(tmp_path / "p.json"),
+        "sampling.steps=2",
+    ])
+    assert json.loads((tmp_path / "p.json").read_text())["turns"] == report["turns"] == 2
+    for row in report["rows"]:
+        assert row["mllm"] in report["scenes"] and row["encoder"] in report["scenes"]
+    for key in ("mllm_place_accuracy", "mllm_time_accuracy", "encoder_place_accuracy", "encoder_time_accuracy"):
+        assert 0.0 <= report[key] <= 1.0

@@ -1,0 +1,122 @@
+"""Is the asked-for place on screen? Place and time-of-day accuracy of rendered SpriteWorld first turns.
+
+    python scripts/spriteworld_places.py --config configs/spriteworld/inference.yaml \
+        --manifest outputs/spriteworld/data/clips.jsonl --shot-targets outputs/spriteworld/stage_a/shot_targets
+
+For clips of the held-out films (``--split train`` for the training films), each clip's instruction is played as a
+game's first turn (no history): the MLLM predicts the shot and the decoder renders it. With ``--shot-targets``
+(stage (a)'s encoder shots of the real clips) the encoder's shot of the same clip is rendered too: the ceiling of
+what the decoder draws from a shot. A rendered clip's place and time of day are those of the nearest empty scenery
+(per-pixel median of the first frames of the manifest's clips of each background, "noon park" and so on; mean
+squared distance to the clip's mean frame). SpriteWorld has 6 places and 4 times of day, so chance is ~1/6 and ~1/4.
+
+Writes ``--out`` (JSON: the accuracies and every turn's instruction, prediction and rendered scene) and prints the
+accuracies.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from animegamer.cli import parse_config
+from animegamer.config import InferenceConfig
+from animegamer.data.manifest import ClipRecord, read_manifest
+from animegamer.io import atomic_write_json
+
+SCENERY_CLIPS = 12  # clips per background whose first frames make its empty scenery
+
+
+def sceneries(manifest, records: list[ClipRecord], per_scene: int = SCENERY_CLIPS) -> dict[str, np.ndarray]:
+    """Background ("noon park") -> its empty scenery (H, W, 3) float: the per-pixel median of first frames.
+
+    Figures stand at different spots in different clips, so the median over clips is the scenery without them.
+    """
+    from animegamer.data.video import read_video
+
+    by_scene: dict[str, list[ClipRecord]] = {}
+    for record in records:
+        by_scene.setdefault(record.shot_tags().environment, []).append(record)
+    return {
+        scene: np.median(np.stack([read_video(manifest.video_path(r))[0][0] for r in rs[:per_scene]]), axis=0)
+        .astype(np.float32)
+        for scene, rs in sorted(by_scene.items())
+    }
+
+
+def nearest_scene(frames: np.ndarray, scenes: dict[str, np.ndarray]) -> str:
+    """The background whose scenery is nearest (mean squared distance) to the mean frame of ``frames`` (T, H, W, 3)."""
+    import cv2
+
+    mean = frames.astype(np.float32).mean(axis=0)
+    first = next(iter(scenes.values()))
+    if mean.shape != first.shape:
+        mean = cv2.resize(mean, (first.shape[1], first.shape[0]), interpolation=cv2.INTER_AREA)
+    return min(scenes, key=lambda s: float(np.square(scenes[s] - mean).mean()))
+
+
+def add_flags(parser) -> None:
+    parser.add_argument("--manifest", required=True, help="SpriteWorld clips.jsonl (with its train/test split)")
+    parser.add_argument("--shot-targets", default="", help="stage (a) shot targets: also render the encoder's shots")
+    parser.add_argument("--split", default="test", choices=("test", "train"), help="films to take the clips from")
+    parser.add_argument("--turns", type=int, default=24, help="clips to play (evenly spread over the split)")
+    parser.add_argument("--out", default="outputs/spriteworld/places.json", help="JSON report")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from animegamer.data.stage_b import SHOT_FIELD
+    from animegamer.data.tensor_store import TensorStore
+    from animegamer.inference.session import build_session
+
+    cfg, args = parse_config(InferenceConfig, __doc__, argv, extra=add_flags)
+    manifest = read_manifest(args.manifest)
+    films = set(manifest.meta.get("splits", {}).get(args.split, []))
+    if not films:
+        raise SystemExit(f"error: {args.manifest} has no '{args.split}' films in its meta splits")
+    records = [r for r in manifest.records if r.tags and r.film_id in films]
+    picks = [records[i] for i in np.linspace(0, len(records) - 1, min(args.turns, len(records))).round().astype(int)]
+    scenes = sceneries(manifest, [r for r in manifest.records if r.tags])
+    targets = TensorStore(args.shot_targets) if args.shot_targets else None
+    session = build_session(cfg, render=True, output_dir=Path(args.out).parent / "places_session")
+    rows = []
+    for record in tqdm(picks, desc="places", unit="turn"):
+        tags = record.shot_tags()
+        prediction = session.predictor.predict_turn([], tags.instruction().render())
+        shots = {"mllm": (prediction.shot_embeds, prediction.values.motion_level)}
+        if targets is not None and record.clip_id in targets:  # the real clip's shot, at its true level
+            target = targets.load(record.clip_id, (SHOT_FIELD,))[SHOT_FIELD].float()
+            shots["encoder"] = (target, tags.values.motion_level)
+        row = {"clip_id": record.clip_id, "background": tags.environment}
+        for name, (shot, level) in shots.items():
+            frames = session.renderer.render(shot, level, seed=cfg.seed)
+            row[name] = nearest_scene(frames, scenes)
+        rows.append(row)
+
+    def accuracy(name: str, part: int) -> float | None:
+        scored = [r for r in rows if name in r]
+        if not scored:
+            return None
+        return float(np.mean([r[name].split()[part] == r["background"].split()[part] for r in scored]))
+
+    report = {
+        "split": args.split,
+        "turns": len(rows),
+        "scenes": sorted(scenes),
+        **{f"{name}_{what}_accuracy": accuracy(name, part)
+           for name in ("mllm", "encoder") for what, part in (("place", -1), ("time", 0))},
+        "rows": rows,
+    }
+    atomic_write_json(args.out, report)
+    print(json.dumps({k: v for k, v in report.items() if k.endswith("accuracy")}, indent=2))
+    print(f"report {args.out}", file=sys.stderr)
+    return report
+
+
+if __name__ == "__main__":
+    torch.set_grad_enabled(False)
+    main()
