@@ -313,7 +313,14 @@ def test_demo_game_is_in_the_world():
 
 def test_config_and_script(tmp_path):
     cfg = load_config(ROOT / "configs" / "spriteworld" / "data.yaml")
-    assert isinstance(cfg, SpriteWorldConfig) and (cfg.height, cfg.width, cfg.num_frames, cfg.fps) == (64, 96, 17, 8)
+    assert isinstance(cfg, SpriteWorldConfig) and (cfg.height, cfg.width, cfg.num_frames, cfg.fps) == (64, 96, 9, 8)
+    # every step of the chain reads and draws clips of the data's size
+    for name in ("pretrain", "stage_a", "stage_c"):
+        step = load_config(ROOT / "configs" / "spriteworld" / f"{name}.yaml").data
+        assert (step.height, step.width, step.num_frames, step.fps) == (64, 96, 9, 8), name
+    sampling = [load_config(ROOT / "configs" / "spriteworld" / "inference.yaml").sampling,
+                load_config(ROOT / "configs" / "spriteworld" / "eval.yaml").inference.sampling]
+    assert all((s.height, s.width, s.num_frames) == (64, 96, 9) for s in sampling)
     assert cfg.output_dir == "outputs/spriteworld/data"
     script = [sys.executable, str(ROOT / "scripts" / "make_spriteworld.py"),
               "--config", str(ROOT / "configs" / "spriteworld" / "data.yaml")]
