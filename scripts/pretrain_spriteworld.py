@@ -336,6 +336,14 @@ def build_transformer(cfg: SpriteWorldPretrainConfig):
     )
 
 
+def moving_cells(figures: torch.Tensor) -> torch.Tensor:
+    """Figure cells (N, F, 1, h, w) -> the cells a figure enters or leaves between neighbouring latent frames."""
+    change = (figures[:, 1:] - figures[:, :-1]).abs()  # (N, F - 1, 1, h, w)
+    before = torch.cat([change[:, :1], change], dim=1)  # frame f vs f - 1 (frame 0: vs frame 1)
+    after = torch.cat([change, change[:, -1:]], dim=1)
+    return torch.maximum(before, after)
+
+
 def training_timesteps(cfg: SpriteWorldPretrainConfig, step: int, num_train_timesteps: int, generator) -> torch.Tensor:
     """Timesteps of one batch: uniform, except that a share sits at the last one (pure noise, caption only).
 
@@ -357,6 +365,8 @@ def train_transformer(cfg: SpriteWorldPretrainConfig, store: TensorStore, clip_i
     latents = torch.stack([r["latents"].permute(1, 0, 2, 3) for r in rows]).float()  # (N, F, C, h, w)
     if cfg.figure_loss_weight > 0:
         figures = torch.stack([r["figure_mask"] for r in rows]).float()[:, :, None]  # (N, F, 1, h, w)
+        if cfg.motion_loss_weight > 0:
+            figures = figures + cfg.motion_loss_weight / cfg.figure_loss_weight * moving_cells(figures)
     text = torch.stack([r["text_tokens"] for r in rows]).float()  # (N, Nt, Dt)
     scheduler = CogVideoXDDIMScheduler(**COGVIDEOX_2B_SCHEDULER)
     transformer = build_transformer(cfg).train()

@@ -229,3 +229,18 @@ def test_places_report_on_the_mini_run(mini_run, tmp_path):
         assert row["mllm"] in report["scenes"] and row["encoder"] in report["scenes"]
     for key in ("mllm_place_accuracy", "mllm_time_accuracy", "encoder_place_accuracy", "encoder_time_accuracy"):
         assert 0.0 <= report[key] <= 1.0
+
+
+def test_moving_cells_mark_where_a_figure_enters_or_leaves():
+    pretrain = _script("pretrain_spriteworld")
+    figures = torch.zeros(1, 4, 1, 2, 5)  # (N, F, 1, h, w): a figure stepping right one cell per frame but the last
+    for f, x in enumerate([0, 1, 2, 2]):
+        figures[0, f, 0, 0, x] = 1
+    figures[0, :, 0, 1, 4] = 1  # a figure that stands still
+    moving = pretrain.moving_cells(figures)
+    assert moving.shape == figures.shape
+    assert moving[0, :, 0, 1].sum() == 0  # standing still: never moving
+    assert moving[0, 0, 0, 0].tolist() == [1, 1, 0, 0, 0]  # frame 0 vs frame 1
+    assert moving[0, 1, 0, 0].tolist() == [1, 1, 1, 0, 0]  # left cell 0, entered 1, enters 2 next
+    assert moving[0, 2, 0, 0].tolist() == [0, 1, 1, 0, 0]  # came from 1 to 2, then stays
+    assert moving[0, 3, 0, 0].sum() == 0  # it stopped
