@@ -363,10 +363,9 @@ def train_transformer(cfg: SpriteWorldPretrainConfig, store: TensorStore, clip_i
     fields = ("latents", "text_tokens", "figure_mask") if cfg.figure_loss_weight > 0 else ("latents", "text_tokens")
     rows = [store.load(cid, fields) for cid in clip_ids]
     latents = torch.stack([r["latents"].permute(1, 0, 2, 3) for r in rows]).float()  # (N, F, C, h, w)
-    if cfg.figure_loss_weight > 0:
+    if cfg.figure_loss_weight > 0:  # each latent cell's weight in the v-MSE, fixed per clip: computed once
         figures = torch.stack([r["figure_mask"] for r in rows]).float()[:, :, None]  # (N, F, 1, h, w)
-        if cfg.motion_loss_weight > 0:
-            figures = figures + cfg.motion_loss_weight / cfg.figure_loss_weight * moving_cells(figures)
+        cell_weight = 1.0 + cfg.figure_loss_weight * figures + cfg.motion_loss_weight * moving_cells(figures)
     text = torch.stack([r["text_tokens"] for r in rows]).float()  # (N, Nt, Dt)
     scheduler = CogVideoXDDIMScheduler(**COGVIDEOX_2B_SCHEDULER)
     transformer = build_transformer(cfg).train()
@@ -390,7 +389,7 @@ def train_transformer(cfg: SpriteWorldPretrainConfig, store: TensorStore, clip_i
         )[0]
         error = (prediction - scheduler.get_velocity(x0, noise, timesteps)).square()  # (B, F, C, h, w)
         if cfg.figure_loss_weight > 0:
-            weight = 1.0 + cfg.figure_loss_weight * figures[picks]  # (B, F, 1, h, w)
+            weight = cell_weight[picks]  # (B, F, 1, h, w)
             loss = (weight * error).mean() / weight.mean()
         else:
             loss = error.mean()

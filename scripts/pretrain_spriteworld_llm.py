@@ -81,7 +81,6 @@ def main(argv: list[str] | None = None) -> Path:
     documents = [[tokenizer.bos_token_id, *tokenizer(t, add_special_tokens=False).input_ids] for t in texts.values()]
     if min(len(d) for d in documents) < 2:
         raise SystemExit("error: a film's text is shorter than two tokens")
-    torch.manual_seed(cfg.seed)
     model = MistralForCausalLM.from_pretrained(cfg.pretrained, torch_dtype=torch.float32).train()
 
     train = cfg.train
