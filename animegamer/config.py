@@ -232,6 +232,7 @@ class SpriteWorldPretrainConfig:
     vae_temporal_compression: int = 4
     kl_weight: float = 1.0e-6  # KL of the posterior against N(0, I), small as in latent-diffusion VAEs
     foreground_weight: float = 0.0  # extra loss weight of pixels off their place's empty scenery (the figures)
+    vae_latent_noise: float = 0.0  # Gaussian noise (x the latents' std) added before decoding, in training
     resume_vae: bool = False  # keep output_dir/vae + data.features_dir of an earlier run; only the transformer trains
     num_heads: int = 4  # transformer attention heads
     head_dim: int = 16  # width per head; hidden = num_heads * head_dim

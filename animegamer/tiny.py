@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -29,27 +30,34 @@ night day morning evening sunset rain snow sunny dark bright
 """.split()
 
 
-def corpus_lines(repeat: int = 30) -> list[str]:
-    """A deterministic corpus of instruction-like sentences for training tiny tokenizers."""
+def corpus_lines(repeat: int = 30, words: Sequence[str] = ()) -> list[str]:
+    """A deterministic corpus of instruction-like sentences for training tiny tokenizers.
+
+    ``words`` extends the lexicon (e.g. a world's own names, adverbs and places): a word the corpus never shows is
+    split into letters, so its sentences would tokenize to lengths that vary with the spelling of their words.
+    """
     import random
 
+    lexicon = _CORPUS_WORDS + [w for w in dict.fromkeys(words) if w not in _CORPUS_WORDS]
     rng = random.Random(0)
     lines = []
     for _ in range(repeat * 20):
-        words = rng.sample(_CORPUS_WORDS, 8)
-        lines.append(f"Character: {words[0]}; Motion: {words[1]} {words[2]}; Background: {words[3]} {words[4]}.")
-        lines.append(" ".join(words))
-    lines += [" ".join(_CORPUS_WORDS)] * 5
+        picked = rng.sample(lexicon, 8)
+        lines.append(f"Character: {picked[0]}; Motion: {picked[1]} {picked[2]}; Background: {picked[3]} {picked[4]}.")
+        lines.append(" ".join(picked))
+    lines += [" ".join(lexicon)] * 5
     return lines
 
 
-def train_sentencepiece(out_prefix: Path, vocab_size: int = 256, model_type: str = "unigram", **kwargs) -> Path:
-    """Train a sentencepiece model on :func:`corpus_lines`; returns the ``.model`` path."""
+def train_sentencepiece(
+    out_prefix: Path, vocab_size: int = 256, model_type: str = "unigram", words: Sequence[str] = (), **kwargs
+) -> Path:
+    """Train a sentencepiece model on :func:`corpus_lines` (with ``words``); returns the ``.model`` path."""
     import sentencepiece as spm
 
     out_prefix.parent.mkdir(parents=True, exist_ok=True)
     corpus = out_prefix.with_suffix(".corpus.txt")
-    corpus.write_text("\n".join(corpus_lines()) + "\n", encoding="utf-8")
+    corpus.write_text("\n".join(corpus_lines(words=words)) + "\n", encoding="utf-8")
     spm.SentencePieceTrainer.train(
         input=str(corpus),
         model_prefix=str(out_prefix),
@@ -89,12 +97,13 @@ def build_tiny_clip(out_dir: str | Path, seed: int = 0, arch: str = TINY_CLIP_AR
     return config_path, weights
 
 
-def build_tiny_t5(out_dir: str | Path, seed: int = 0, d_model: int = 32) -> Path:
-    """A tiny T5 encoder + sentencepiece tokenizer in diffusers layout (text_encoder/, tokenizer/)."""
+def build_tiny_t5(out_dir: str | Path, seed: int = 0, d_model: int = 32, words: Sequence[str] = ()) -> Path:
+    """A tiny T5 encoder + sentencepiece tokenizer in diffusers layout (text_encoder/, tokenizer/); ``words``
+    extend the tokenizer's corpus (:func:`corpus_lines`)."""
     from transformers import T5Config, T5EncoderModel, T5Tokenizer
 
     out_dir = Path(out_dir)
-    spm_model = train_sentencepiece(out_dir / "_spm" / "spiece", vocab_size=200)
+    spm_model = train_sentencepiece(out_dir / "_spm" / "spiece", vocab_size=200, words=words)
     tokenizer = T5Tokenizer.from_pretrained(str(spm_model.parent), extra_ids=0)
     tokenizer.save_pretrained(str(out_dir / "tokenizer"))
     shutil.rmtree(spm_model.parent)
@@ -200,10 +209,12 @@ def build_all(out_dir: str | Path, seed: int = 0) -> dict[str, Path]:
     return written
 
 
-def build_tiny_mistral(out_dir: str | Path, seed: int = 0, hidden_size: int = 64) -> Path:
+def build_tiny_mistral(
+    out_dir: str | Path, seed: int = 0, hidden_size: int = 64, words: Sequence[str] = ()
+) -> Path:
     """A tiny ``MistralForCausalLM`` + Llama-style sentencepiece BPE tokenizer (byte fallback), in HF layout.
 
-    The tokenizer is trained on :func:`corpus_lines`, converted by ``LlamaTokenizer`` and saved with
+    The tokenizer is trained on :func:`corpus_lines` (with ``words``), converted by ``LlamaTokenizer`` and saved with
     ``save_pretrained``, so ``AutoTokenizer.from_pretrained(out_dir)`` reloads it like Mistral-7B's.
     """
     from transformers import LlamaTokenizer, MistralConfig, MistralForCausalLM
@@ -214,6 +225,7 @@ def build_tiny_mistral(out_dir: str | Path, seed: int = 0, hidden_size: int = 64
         spm_dir / "tokenizer",
         vocab_size=512,
         model_type="bpe",
+        words=words,
         byte_fallback=True,  # as Llama/Mistral: no <unk> for unseen characters
         split_digits=True,
         unk_id=0,

@@ -6,7 +6,10 @@ Stage (a) trains LoRA on top of a *pretrained* text-to-video CogVideoX. No such 
 random tiny CogVideoX draws noise, so this script plays the part of the pretraining, on SpriteWorld's training films:
 
 1. the frozen text encoder: a tiny random T5 (seeded, never trained, as the issue asks) + sentencepiece tokenizer,
-   written to ``output_dir/{text_encoder,tokenizer}`` by :func:`animegamer.tiny.build_tiny_t5`;
+   written to ``output_dir/{text_encoder,tokenizer}`` by :func:`animegamer.tiny.build_tiny_t5`; the tokenizer's
+   corpus holds every SpriteWorld word (:func:`animegamer.data.spriteworld.lexicon`), so each is one token and a
+   caption's place always sits at the same token positions (split into letters, "noon" took 4 and moved the place
+   of the caption by up to 10 positions, which the MLLM, predicting the shot token by token, could not follow);
 2. the VAE — ``output_dir/vae/`` (diffusers ``AutoencoderKLCogVideoX``, one block per ``vae_channels`` entry:
    2^(n-1)x spatial, ``vae_temporal_compression``x temporal (CogVideoX-2B: 4), ``latent_channels`` channels;
    SpriteWorld uses 1x temporal, since a tiny VAE averages a running figure away inside a group of 4 frames (its
@@ -67,6 +70,7 @@ from animegamer.config import (
 )
 from animegamer.data.features import META_FILE, clip_frame_indices, feature_settings, fit_frames
 from animegamer.data.manifest import ClipRecord, Manifest, read_manifest
+from animegamer.data.spriteworld import lexicon
 from animegamer.data.tensor_store import TensorStore
 from animegamer.data.video import read_video
 from animegamer.inference.contact_sheet import contact_sheet
@@ -154,7 +158,9 @@ def train_vae(cfg: SpriteWorldPretrainConfig, clips: torch.Tensor, log: Log, sce
 
     With ``foreground_weight`` > 0 and ``scenery`` (each clip's empty place, (N, H, W, 3)), pixels that differ from
     it (the figures, a few % of a frame) weigh ``1 + foreground_weight`` in the reconstruction loss: an unweighted
-    loss is spent on the background and leaves the characters as smudges.
+    loss is spent on the background and leaves the characters as smudges. With ``vae_latent_noise`` > 0 the latents
+    are decoded with Gaussian noise of that share of their std added: a decoder trained on exact latents turns the
+    small errors of a diffusion model's latents into colour clutter over the whole picture.
     """
     from diffusers import AutoencoderKLCogVideoX
 
@@ -183,7 +189,10 @@ def train_vae(cfg: SpriteWorldPretrainConfig, clips: torch.Tensor, log: Log, sce
         frames = torch.stack([clips[i, s : s + window] for i, s in zip(picks, starts, strict=True)])  # (B,T,H,W,3)
         x = to_unit(frames)
         posterior = vae.encode(x).latent_dist
-        reconstruction = vae.decode(posterior.sample()).sample  # (B, 3, T, H, W)
+        z = posterior.sample()
+        if cfg.vae_latent_noise > 0:  # the decoder learns to draw clean pictures from slightly wrong latents
+            z = z + cfg.vae_latent_noise * z.detach().std() * torch.randn_like(z)
+        reconstruction = vae.decode(z).sample  # (B, 3, T, H, W)
         weight = torch.ones_like(x[:, :1])  # (B, 1, T, H, W)
         if weigh:
             moved = figure_pixels(frames, scenery[picks])  # (B, T, H, W)
@@ -454,7 +463,7 @@ def main(argv: list[str] | None = None) -> Path:
 
     # 1. frozen tiny T5 (random, seeded) + tokenizer
     out.mkdir(parents=True, exist_ok=True)
-    build_tiny_t5(out, seed=cfg.seed, d_model=cfg.t5_dim)
+    build_tiny_t5(out, seed=cfg.seed, d_model=cfg.t5_dim, words=lexicon())
     t5 = T5TextFeatures.from_config(T5Config(path=str(out), max_length=cfg.text_tokens))
 
     # 2. VAE, and 3. the stage (a) features of every clip from it (kept from an earlier run if resume_vae)

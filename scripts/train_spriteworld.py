@@ -112,11 +112,12 @@ def step_data(configs: dict[str, Path]) -> dict:
 
 
 def step_pretrain(cfg: SpriteWorldRunConfig, configs: dict[str, Path]) -> dict:
+    from animegamer.data.spriteworld import lexicon
     from animegamer.tiny import build_tiny_clip, build_tiny_mistral
 
     models = Path(cfg.output_dir) / "models"
     build_tiny_clip(models / "clip", seed=cfg.seed)
-    build_tiny_mistral(models / "Mistral", seed=cfg.seed, hidden_size=cfg.mistral_hidden)
+    build_tiny_mistral(models / "Mistral", seed=cfg.seed, hidden_size=cfg.mistral_hidden, words=lexicon())
     load_script("pretrain_spriteworld").main(["--config", str(configs["pretrain"])])
     pretrain = load_config(configs["pretrain"])
     return json.loads((Path(pretrain.report_dir) / "summary.json").read_text())

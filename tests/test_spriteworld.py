@@ -22,6 +22,7 @@ from animegamer.data.spriteworld import (
     ShotSpec,
     animate,
     fit_motion_bins,
+    lexicon,
     motion_level,
     motion_scope,
     plan_films,
@@ -271,6 +272,32 @@ def test_two_characters_in_social_shots():
 
 
 # -------------------------------------------------------------------------------- errors, game file, script
+
+
+def test_tiny_t5_tokenizer_keeps_the_place_at_fixed_positions(tmp_path):
+    """Trained with the world's lexicon, every SpriteWorld word is one token, so the background's two words sit at
+    positions set by the action alone (the shot tokens the MLLM predicts are T5 tokens, position by position)."""
+    from transformers import AutoTokenizer
+
+    from animegamer.tiny import build_tiny_t5, corpus_lines
+
+    assert corpus_lines(words=()) == corpus_lines()  # the tiny checkpoints of tests and make demo do not change
+    build_tiny_t5(tmp_path, words=lexicon())
+    tokenizer = AutoTokenizer.from_pretrained(str(tmp_path / "tokenizer"))
+    for word in lexicon():
+        assert tokenizer.tokenize(word) == [f"\u2581{word}"], word
+    place_at = collections.defaultdict(set)
+    for (name, action), place, time in zip(
+        [(c, a) for c in CHARACTERS for a in ACTIONS], PLACES * 20, TIMES * 30, strict=False
+    ):
+        if place not in ACTIONS[action].places:
+            continue
+        friend = next(c for c in CHARACTERS if c != name) if ACTIONS[action].social else ""
+        spec = ShotSpec(name, action, place, time, ACTIONS[action].adverbs[-1], friend)
+        pieces = tokenizer.tokenize(spec.instruction().render())
+        place_at[action].add(pieces.index(f"\u2581{place}"))
+    assert all(len(positions) == 1 for positions in place_at.values()), place_at
+    assert len(place_at) >= 8
 
 
 @pytest.mark.parametrize(

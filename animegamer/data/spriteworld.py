@@ -122,6 +122,17 @@ TRANSITIONS: dict[str, dict[str, float]] = {
 # Where an action usually happens when the character moves somewhere new for it.
 HOME = {"sleep": "bedroom", "eat": "kitchen", "read": "bedroom"}
 
+
+def lexicon() -> list[str]:
+    """Every word a SpriteWorld instruction can contain (names, adverbs, actions, times, places), for the tiny
+    tokenizers: trained on them, each is one piece, so an instruction's tokens sit at the same positions whatever
+    its words (only the social actions' "with <friend>" adds tokens)."""
+    words = [*CHARACTERS, *ADVERB_SPEED, *TIMES, *PLACES]
+    for action in ACTIONS.values():
+        words += [w for w in action.text.split() if w != "{friend}"]
+    return list(dict.fromkeys(words))
+
+
 @dataclass(frozen=True)
 class ShotSpec:
     """What one shot shows. Validated on construction."""
