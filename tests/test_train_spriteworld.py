@@ -244,3 +244,35 @@ def test_moving_cells_mark_where_a_figure_enters_or_leaves():
     assert moving[0, 1, 0, 0].tolist() == [1, 1, 1, 0, 0]  # left cell 0, entered 1, enters 2 next
     assert moving[0, 2, 0, 0].tolist() == [0, 1, 1, 0, 0]  # came from 1 to 2, then stays
     assert moving[0, 3, 0, 0].sum() == 0  # it stopped
+
+
+def test_vae_latent_noise_makes_the_decoder_robust_to_latent_errors(tmp_path):
+    """Trained with noise added to its latents, the decoder's error grows much less when its latent is slightly wrong
+    (as a diffusion model's latents are) than a decoder trained on exact latents: same pictures, steps and seed."""
+    from animegamer.config import SpriteWorldPretrainConfig, TrainConfig
+
+    pretrain = _script("pretrain_spriteworld")
+    rng = np.random.default_rng(0)
+    clips = np.zeros((6, 1, 16, 16, 3), np.uint8)  # blocky pictures: colour squares on a plain background
+    for clip in clips:
+        clip[:] = rng.integers(0, 256, 3)
+        for _ in range(3):
+            y, x = rng.integers(0, 12, 2)
+            clip[:, y : y + 4, x : x + 4] = rng.integers(0, 256, 3)
+    clips = torch.from_numpy(clips)
+
+    def error_growth(noise: float) -> float:
+        cfg = SpriteWorldPretrainConfig(vae_channels=[8, 16], latent_channels=4, vae_temporal_compression=1,
+                                        vae_latent_noise=noise)
+        cfg.data.height, cfg.data.width = 16, 16
+        cfg.vae = TrainConfig(max_steps=150, batch_size=6, lr=3e-3, log_every=1000)
+        vae = pretrain.train_vae(cfg, clips, pretrain.Log(tmp_path / f"vae{noise}.jsonl"))
+        x = pretrain.to_unit(clips)
+        with torch.no_grad():
+            z = vae.encode(x).latent_dist.mode()
+            exact = (vae.decode(z).sample - x).square().mean()
+            wrong = z + 0.3 * z.std() * torch.randn(z.shape, generator=torch.Generator().manual_seed(1))
+            off = (vae.decode(wrong).sample - x).square().mean()
+        return (off / exact).item()  # how much a wrong latent multiplies the error
+
+    assert error_growth(0.3) < 0.75 * error_growth(0.0)  # measured: 1.22 against 1.88
