@@ -248,8 +248,8 @@ class SpriteWorldPretrainConfig:
     pure_noise_fraction: float = 0.0
     # extra weight of the latent cells figures fall in, in the transformer's loss (the background fills the rest)
     figure_loss_weight: float = 0.0
-    # extra weight of the figure cells a figure enters or leaves from one latent frame to the next (the motion);
-    # used with figure_loss_weight > 0 (the masks come from the same features)
+    # extra weight of the cells a figure enters or leaves from one latent frame to the next (the motion), from the
+    # same figure masks as figure_loss_weight
     motion_loss_weight: float = 0.0
     feature_batch: int = 8  # clips per batch while filling the features (batched VAE encode is much faster)
     threads: int = 1  # torch CPU threads; 1 runs best on shared cores (OpenMP spin-waits otherwise)

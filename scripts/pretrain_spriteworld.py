@@ -369,10 +369,11 @@ def train_transformer(cfg: SpriteWorldPretrainConfig, store: TensorStore, clip_i
     """Text-to-video pretraining of all transformer parameters: v-prediction MSE, captions dropped to ``empty``."""
     from diffusers import CogVideoXDDIMScheduler
 
-    fields = ("latents", "text_tokens", "figure_mask") if cfg.figure_loss_weight > 0 else ("latents", "text_tokens")
+    weighted = cfg.figure_loss_weight > 0 or cfg.motion_loss_weight > 0  # both come from the figure masks
+    fields = ("latents", "text_tokens", "figure_mask") if weighted else ("latents", "text_tokens")
     rows = [store.load(cid, fields) for cid in clip_ids]
     latents = torch.stack([r["latents"].permute(1, 0, 2, 3) for r in rows]).float()  # (N, F, C, h, w)
-    if cfg.figure_loss_weight > 0:  # each latent cell's weight in the v-MSE, fixed per clip: computed once
+    if weighted:  # each latent cell's weight in the v-MSE, fixed per clip: computed once
         figures = torch.stack([r["figure_mask"] for r in rows]).float()[:, :, None]  # (N, F, 1, h, w)
         cell_weight = 1.0 + cfg.figure_loss_weight * figures + cfg.motion_loss_weight * moving_cells(figures)
     text = torch.stack([r["text_tokens"] for r in rows]).float()  # (N, Nt, Dt)
@@ -397,7 +398,7 @@ def train_transformer(cfg: SpriteWorldPretrainConfig, store: TensorStore, clip_i
             hidden_states=noisy, encoder_hidden_states=condition, timestep=timesteps, return_dict=False
         )[0]
         error = (prediction - scheduler.get_velocity(x0, noise, timesteps)).square()  # (B, F, C, h, w)
-        if cfg.figure_loss_weight > 0:
+        if weighted:
             weight = cell_weight[picks]  # (B, F, 1, h, w)
             loss = (weight * error).mean() / weight.mean()
         else:
