@@ -406,6 +406,7 @@ class InferenceConfig:
     offload: str = "none"  # none | sequential (each model on the GPU only while it runs)
     fast: bool = False  # the fast preset (fewer steps, partial CFG)
     compile: bool = False  # torch.compile the decoder's transformer blocks (first turn compiles; same outputs)
+    compile_vae: bool = False  # torch.compile the VAE decoder too: 2x faster decode, ~150 s to compile (GPU)
     merge_lora: bool = False  # fold the LoRA into the base weights at load (same outputs up to weight rounding)
 
 
@@ -552,6 +553,7 @@ class BenchmarkConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)  # the timed turn (paper: 480x720, 17, 50 steps)
     merge_lora: bool = True  # our path at inference: LoRA folded into the base weights
     compile: bool = True  # our path: torch.compile of the transformer blocks (decoder at inference; training steps)
+    compile_vae: bool = False  # our path: torch.compile of the VAE decoder too (about 150 s of compiling on an H100)
     low_memory: bool = True  # also time a whole turn with offload=sequential + VAE tiling, and its peak memory
     profile: bool = False  # write a torch.profiler table of one turn on our path (profile_turn.txt)
     stage_a: str = "configs/stage_a.yaml"  # run config whose settings (batch, checkpointing, LoRA, precision) the

@@ -112,20 +112,24 @@ def release(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def merge_existing(result: dict, path: Path) -> None:
-    """Copy into ``result`` the parts it did not measure from an earlier run of the same preset on the same device."""
+def load_earlier(path: Path, result: dict) -> dict | None:
+    """An earlier benchmark.json of the same preset on the same device (what ``merge_existing`` keeps), else None."""
     import json
 
     if not path.is_file():
-        return
+        return None
     earlier = json.loads(path.read_text())
     same = (earlier.get("format"), earlier.get("preset"), earlier.get("device", {}).get("name")) == (
         FORMAT, result["preset"], result["device"]["name"]
     )
     if not same:
         print(f"[benchmark] not merging {path}: another preset or device", file=sys.stderr)
-        return
-    measured = set(result["settings"]["parts"])
+        return None
+    return earlier
+
+
+def merge_existing(result: dict, earlier: dict, measured: set[str]) -> None:
+    """Copy into ``result`` the parts of ``earlier`` that are not among the ``measured`` ones."""
     dates = {**{part: earlier["date"] for part in PARTS}, **earlier.get("merged_from", {})}
     merged = {}
     if "turn" not in measured and "turn" in earlier:
@@ -196,6 +200,7 @@ def main(argv: list[str] | None = None) -> dict:
             "train_warmup": cfg.train_warmup,
             "train_repeats": cfg.train_repeats,
             "compile": cfg.compile,
+            "compile_vae": cfg.compile_vae,
             "merge_lora": cfg.merge_lora,
             "dtype": cfg.dtype,
             "threads": torch.get_num_threads(),
@@ -210,6 +215,20 @@ def main(argv: list[str] | None = None) -> dict:
         "errors": {},
     }
     counts = ParameterCounts()
+    out = Path(cfg.output_dir)
+    earlier = load_earlier(out / "benchmark.json", result) if cfg.merge_existing else None
+    done: set[str] = set()
+
+    def save() -> str:
+        """benchmark.json + benchmark.md with the parts measured so far (a run killed later keeps them)."""
+        result["parameters"] = dict(counts.counts)
+        result["wall_s"] = time.perf_counter() - started
+        if earlier is not None:
+            merge_existing(result, earlier, done)
+        atomic_write_json(out / "benchmark.json", result)
+        table = markdown(result)
+        atomic_write_text(out / "benchmark.md", table)
+        return table
 
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer_dir = build_tokenizer(Path(tmp) / "tokenizer", arch.tokenizer_vocab)
@@ -233,6 +252,7 @@ def main(argv: list[str] | None = None) -> dict:
                         warmup=cfg.warmup,
                         repeats=cfg.repeats,
                         compile=cfg.compile,
+                        compile_vae=cfg.compile_vae,
                         merge_lora=cfg.merge_lora,
                         low_memory=cfg.low_memory,
                         seed=cfg.seed,
@@ -268,15 +288,10 @@ def main(argv: list[str] | None = None) -> dict:
                 result["errors"][part] = traceback.format_exc()
                 say(f"{part} failed:\n{result['errors'][part]}")
             release(device)
+            done.add(part)
+            save()
 
-    result["parameters"] = counts.counts
-    result["wall_s"] = time.perf_counter() - started
-    out = Path(cfg.output_dir)
-    if cfg.merge_existing:
-        merge_existing(result, out / "benchmark.json")
-    atomic_write_json(out / "benchmark.json", result)
-    table = markdown(result)
-    atomic_write_text(out / "benchmark.md", table)
+    table = save()
     print(table)
     say(f"wrote {out / 'benchmark.json'} and {out / 'benchmark.md'} in {result['wall_s']:.0f} s")
     if result["errors"]:

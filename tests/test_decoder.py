@@ -147,6 +147,17 @@ def test_guidance_schedule():
     assert guidance_scales(SamplingConfig(steps=3, guidance_scale=1.0)) == [1.0, 1.0, 1.0]
 
 
+def test_fast_preset_calls_the_transformer_17_times_instead_of_99():
+    from animegamer.inference.session import fast_sampling
+
+    paper = SamplingConfig(scheduler="ddim", steps=50, guidance_scale=6.0, dynamic_cfg=True)
+    fast = fast_sampling(paper)
+    assert (fast.scheduler, fast.steps, fast.guidance_scale, fast.height) == ("dpm", 12, 6.0, paper.height)
+    calls = lambda s: sum(2 if g > 1.0 else 1 for g in guidance_scales(s))  # noqa: E731
+    assert (calls(paper), calls(fast)) == (99, 17)  # dynamic CFG is 1.0 only at the last of 50 steps
+    assert fast_sampling(SamplingConfig(steps=8)).steps == 8  # never more steps than asked for
+
+
 @pytest.mark.parametrize("scheduler", ["dpm", "ddim"])
 def test_sampling_writes_playable_clips(decoder, tmp_path, scheduler):
     sampling = SamplingConfig(

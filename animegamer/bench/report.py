@@ -80,14 +80,18 @@ def markdown(result: dict[str, Any]) -> str:
         low = turn.get("low_memory")
         if low:
             lines.append(
-                f"| turn with offload + VAE tiling | | {_s(low['turn_s'])} | "
+                f"| turn with offload + VAE tiling{'' if low.get('compiled', True) else ', eager'} | | "
+                f"{_s(low['turn_s'])} | "
                 f"{_ratio(plain['turn_s'] / low['turn_s'])} | {_gb(low['peak_memory_gb'])} (whole turn) |"
             )
         out = turn["outputs"]
         lines += [
             "",
             f"Outputs, ours vs plain from the same seed: shot representation relative difference "
-            f"{out['shot_embeds_rel_diff']:.1e}, final latents {out['latents_rel_diff']:.1e}.",
+            f"{out['shot_embeds_rel_diff']:.1e}, final latents {out['latents_rel_diff']:.1e}; bf16 noise floor: shot "
+            f"against float32 MLLM weights {out['shot_embeds_rel_diff_plain_vs_fp32']:.1e} (plain), "
+            f"{out['shot_embeds_rel_diff_ours_vs_fp32']:.1e} (ours); VAE frames from the same latents differ by "
+            f"{out['frames_mean_abs_diff']:.2f} / 255 on average (at most {out['frames_max_abs_diff']:.0f}).",
         ]
         if turn.get("sdpa_backends"):
             backends = ", ".join(f"{k} {_s(v)} s" for k, v in turn["sdpa_backends"].items())

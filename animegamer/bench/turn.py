@@ -20,7 +20,8 @@ preset's denoising and, optionally, a whole turn with offload + VAE tiling (the 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,6 +52,7 @@ class TurnSettings:
     warmup: int = 2
     repeats: int = 5
     compile: bool = False  # ours: torch.compile the decoder's transformer blocks
+    compile_vae: bool = False  # ours: torch.compile the VAE decoder
     merge_lora: bool = True  # ours: LoRA folded into the base weights (decoder and MLLM)
     low_memory: bool = True  # also time a turn with offload=sequential and VAE tiling
     seed: int = 0
@@ -136,6 +138,20 @@ def plain_denoise(decoder, shot_embeds, motion_level, sampling: SamplingConfig, 
     return latents
 
 
+@contextmanager
+def float32_weights(module: torch.nn.Module) -> Iterator[None]:
+    """``module``'s parameters and buffers in float32 inside the block, each back in its own dtype after (bf16 ->
+    fp32 -> bf16 is exact, so the module leaves the block bit-identical)."""
+    tensors = list(module.named_parameters()) + list(module.named_buffers())
+    dtypes = {name: t.dtype for name, t in tensors}
+    module.float()
+    try:
+        yield
+    finally:
+        for name, t in list(module.named_parameters()) + list(module.named_buffers()):
+            t.data = t.data.to(dtypes[name])
+
+
 def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
     """||a - b|| / ||b|| in float32."""
     a, b = a.float().cpu(), b.float().cpu()
@@ -183,6 +199,10 @@ def bench_turn(
     plain_den, plain_den_mem = part(lambda: plain_denoise(decoder, shot, levels, sampling, generator()))
     plain_latents = plain_denoise(decoder, shot, levels, sampling, generator())
     plain_vae, plain_vae_mem = part(lambda: decoder.decode_latents(plain_latents))
+    plain_frames = decoder.decode_latents(plain_latents)
+    # How far bf16 alone moves the shot: the plain path with the MLLM's weights in float32 as the reference.
+    with float32_weights(mllm.llm):
+        reference_shot = plain_generate(mllm, history, instruction, 1)
     backends = sdpa_backend_steps(decoder, shot, levels, sampling, device, warmup, repeats)
 
     # ---- our path: the same modules with the fast-path switches applied in place
@@ -215,7 +235,10 @@ def bench_turn(
 
     ours_den, ours_den_mem = part(lambda: ours_denoise(sampling))
     ours_latents = ours_denoise(sampling)
+    if settings.compile_vae:
+        decoder.compile_vae()
     ours_vae, ours_vae_mem = part(lambda: decoder.decode_latents(ours_latents))
+    frames_diff = (decoder.decode_latents(plain_latents).float() - plain_frames.float()).abs()  # same latents
 
     fast = fast_sampling(sampling)
     fast_den, fast_den_mem = part(lambda: ours_denoise(fast))
@@ -237,7 +260,8 @@ def bench_turn(
     ours = {
         "path": "prefill_turn + decode_states (KV cache) + AnimationShotDecoder.sample (CFG batched)"
         + (", LoRA merged" if settings.merge_lora else "")
-        + (", blocks compiled" if settings.compile else ""),
+        + (", blocks compiled" if settings.compile else "")
+        + (", VAE decoder compiled" if settings.compile_vae else ""),
         "mllm_prefill_s": ours_pre.median,
         "mllm_states_s": ours_states.median,
         "mllm_s": ours_mllm.median,
@@ -275,6 +299,12 @@ def bench_turn(
         "outputs": {
             "shot_embeds_rel_diff": relative_difference(ours_shot, plain_shot),
             "latents_rel_diff": relative_difference(ours_latents, plain_latents),
+            # bf16 noise floor: each path against the plain path with float32 MLLM weights
+            "shot_embeds_rel_diff_plain_vs_fp32": relative_difference(plain_shot, reference_shot),
+            "shot_embeds_rel_diff_ours_vs_fp32": relative_difference(ours_shot, reference_shot),
+            # our VAE decode vs the plain one, from the same latents (uint8 frames)
+            "frames_mean_abs_diff": float(frames_diff.mean()),
+            "frames_max_abs_diff": float(frames_diff.max()),
         },
         "flops": {"denoise_step_branch": step_flops, "denoise": denoise_flops},
         "fast": {
@@ -315,11 +345,14 @@ def bench_turn(
             prediction = predictor.predict_turn(history, instruction)
             renderer.render(prediction.shot_embeds, prediction.values.motion_level, settings.seed)
 
-        timing, peak = part(offloaded_turn)
+        # Tiles are new shapes to a compiled VAE decoder (minutes of compiling again): it runs eagerly here.
+        with torch.compiler.set_stance("force_eager") if settings.compile_vae else nullcontext():
+            timing, peak = part(offloaded_turn)
         decoder.vae.disable_tiling()
         result["low_memory"] = {
             "offload": "sequential",
             "vae_tiling": True,
+            "compiled": settings.compile and not settings.compile_vae,  # force_eager covers the blocks too
             "turn_s": timing.median,
             "peak_memory_gb": peak,
             "raw_s": timing.seconds,
