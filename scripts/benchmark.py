@@ -143,6 +143,8 @@ def merge_existing(result: dict, earlier: dict, measured: set[str]) -> None:
         result["parameters"].setdefault(name, counts)
     if merged:
         result["merged_from"] = merged
+    else:  # every earlier part has been measured again since the last save
+        result.pop("merged_from", None)
 
 
 def parse(argv: list[str] | None) -> BenchmarkConfig:

@@ -83,7 +83,7 @@ def _timings(obj, key=""):
         yield key, obj
 
 
-def test_tiny_benchmark_writes_every_field(tmp_path):
+def test_tiny_benchmark_writes_every_field(tmp_path, monkeypatch):
     script = load_script()
     threads = torch.get_num_threads()
     try:
@@ -152,6 +152,20 @@ def test_tiny_benchmark_writes_every_field(tmp_path):
     assert len(again["training"]["stage_a"]["ours"]["raw_s"]) == 1
     assert again["merged_from"] == {"turn": data["date"], "stage_b": data["date"]}
     assert "Parts kept from earlier runs" in (tmp_path / "benchmark.md").read_text()
+
+    # a run stopped during its second part still leaves its first part, merged with the earlier ones, on disk
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt  # what a time limit does to a long GPU part
+
+    monkeypatch.setattr(script, "bench_stage_a", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        script.main(["--preset", "tiny", "--device", "cpu", f"output_dir={tmp_path}", "parts=[stage_b,stage_a]",
+                     "merge_existing=true", "train_repeats=2"])
+    torch.set_num_threads(threads)
+    stopped_run = json.loads((tmp_path / "benchmark.json").read_text())
+    assert len(stopped_run["training"]["stage_b"]["ours"]["raw_s"]) == 2  # measured by the stopped run
+    assert stopped_run["training"]["stage_a"] == again["training"]["stage_a"] and stopped_run["turn"] == data["turn"]
+    assert stopped_run["merged_from"] == {"turn": data["date"], "stage_a": again["date"]}
 
 
 def test_cli_errors_exit_2(tmp_path):
