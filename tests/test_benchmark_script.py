@@ -299,3 +299,16 @@ def test_full_architecture_has_the_published_sizes():
     assert 1.68e9 < count(transformer) < 1.71e9  # CogVideoX-2B transformer
     assert 2.1e8 < count(vae) < 2.2e8
     assert FULL.hidden == 1920 and FULL.spatial_compression == 8
+
+
+def test_float32_weights_restores_every_parameter_and_buffer_bit_for_bit():
+    from animegamer.bench.turn import float32_weights
+
+    module = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4)).to(torch.bfloat16)
+    module[1].running_mean.data = torch.randn(4)  # a float32 buffer beside bf16 ones
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    with float32_weights(module):
+        assert {v.dtype for k, v in module.state_dict().items() if "num_batches" not in k} == {torch.float32}
+    after = module.state_dict()
+    for key, value in before.items():
+        assert after[key].dtype == value.dtype and torch.equal(after[key], value), key

@@ -147,7 +147,7 @@ def float32_weights(module: torch.nn.Module) -> Iterator[None]:
     module.float()
     try:
         yield
-    finally:
+    finally:  # listed again by name: .float() keeps the parameter objects but replaces the buffers
         for name, t in list(module.named_parameters()) + list(module.named_buffers()):
             t.data = t.data.to(dtypes[name])
 
