@@ -208,6 +208,7 @@ class SpriteWorldConfig:
     fps: int = 8
     characters: list[str] = field(default_factory=lambda: ["Qiqi", "Momo", "Kai", "Luna"])  # protagonists, in turn
     test_fraction: float = 0.2  # fraction of films held out as test games (split by film)
+    blocking: str = "fixed"  # fixed: each action staged one way (a small model learns its motion) | free: random
     workers: int = 2  # threads writing mp4s (each encode runs in its own ffmpeg process)
 
 
@@ -331,6 +332,8 @@ class StageAConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     warmup_steps: int = 10000  # encoder-only steps before LoRA joins (paper: 10k, then 80k joint)
     condition_dropout: float = 0.1  # probability of the unconditional shot representation (for CFG)
+    motion_loss_weight: float = 0.0  # latent cells that change between latent frames weigh 1 + this (0: plain MSE)
+    motion_threshold: float = 0.2  # a cell changes when a channel moves more than this (latent std units)
 
 
 @dataclass
@@ -365,6 +368,8 @@ class StageCConfig:
     predictions_cache: str = ""  # MLLM predictions, made once (a TensorStore); "" = <output_dir>/predictions
     max_seq_len: int = 2048  # a window longer than this loses its oldest history turns, as in stage (b)
     condition_dropout: float = 0.1  # probability of the unconditional (zero) shot representation, for CFG
+    motion_loss_weight: float = 0.0  # as stage (a): changing latent cells weigh 1 + this (0: the paper's plain MSE)
+    motion_threshold: float = 0.2
 
 
 # --------------------------------------------------------------------------------------------
@@ -598,6 +603,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "split_by": ("film", "time"),
     "reader": ("pyav", "decord"),
     "flow": ("dis", "raft"),
+    "blocking": ("fixed", "free"),
     "flow_preset": ("ultrafast", "fast", "medium"),
     "preset": ("full", "tiny"),
 }

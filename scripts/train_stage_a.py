@@ -12,7 +12,8 @@ wrapping serves both phases. After that encoder, LoRA and motion embedding train
 One step: s_a = encoder(CLIP tokens of the first frame, T5 tokens of the motion text); with probability
 ``condition_dropout`` s_a becomes the decoder's unconditional (zero) representation, so CFG works at sampling time;
 the clip's latents are noised at a uniform random timestep and the decoder regresses the scheduler's target
-(v-prediction for CogVideoX-2B) with an MSE loss.
+(v-prediction for CogVideoX-2B) with an MSE loss; ``motion_loss_weight`` > 0 weighs the latent cells that change
+between latent frames extra (animegamer.training.losses; 0, the paper's plain MSE, by default).
 
 Features (VAE latents, CLIP and T5 tokens) come from ``data.features_dir``; a single-process run precomputes the
 clips that are missing there first (scripts/precompute_features.py does the same ahead of time). Clips without
@@ -29,7 +30,6 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from accelerate.utils import set_seed
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
@@ -51,6 +51,7 @@ from animegamer.models.trained import DECODER_DIR, ENCODER_DIR, save_encoder
 from animegamer.models.weights import load_state_dict_file
 from animegamer.training.batches import resumable_batches
 from animegamer.training.checkpoint import find_resume, load_checkpoint, save_checkpoint, skip_model_weights_in_state
+from animegamer.training.losses import diffusion_loss
 from animegamer.training.optim import build_optimizer, lr_factor
 from animegamer.training.run import build_accelerator, start_run
 
@@ -82,7 +83,7 @@ def compute_loss(model, core: EncoderDecoder, batch: dict, cfg: StageAConfig) ->
     noisy = scheduler.add_noise(latents, noise, timesteps)
     prediction = model(clip_tokens, batch["text_tokens"], dropped, noisy, timesteps, batch["motion_level"])
     target = core.decoder.training_target(latents, noise, timesteps)
-    return F.mse_loss(prediction.float(), target.float())
+    return diffusion_loss(prediction, target, latents, cfg.motion_loss_weight, cfg.motion_threshold)
 
 
 def main(argv: list[str] | None = None) -> Path:

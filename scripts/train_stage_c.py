@@ -19,7 +19,8 @@ Needs the stage (a) run (``stage_a_checkpoint``: the decoder's LoRA + motion emb
    stage (a) step with the MLLM's prediction in place of the encoder's s_a: with probability
    ``condition_dropout`` it becomes the unconditional (zero) representation; the clip's real latents are noised
    at a uniform random timestep and the decoder, told the clip's motion level, regresses the scheduler's target
-   (v-prediction for CogVideoX-2B) with an MSE loss.
+   (v-prediction for CogVideoX-2B) with an MSE loss, weighted towards changing latent cells as in stage (a) when
+   ``motion_loss_weight`` > 0.
 
 Writes output_dir/{config.yaml, run_info.json, left_out.txt, metrics.csv | logs/} and
 output_dir/checkpoints/step_XXXXXXX/{decoder/, optimizer + scheduler + RNG state, trainer_state.json}; ``decoder/``
@@ -33,7 +34,6 @@ from pathlib import Path
 from typing import NoReturn
 
 import torch
-import torch.nn.functional as F
 from accelerate.utils import gather_object, set_seed
 from tqdm.auto import tqdm
 
@@ -55,6 +55,7 @@ from animegamer.models.trained import DECODER_DIR, load_decoder
 from animegamer.tokens import TurnLayout, get_vocabulary
 from animegamer.training.batches import resumable_batches
 from animegamer.training.checkpoint import find_resume, load_checkpoint, save_checkpoint, skip_model_weights_in_state
+from animegamer.training.losses import diffusion_loss
 from animegamer.training.optim import build_optimizer, build_scheduler
 from animegamer.training.run import build_accelerator, configure_deepspeed, start_run
 
@@ -85,7 +86,7 @@ def compute_loss(model, decoder: AnimationShotDecoder, batch: dict, cfg: StageCC
     noisy = scheduler.add_noise(latents, noise, timesteps)
     prediction = model(noisy, timesteps, shot_embeds, batch["motion_level"])  # (B, F, C, h, w)
     target = decoder.training_target(latents, noise, timesteps)
-    return F.mse_loss(prediction.float(), target.float())
+    return diffusion_loss(prediction, target, latents, cfg.motion_loss_weight, cfg.motion_threshold)
 
 
 def fail(message: str) -> NoReturn:

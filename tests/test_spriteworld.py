@@ -121,6 +121,23 @@ def test_held_out_films_become_games(dataset):
         for instruction, turn, clip in zip(instructions, truth, clips, strict=True):
             assert turn["clip_id"] == clip.clip_id and turn["tags"] == clip.tags
             assert spec_from_instruction(instruction) == ShotSpec(**turn["spec"]) == _spec(clip)
+            assert turn["blocking"] == clip.extra["blocking"] == "fixed"
+
+
+def test_a_game_without_its_videos_redraws_them_with_their_blocking(dataset, tmp_path):
+    from animegamer.eval.games import load_games
+
+    film_id = dataset.meta["splits"]["test"][0]
+    rows = [json.loads(line) for line in (dataset.root / "games" / f"{film_id}.jsonl").read_text().splitlines()]
+    (tmp_path / "games").mkdir()
+    for name in (f"{film_id}.txt", f"{film_id}.jsonl"):
+        text = (dataset.root / "games" / name).read_text()
+        (tmp_path / "games" / name).write_text(text)  # videos are relative to tmp_path now: missing
+    game = load_games(tmp_path / "games")[0]
+    drawn = game.clip_frames(1)
+    spec = ShotSpec(**rows[1]["spec"])
+    assert np.array_equal(drawn, render_shot(spec, rows[1]["render_seed"], blocking="fixed"))
+    assert not np.array_equal(drawn, render_shot(spec, rows[1]["render_seed"], blocking="free"))
 
 
 # -------------------------------------------------------------------------------- tag rules
@@ -200,6 +217,33 @@ def test_pixels_move_like_the_true_motion():
         xs = [np.nonzero(m)[1].mean() for m in mask]
         travel[action] = np.abs(np.diff(xs)).mean()
     assert travel["sleep"] < 0.3 and travel["read"] < 0.5 < travel["walk"] < travel["run"]
+
+
+def _hair_track(frames: np.ndarray, character: str) -> tuple[float, float]:
+    """Horizontal start and mean per-frame step of a character's hair (its x centroid)."""
+    xs = [np.nonzero(m)[1].mean() for m in _colour_mask(frames, CHARACTERS[character].hair)]
+    return xs[0], float(np.diff(xs).mean())
+
+
+def test_fixed_blocking_stages_each_action_one_way():
+    """Fixed blocking: every run crosses the middle left to right from nearly the same spot, whatever the seed;
+    free blocking: either way, from anywhere. The speed (true motion) is the same under both."""
+    spec = ShotSpec("Kai", "run", "street", "noon", "happily")
+    tracks = {b: [_hair_track(render_shot(spec, seed, num_frames=9, blocking=b), "Kai") for seed in range(8)]
+              for b in ("fixed", "free")}
+    starts, steps = np.array(tracks["fixed"]).T
+    assert (steps > 1.0).all() and np.ptp(starts) < 6, tracks["fixed"]
+    starts, steps = np.array(tracks["free"]).T
+    assert (steps > 1.0).any() and (steps < -1.0).any() and np.ptp(starts) > 15, tracks["free"]
+    scopes = {b: [motion_scope(spec, seed, num_frames=9, blocking=b) for seed in range(8)] for b in ("fixed", "free")}
+    assert np.mean(scopes["fixed"]) == pytest.approx(np.mean(scopes["free"]), rel=0.15)
+    pair = animate(ShotSpec("Luna", "talk", "park", "noon", "happily", friend="Kai"), 3, blocking="fixed")
+    hero, friend = (pose.x for _, pose in pair.frames[0].figures)
+    assert hero > friend  # the hero stands on the right of a pair
+    with pytest.raises(ValueError, match="blocking 'staged' is not one of"):
+        animate(spec, 0, blocking="staged")
+    with pytest.raises(Exception, match="blocking='staged' is not one of"):
+        load_config(ROOT / "configs/spriteworld/data.yaml", ["blocking=staged"])
 
 
 # -------------------------------------------------------------------------------- continuity

@@ -1,6 +1,7 @@
 """Stage (a): feature precomputation, the training script on tiny models, checkpoints, resume, shot targets."""
 
 import csv
+import dataclasses
 import importlib.util
 import json
 import os
@@ -241,9 +242,9 @@ def test_training_run_checkpoints_warmup_and_resume(data, tmp_path, capsys):
         torch.testing.assert_close(final[k], v, rtol=0, atol=1e-6, msg=k)
 
 
-def test_overfitting_one_batch(data):
-    cfg: StageAConfig = data["cfg"]
-    cfg.condition_dropout = 0.0
+@pytest.mark.parametrize("motion_loss_weight", [0.0, 10.0])
+def test_overfitting_one_batch(data, motion_loss_weight):
+    cfg: StageAConfig = dataclasses.replace(data["cfg"], condition_dropout=0.0, motion_loss_weight=motion_loss_weight)
     dataset, _ = build_stage_a_dataset(cfg.data)
     batch = {k: torch.stack([dataset[i][k] for i in range(2)]) for k in dataset[0]}
     torch.manual_seed(0)

@@ -229,8 +229,10 @@ def test_only_the_decoder_trains_and_resume_is_exact(runs, tmp_path, capsys):
     assert _losses(resumed) == pytest.approx(losses, abs=1e-6)
 
 
-def test_overfitting_one_batch(runs):
-    cfg = load_config(TINY_CONFIG, _argv(runs, runs["root"] / "unused")[2:] + ["condition_dropout=0.0"])
+@pytest.mark.parametrize("motion_loss_weight", [0.0, 10.0])
+def test_overfitting_one_batch(runs, motion_loss_weight):
+    overrides = ["condition_dropout=0.0", f"motion_loss_weight={motion_loss_weight}"]
+    cfg = load_config(TINY_CONFIG, _argv(runs, runs["root"] / "unused")[2:] + overrides)
     # the stage (a) targets stand in for MLLM predictions: the loss and the decoder are what is tested here
     items = [(clip_id(1, i), i + 1) for i in range(3)]
     dataset = StageCDataset(cfg.data.features_dir, cfg.shot_targets, items)

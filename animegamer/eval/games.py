@@ -28,7 +28,7 @@ from animegamer.states import ShotTags, parse_tags
 class GroundTruthGame(BenchmarkGame):
     """A benchmark game whose turns also have their real clip (``clips[turn]``: a video path or a shot spec)."""
 
-    clips: tuple[dict, ...] = ()  # per turn: {"video": path} and/or {"spec": {...}, "render_seed": int}
+    clips: tuple[dict, ...] = ()  # per turn: {"video": path} and/or {"spec": {...}, "render_seed": int, "blocking"}
 
     def has_clips(self) -> bool:
         return len(self.clips) == len(self.shots) > 0
@@ -45,7 +45,7 @@ class GroundTruthGame(BenchmarkGame):
         if source.get("spec") is not None and source.get("render_seed") is not None:
             from animegamer.data.spriteworld import ShotSpec, render_shot
 
-            return render_shot(ShotSpec(**source["spec"]), int(source["render_seed"]))
+            return render_shot(ShotSpec(**source["spec"]), int(source["render_seed"]), blocking=source["blocking"])
         raise FileNotFoundError(f"{self.path}: ground-truth clip of turn {turn} not found ({video or 'no video'})")
 
 
@@ -62,6 +62,7 @@ def _read_data_game(jsonl: Path) -> GroundTruthGame:
             clip["video"] = str(root / row["video"])
         if row.get("spec") is not None:
             clip["spec"], clip["render_seed"] = row["spec"], row.get("render_seed")
+            clip["blocking"] = row.get("blocking", "free")  # games written before blocking existed were free
         clips.append(clip)
     if not shots:
         raise BenchmarkError(f"{jsonl}: no turns")
