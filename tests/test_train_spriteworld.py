@@ -276,3 +276,33 @@ def test_vae_latent_noise_makes_the_decoder_robust_to_latent_errors(tmp_path):
         return (off / exact).item()  # how much a wrong latent multiplies the error
 
     assert error_growth(0.3) < 0.75 * error_growth(0.0)  # measured: 1.22 against 1.88
+
+
+def test_relative_shot_error_is_zero_for_the_target_and_one_for_the_mean():
+    shot_error = _script("shot_error")
+    target = torch.randn(6, 4, 3, generator=torch.Generator().manual_seed(0))
+    overall, per_token = shot_error.relative_error(target.clone(), target)
+    assert overall == 0.0 and per_token == [0.0] * 4
+    overall, per_token = shot_error.relative_error(target.mean(0, keepdim=True).expand_as(target), target)
+    assert overall == pytest.approx(1.0) and per_token == pytest.approx([1.0] * 4, abs=1e-4)
+    noisy = target.clone()
+    noisy[:, 2] += 1.0  # one token off by a constant: only its error grows
+    _, per_token = shot_error.relative_error(noisy, target)
+    assert per_token[2] > 0.5 and per_token[0] == per_token[1] == per_token[3] == 0.0
+    with pytest.raises(ValueError, match="one shape"):
+        shot_error.relative_error(target[:, :2], target)
+    with pytest.raises(ValueError, match="clips >= 2"):
+        shot_error.relative_error(target[:1], target[:1])
+
+
+def test_shot_error_report_on_the_mini_run(mini_run, tmp_path):
+    out, _ = mini_run
+    report = _script("shot_error").main([
+        "--config", str(out / "configs" / "eval.yaml"), "--manifest", str(out / "data" / "clips.jsonl"),
+        "--split", "train", "--clips", "3", "--out", str(tmp_path / "s.json"),
+    ])
+    assert json.loads((tmp_path / "s.json").read_text())["clips"] == report["clips"] == 3
+    assert report["mllm_relative_error"] > 0.0 and report["text_only_relative_error"] >= 0.0
+    assert report["target_variance"] > 0.0
+    num_tokens = load_config(out / "configs" / "stage_b.yaml").mllm.num_slots
+    assert len(report["per_token"]["mllm"]) == len(report["per_token"]["text_only"]) == num_tokens

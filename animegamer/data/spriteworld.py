@@ -14,9 +14,9 @@ Ground truth comes with every clip, in the real pipeline's format (animegamer.da
 - the *blocking* (where a character stands, which way it travels) is fixed per action by default, as on a stage:
   travels cross the middle from left to right, a flight climbs, a pair stands at the middle; positions vary within
   the middle tenth of their range and the phase of every motion stays random. The caption then says what the
-  picture is up to that phase, so a small text-to-video model learns the motion rather than averaging a figure over
-  starts and directions no caption tells it: with ``blocking="free"`` (random sides and positions) the base model of
-  the shipped checkpoint drew a running figure as a smear that barely moved (flow 0.8 px/frame, real clips 2.1);
+  picture is up to that phase, so a small text-to-video model draws the figure where the story has it rather than
+  a blur averaged over starts and directions no caption tells: with ``blocking="free"`` (random sides and spots,
+  the world before) a running figure came out of the game as a horizontal smear of its colours;
 - ``<SC>`` is 1 for actions with a second character, ``<ET>`` 1 for leisure (read, dance, play), ``<ST>`` +1 for
   eat/sleep (restoring), -1 for run/jump/fly/dance (tiring), 0 otherwise.
 

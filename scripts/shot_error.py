@@ -1,0 +1,95 @@
+"""How close are stage (b)'s predicted shots to the stage (a) encoder's shots of the real clips?
+
+    python scripts/shot_error.py --config configs/spriteworld/eval.yaml \
+        --manifest outputs/spriteworld/data/clips.jsonl --split test
+
+For clips of the manifest's held-out films (``--split train`` for the training films), each clip's instruction is
+played as a game's first turn (no history) and the MLLM's shot is compared with the *target*: the stage (a)
+encoder's shot of the same clip (its first frame + motion text, exactly what stage (b) is trained to predict). The
+text-only shot (the GC-style baseline's input: a mid-grey frame + the instruction) is compared too: it tells how
+much of the target the words alone fix, i.e. what a perfect stage (b) could reach without seeing the clip.
+
+Errors are *relative*: mean squared error over (clips, tokens, channels) divided by the targets' variance over
+clips, so predicting the mean shot scores 1 and the target itself 0; ``per_token`` gives the same per shot token.
+Writes ``--out`` (JSON) and prints the summary.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from animegamer.cli import parse_config
+from animegamer.config import EvalConfig
+from animegamer.data.manifest import read_manifest
+from animegamer.io import atomic_write_json
+
+
+def relative_error(predicted: torch.Tensor, target: torch.Tensor) -> tuple[float, list[float]]:
+    """(overall, per token) MSE of ``predicted`` against ``target`` (both (clips, N, D)) over the targets' variance."""
+    if predicted.shape != target.shape or target.ndim != 3 or target.shape[0] < 2:
+        raise ValueError(f"need two (clips >= 2, N, D) tensors of one shape; got {tuple(predicted.shape)} and "
+                         f"{tuple(target.shape)}")
+    spread = (target - target.mean(0)).square()  # (clips, N, D)
+    error = (predicted - target).square()
+    overall = float(error.mean() / spread.mean())
+    per_token = (error.mean((0, 2)) / spread.mean((0, 2)).clamp_min(1e-12)).tolist()
+    return overall, [round(v, 4) for v in per_token]
+
+
+def add_flags(parser) -> None:
+    parser.add_argument("--manifest", required=True, help="clips.jsonl with train/test films in its meta splits")
+    parser.add_argument("--split", default="test", choices=("test", "train"), help="films to take the clips from")
+    parser.add_argument("--clips", type=int, default=96, help="clips to compare (evenly spread over the split)")
+    parser.add_argument("--out", default="outputs/shot_error.json", help="JSON report")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from animegamer.data.video import read_video
+    from animegamer.eval.systems import ShotEncoding
+    from animegamer.inference.session import load_mllm_predictor, resolve_device
+
+    cfg, args = parse_config(EvalConfig, __doc__, argv, extra=add_flags)
+    manifest = read_manifest(args.manifest)
+    films = set(manifest.meta.get("splits", {}).get(args.split, []))
+    records = [r for r in manifest.records if r.tags and r.film_id in films]
+    if len(records) < 2:
+        raise SystemExit(f"error: {args.manifest} has {len(records)} tagged clips in its '{args.split}' films; "
+                         "need at least 2")
+    picks = [records[i] for i in np.linspace(0, len(records) - 1, min(args.clips, len(records))).round().astype(int)]
+    device = resolve_device(cfg.inference.device)
+    torch.manual_seed(cfg.seed)
+    encoding = ShotEncoding.from_config(cfg, device)
+    predictor = load_mllm_predictor(cfg.inference, device, offload=False)
+    grey = np.full((cfg.inference.sampling.height, cfg.inference.sampling.width, 3), 128, np.uint8)
+    targets, predicted, text_only = [], [], []
+    for record in tqdm(picks, desc="shots", unit="clip"):
+        tags = record.shot_tags()
+        instruction = tags.instruction().render()
+        frames, _ = read_video(manifest.video_path(record))
+        targets.append(encoding.encode(frames[0], tags.motion_text()))
+        predicted.append(predictor.predict_turn([], instruction).shot_embeds.float().cpu())
+        text_only.append(encoding.encode(grey, instruction))
+    target = torch.stack(targets)  # (clips, N, D)
+    mllm, mllm_tokens = relative_error(torch.stack(predicted), target)
+    text, text_tokens = relative_error(torch.stack(text_only), target)
+    report = {
+        "split": args.split, "clips": len(picks), "mllm_checkpoint": cfg.inference.mllm_checkpoint,
+        "stage_a_checkpoint": cfg.stage_a_checkpoint,
+        "mllm_relative_error": round(mllm, 4), "text_only_relative_error": round(text, 4),
+        "target_variance": round(float((target - target.mean(0)).square().mean()), 6),
+        "per_token": {"mllm": mllm_tokens, "text_only": text_tokens},
+    }
+    atomic_write_json(args.out, report)
+    print(json.dumps({k: v for k, v in report.items() if k != "per_token"}, indent=2))
+    print(f"report {args.out}", file=sys.stderr)
+    return report
+
+
+if __name__ == "__main__":
+    torch.set_grad_enabled(False)
+    main()
