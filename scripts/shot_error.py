@@ -55,12 +55,12 @@ def main(argv: list[str] | None = None) -> dict:
 
     cfg, args = parse_config(EvalConfig, __doc__, argv, extra=add_flags)
     manifest = read_manifest(args.manifest)
-    films = set(manifest.meta.get("splits", {}).get(args.split, []))
-    records = [r for r in manifest.records if r.tags and r.film_id in films]
-    if len(records) < 2:
-        raise SystemExit(f"error: {args.manifest} has {len(records)} tagged clips in its '{args.split}' films; "
-                         "need at least 2")
-    picks = [records[i] for i in np.linspace(0, len(records) - 1, min(args.clips, len(records))).round().astype(int)]
+    try:
+        picks = manifest.sample_split(args.split, args.clips)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    if len(picks) < 2:
+        raise SystemExit(f"error: {args.manifest}: {len(picks)} clip to compare; need at least 2 (--clips)")
     device = resolve_device(cfg.inference.device)
     torch.manual_seed(cfg.seed)
     encoding = ShotEncoding.from_config(cfg, device)

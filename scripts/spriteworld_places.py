@@ -75,11 +75,10 @@ def main(argv: list[str] | None = None) -> dict:
 
     cfg, args = parse_config(InferenceConfig, __doc__, argv, extra=add_flags)
     manifest = read_manifest(args.manifest)
-    films = set(manifest.meta.get("splits", {}).get(args.split, []))
-    if not films:
-        raise SystemExit(f"error: {args.manifest} has no '{args.split}' films in its meta splits")
-    records = [r for r in manifest.records if r.tags and r.film_id in films]
-    picks = [records[i] for i in np.linspace(0, len(records) - 1, min(args.turns, len(records))).round().astype(int)]
+    try:
+        picks = manifest.sample_split(args.split, args.turns)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
     scenes = sceneries(manifest, [r for r in manifest.records if r.tags])
     targets = TensorStore(args.shot_targets) if args.shot_targets else None
     session = build_session(cfg, render=True, output_dir=Path(args.out).parent / "places_session")

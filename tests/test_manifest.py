@@ -51,3 +51,18 @@ def test_duplicate_ids_and_missing_file(tmp_path):
         read_manifest(p)
     with pytest.raises(ManifestError, match="not found"):
         read_manifest(tmp_path / "none.jsonl")
+
+
+def test_sample_split_spreads_tagged_clips_of_the_split_films(tmp_path):
+    tags = "<S>Qiqi</S><MD>run</MD><EV>park</EV><ML>3</ML><MA>quickly</MA><SC>0</SC><ET>0</ET><ST>-1</ST>"
+    records = [
+        ClipRecord(f"{film}_{i:05d}", f"{film}/{i}.mp4", film, i, 2.0 * i, 2.0 * i + 2, tags=tags if i != 3 else None)
+        for film in ("a", "b") for i in range(6)
+    ]
+    write_manifest(tmp_path / "clips.jsonl", records, {"splits": {"train": ["a"], "test": ["b"]}})
+    manifest = read_manifest(tmp_path / "clips.jsonl")
+    test = [r.clip_id for r in manifest.sample_split("test", 3)]
+    assert test == ["b_00000", "b_00002", "b_00005"]  # first, middle, last of the 5 tagged ones (b_00003 has none)
+    assert len(manifest.sample_split("train", 50)) == 5 and manifest.sample_split("train", 1)[0].clip_id == "a_00000"
+    with pytest.raises(ValueError, match="'val' films"):
+        manifest.sample_split("val", 2)

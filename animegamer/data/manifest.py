@@ -103,6 +103,15 @@ class Manifest:
             out.setdefault(r.film_id, []).append(r)
         return {k: sorted(v, key=lambda r: r.clip_index) for k, v in sorted(out.items())}
 
+    def sample_split(self, split: str, count: int) -> list[ClipRecord]:
+        """Up to ``count`` tagged clips of the meta's ``splits[split]`` films, evenly spread in manifest order."""
+        films = set(self.meta.get("splits", {}).get(split, []))
+        records = [r for r in self.records if r.tags and r.film_id in films]
+        if not records:
+            raise ValueError(f"{self.path}: no tagged clips in the '{split}' films of its meta splits")
+        picks = [round(i * (len(records) - 1) / max(1, count - 1)) for i in range(min(count, len(records)))]
+        return [records[i] for i in picks]
+
     def __len__(self) -> int:
         return len(self.records)
 
