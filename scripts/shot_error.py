@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import sys
 
-import numpy as np
 import torch
 from tqdm.auto import tqdm
 
@@ -50,7 +49,7 @@ def add_flags(parser) -> None:
 
 def main(argv: list[str] | None = None) -> dict:
     from animegamer.data.video import read_video
-    from animegamer.eval.systems import ShotEncoding
+    from animegamer.eval.systems import ShotEncoding, grey_frame
     from animegamer.inference.session import load_mllm_predictor, resolve_device
 
     cfg, args = parse_config(EvalConfig, __doc__, argv, extra=add_flags)
@@ -65,7 +64,7 @@ def main(argv: list[str] | None = None) -> dict:
     torch.manual_seed(cfg.seed)
     encoding = ShotEncoding.from_config(cfg, device)
     predictor = load_mllm_predictor(cfg.inference, device, offload=False)
-    grey = np.full((cfg.inference.sampling.height, cfg.inference.sampling.width, 3), 128, np.uint8)
+    grey = grey_frame(cfg.inference.sampling.height, cfg.inference.sampling.width)
     targets, predicted, text_only = [], [], []
     for record in tqdm(picks, desc="shots", unit="clip"):
         tags = record.shot_tags()

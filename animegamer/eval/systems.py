@@ -204,6 +204,11 @@ def _write_clip(frames: np.ndarray, out_dir: str | Path, index: int, fps: int) -
     return str(write_mp4(Path(out_dir) / f"turn_{index:03d}.mp4", frames, fps=fps))
 
 
+def grey_frame(height: int, width: int) -> np.ndarray:
+    """The GC-style baseline's default reference: a mid-grey (H, W, 3) uint8 frame, so only the text informs s_a."""
+    return np.full((height, width, 3), 128, np.uint8)
+
+
 class GCBaseline:
     """The decoder driven by each instruction alone: fixed reference frame, fixed motion level, no history."""
 
@@ -221,7 +226,7 @@ class GCBaseline:
         from animegamer.data.characters import load_image
 
         if not self.reference:
-            return np.full((*self.frame_size, 3), 128, np.uint8)
+            return grey_frame(*self.frame_size)
         path = Path(self.reference)
         if path.is_dir():
             path = path / f"{character}.png"
