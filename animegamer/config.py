@@ -208,7 +208,9 @@ class SpriteWorldConfig:
     fps: int = 8
     characters: list[str] = field(default_factory=lambda: ["Qiqi", "Momo", "Kai", "Luna"])  # protagonists, in turn
     test_fraction: float = 0.2  # fraction of films held out as test games (split by film)
-    blocking: str = "fixed"  # fixed: each action staged one way (a small model learns its motion) | free: random
+    blocking: str = "fixed"  # fixed: each action staged one way (a small model learns its motion) | anchored: fixed,
+    # and paths start from one spot whatever their speed (the first frame does not tell it) | free: random
+    speed_jitter: float = 0.1  # a clip's speed = its adverb's x a factor in [1 - j, 1 + j] that no word says
     workers: int = 2  # threads writing mp4s (each encode runs in its own ffmpeg process)
 
 
@@ -603,7 +605,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "split_by": ("film", "time"),
     "reader": ("pyav", "decord"),
     "flow": ("dis", "raft"),
-    "blocking": ("fixed", "free"),
+    "blocking": ("fixed", "anchored", "free"),
     "flow_preset": ("ultrafast", "fast", "medium"),
     "preset": ("full", "tiny"),
 }

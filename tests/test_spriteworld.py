@@ -39,7 +39,7 @@ SPEC_KEYS = ("character", "action", "place", "time", "adverb", "friend")
 
 
 def small_config(out, **kw) -> SpriteWorldConfig:
-    values = dict(output_dir=str(out), num_films=6, shots_per_film=8, test_fraction=0.34, workers=2)
+    values = dict(output_dir=str(out), num_films=6, shots_per_film=8, test_fraction=0.34, workers=2, speed_jitter=0.3)
     values.update(kw)
     return SpriteWorldConfig(**values)
 
@@ -136,8 +136,10 @@ def test_a_game_without_its_videos_redraws_them_with_their_blocking(dataset, tmp
     game = load_games(tmp_path / "games")[0]
     drawn = game.clip_frames(1)
     spec = ShotSpec(**rows[1]["spec"])
-    assert np.array_equal(drawn, render_shot(spec, rows[1]["render_seed"], blocking="fixed"))
-    assert not np.array_equal(drawn, render_shot(spec, rows[1]["render_seed"], blocking="free"))
+    assert rows[1]["speed_jitter"] == dataset.meta["config"]["speed_jitter"] == 0.3
+    assert np.array_equal(drawn, render_shot(spec, rows[1]["render_seed"], blocking="fixed", speed_jitter=0.3))
+    assert not np.array_equal(drawn, render_shot(spec, rows[1]["render_seed"], blocking="free", speed_jitter=0.3))
+    assert not np.array_equal(drawn, render_shot(spec, rows[1]["render_seed"], blocking="fixed"))
 
 
 # -------------------------------------------------------------------------------- tag rules
@@ -191,6 +193,45 @@ def test_adverbs_scale_the_speed():
         mean = {a: np.mean([motion_scope(ShotSpec("Momo", action, "park", "noon", a), s) for s in range(6)])
                 for a in (slow, fast)}
         assert mean[slow] < 0.85 * mean[fast], (action, mean)
+
+
+def test_speed_jitter_is_speed_no_word_says():
+    """The same spec (the same words) moves at spread-out speeds under a wide jitter, at nearly one speed under the
+    default; the adverb still moves the mean. Bad jitters are refused."""
+    spec = ShotSpec("Kai", "walk", "park", "noon", "happily")
+    spread = {}
+    for jitter in (0.1, 0.6):
+        scopes = np.array([motion_scope(spec, seed, num_frames=9, speed_jitter=jitter) for seed in range(24)])
+        spread[jitter] = scopes.max() / scopes.min()
+    assert spread[0.1] < 1.3 < 2.5 < spread[0.6], spread
+    mean = {a: np.mean([motion_scope(ShotSpec("Kai", "walk", "park", "noon", a), s, speed_jitter=0.6)
+                        for s in range(24)]) for a in ("slowly", "quickly")}
+    assert mean["slowly"] < 0.8 * mean["quickly"], mean
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ValueError, match="speed_jitter must be in"):
+            animate(spec, 0, speed_jitter=bad)
+
+
+def test_anchored_blocking_hides_the_speed_from_the_first_frame():
+    """Fixed blocking starts a fast run further left than a slow one (the first frame tells the speed); anchored
+    blocking starts every run and every flight from the same spot, and the speed shows only in how far it gets."""
+    def first_and_last(blocking, action, adverb):
+        rows = []
+        for seed in range(6):
+            scene = animate(ShotSpec("Kai", action, "park", "noon", adverb), seed, num_frames=9, blocking=blocking)
+            hero = [pose for _, pose in (scene.frames[0].figures[0], scene.frames[-1].figures[0])]
+            rows.append((hero[0].x, hero[1].x))
+        return np.array(rows)
+
+    for action in ("run", "fly"):
+        slow = {b: first_and_last(b, action, "slowly") for b in ("fixed", "anchored")}
+        fast = {b: first_and_last(b, action, "quickly") for b in ("fixed", "anchored")}
+        start_gap = {b: abs(fast[b][:, 0].mean() - slow[b][:, 0].mean()) for b in slow}
+        assert start_gap["anchored"] < 0.5 * start_gap["fixed"], (action, start_gap)
+        assert start_gap["anchored"] < 2.0, (action, start_gap)  # pixels at 96 px wide
+        travelled = {name: (rows[:, 1] - rows[:, 0]).mean() for name, rows in (("slow", slow["anchored"]),
+                                                                                ("fast", fast["anchored"]))}
+        assert travelled["fast"] > 1.3 * travelled["slow"] > 0, (action, travelled)
 
 
 def test_levels_are_monotone_in_motion_scope(dataset):

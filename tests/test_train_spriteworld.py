@@ -317,3 +317,34 @@ def test_shot_error_report_on_the_mini_run(mini_run, tmp_path):
     assert report["target_variance"] > 0.0
     num_tokens = load_config(out / "configs" / "stage_b.yaml").mllm.num_slots
     assert len(report["per_token"]["mllm"]) == len(report["per_token"]["text_only"]) == num_tokens
+
+
+def test_follow_slope_and_levels():
+    motion_response = _script("motion_response")
+    requested = np.array([1, 2, 3, 4, 5] * 3)
+    assert motion_response.follow_slope(requested, requested) == pytest.approx(1.0)
+    assert motion_response.follow_slope(requested, np.full(15, 3)) == pytest.approx(0.0)
+    assert motion_response.follow_slope(requested, 6 - requested) == pytest.approx(-1.0)
+    with pytest.raises(ValueError, match="two distinct requested levels"):
+        motion_response.follow_slope(np.full(4, 2), np.arange(4))
+    assert motion_response.parse_levels("5,1, 3,1") == [1, 3, 5]
+    for bad in ("3", "0,2", "1,x"):
+        with pytest.raises(ValueError, match="--levels"):
+            motion_response.parse_levels(bad)
+
+
+def test_motion_response_report_on_the_mini_run(mini_run, tmp_path):
+    out, _ = mini_run
+    args = ["--config", str(out / "configs" / "eval.yaml"), "--manifest", str(out / "data" / "clips.jsonl"),
+            "--split", "train", "--clips", "2", "--levels", "1,5", "--out", str(tmp_path / "m.json"),
+            "inference.sampling.steps=2"]
+    report = _script("motion_response").main(args)
+    saved = json.loads((tmp_path / "m.json").read_text())
+    assert saved["clips"] == report["clips"] == 2 and report["levels"] == [1, 5]
+    assert sorted(report["per_level"]) == [1, 5] and math.isfinite(report["slope"])
+    for row in report["rows"]:
+        assert sorted(row["renders"]) == [1, 5] and 1 <= row["real"]["measured"] <= 5
+        assert all(r["scope"] >= 0.0 and 1 <= r["measured"] <= 5 for r in row["renders"].values())
+    assert report["meter"]["edges"] == saved["meter"]["edges"] and len(report["meter"]["edges"]) == 4
+    with pytest.raises(SystemExit, match="no motion level input"):
+        _script("motion_response").main([*args, "inference.decoder.motion_scope=false"])

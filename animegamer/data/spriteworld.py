@@ -11,12 +11,16 @@ Ground truth comes with every clip, in the real pipeline's format (animegamer.da
   (head, torso, hands, feet weighted by their share of the figure), known exactly because we drew them; it is
   quantised to motion levels 1..5 with quantile bin edges fitted on the dataset (``meta["motion_bins"]``);
 - the adverb scales the action's speed (slowly < calmly < happily < quickly), so it correlates with the level;
+  a factor in [1 - speed_jitter, 1 + speed_jitter] that no word says scales it too (default 0.1: the caption and
+  the action nearly fix the level; wider, only the motion level tells a decoder how fast to draw);
 - the *blocking* (where a character stands, which way it travels) is fixed per action by default, as on a stage:
   travels cross the middle from left to right, a flight climbs, a pair stands at the middle; positions vary within
   the middle tenth of their range and the phase of every motion stays random. The caption then says what the
   picture is up to that phase, so a small text-to-video model draws the figure where the story has it rather than
   a blur averaged over starts and directions no caption tells: with ``blocking="free"`` (random sides and spots,
-  the world before) a running figure came out of the game as a horizontal smear of its colours;
+  the world before) a running figure came out of the game as a horizontal smear of its colours. Under fixed
+  blocking a faster run starts further left (its path is centred), so the first frame tells the speed;
+  ``blocking="anchored"`` starts every run, walk, jump and flight from one spot, and only the motion shows it;
 - ``<SC>`` is 1 for actions with a second character, ``<ET>`` 1 for leisure (read, dance, play), ``<ST>`` +1 for
   eat/sleep (restoring), -1 for run/jump/fly/dance (tiring), 0 otherwise.
 
@@ -243,6 +247,7 @@ class _Ctx:
     ground: float  # feet line in pixels
     place: str
     fixed: bool  # fixed blocking: sides set by the action, positions in the middle tenth of their range
+    anchored: bool = False  # anchored blocking: fixed, and paths start from one spot whatever their speed
 
     def side(self) -> int:
         """A direction: +1 (right, or up for a climb) under fixed blocking, else either at random."""
@@ -256,8 +261,14 @@ class _Ctx:
         return float(self.rng.uniform(lo, hi))
 
     def travel(self, speed: float) -> tuple[int, float, float]:
-        """Direction, start x and (possibly reduced) speed of a path that stays inside the frame."""
+        """Direction, start x and (possibly reduced) speed of a path that stays inside the frame.
+
+        Under anchored blocking every path starts from the same spot near the left edge whatever its speed, so
+        the first frame does not tell the speed (only how far the figure gets does)."""
         lo, hi = 9 * self.unit, self.width - 9 * self.unit
+        if self.anchored:
+            x0 = self.spot(lo, lo + 0.2 * (hi - lo))
+            return 1, x0, min(speed, (hi - x0) / max(1, self.num_frames - 1))
         speed = min(speed, (hi - lo) / max(1, self.num_frames - 1))
         span = speed * (self.num_frames - 1)
         d = self.side()
@@ -311,7 +322,8 @@ def _fly(c: _Ctx, hero: Character, _friend) -> list[Frame]:
     span = min(speed * (c.num_frames - 1), 0.8 * c.width)
     speed = span / max(1, c.num_frames - 1)
     middle = np.array([c.width / 2 + c.spot(-4, 4) * c.unit, c.height * 0.45])
-    start = middle - direction * span / 2
+    # Anchored blocking: every flight starts where the longest would (its first frame does not tell the speed).
+    start = middle - direction * (0.4 * c.width if c.anchored else span / 2)
     # Body axis along the flight (head first), face towards the ground: superhero style.
     tilt = math.atan2(-direction[0], -direction[1])
     ph = c.rng.uniform(0, 2 * math.pi)
@@ -454,19 +466,26 @@ _ANIMATE = {"walk": _walk, "run": _run, "jump": _jump, "fly": _fly, "sleep": _sl
             "talk": _talk, "dance": _dance, "play": _play}
 
 
-BLOCKINGS = ("fixed", "free")
+BLOCKINGS = ("fixed", "anchored", "free")
+DEFAULT_SPEED_JITTER = 0.1  # a clip's speed factor no word says lies in [1 - j, 1 + j]
 
 
 def animate(
-    spec: ShotSpec, seed: int, *, height: int = 64, width: int = 96, num_frames: int = 17, blocking: str = "fixed"
+    spec: ShotSpec, seed: int, *, height: int = 64, width: int = 96, num_frames: int = 17, blocking: str = "fixed",
+    speed_jitter: float = DEFAULT_SPEED_JITTER,
 ) -> Scene:
-    """Poses and props of every frame of the shot (no pixels yet); ``blocking`` is fixed or free (module doc)."""
+    """Poses and props of every frame of the shot (no pixels yet); ``blocking`` is fixed, anchored or free and
+    ``speed_jitter`` bounds the speed factor no word says (module doc)."""
     if blocking not in BLOCKINGS:
         raise ValueError(f"blocking {blocking!r} is not one of {list(BLOCKINGS)}")
+    if not 0.0 <= speed_jitter < 1.0:
+        raise ValueError(f"speed_jitter must be in [0, 1) (the factor lies in [1 - j, 1 + j]), got {speed_jitter}")
     rng = np.random.default_rng(seed)
     unit = height / DESIGN_H
-    ctx = _Ctx(rng=rng, k=ADVERB_SPEED[spec.adverb] * rng.uniform(0.9, 1.1), unit=unit, width=width, height=height,
-               num_frames=num_frames, ground=GROUND[spec.place] * unit, place=spec.place, fixed=blocking == "fixed")
+    k = ADVERB_SPEED[spec.adverb] * rng.uniform(1.0 - speed_jitter, 1.0 + speed_jitter)
+    ctx = _Ctx(rng=rng, k=k, unit=unit, width=width, height=height, num_frames=num_frames,
+               ground=GROUND[spec.place] * unit, place=spec.place, fixed=blocking != "free",
+               anchored=blocking == "anchored")
     friend = CHARACTERS[spec.friend] if spec.friend else None
     frames = _ANIMATE[spec.action](ctx, CHARACTERS[spec.character], friend)
     return Scene(spec=spec, frames=frames, unit=unit, height=height, width=width)
@@ -496,17 +515,21 @@ def scene_motion(scene: Scene) -> float:
 
 
 def render_shot(
-    spec: ShotSpec, seed: int, *, height: int = 64, width: int = 96, num_frames: int = 17, blocking: str = "fixed"
+    spec: ShotSpec, seed: int, *, height: int = 64, width: int = 96, num_frames: int = 17, blocking: str = "fixed",
+    speed_jitter: float = DEFAULT_SPEED_JITTER,
 ) -> np.ndarray:
     """The (T, H, W, 3) uint8 frames of one shot; the same arguments always give the same frames."""
-    return draw_scene(animate(spec, seed, height=height, width=width, num_frames=num_frames, blocking=blocking))
+    return draw_scene(animate(spec, seed, height=height, width=width, num_frames=num_frames, blocking=blocking,
+                              speed_jitter=speed_jitter))
 
 
 def motion_scope(
-    spec: ShotSpec, seed: int, *, height: int = 64, width: int = 96, num_frames: int = 17, blocking: str = "fixed"
+    spec: ShotSpec, seed: int, *, height: int = 64, width: int = 96, num_frames: int = 17, blocking: str = "fixed",
+    speed_jitter: float = DEFAULT_SPEED_JITTER,
 ) -> float:
     """The true motion scope of :func:`render_shot` with the same arguments."""
-    return scene_motion(animate(spec, seed, height=height, width=width, num_frames=num_frames, blocking=blocking))
+    return scene_motion(animate(spec, seed, height=height, width=width, num_frames=num_frames, blocking=blocking,
+                                speed_jitter=speed_jitter))
 
 
 def fit_motion_bins(scopes, levels: int = NUM_MOTION_LEVELS) -> list[float]:
@@ -622,7 +645,7 @@ def write_dataset(cfg: SpriteWorldConfig, progress: bool = True) -> Path:
         for film in films:
             for index, (spec, seed) in enumerate(zip(film.shots, film.seeds, strict=True)):
                 scene = animate(spec, seed, height=cfg.height, width=cfg.width, num_frames=cfg.num_frames,
-                                blocking=cfg.blocking)
+                                blocking=cfg.blocking, speed_jitter=cfg.speed_jitter)
                 scopes.append(scene_motion(scene))
                 path = out / "clips" / film.film_id / f"{index:05d}.mp4"
                 pending.append(pool.submit(write_mp4, path, draw_scene(scene), cfg.fps))
@@ -644,7 +667,8 @@ def write_dataset(cfg: SpriteWorldConfig, progress: bool = True) -> Path:
                 clip_id=f"{film.film_id}_{index:05d}", video=f"clips/{film.film_id}/{index:05d}.mp4",
                 film_id=film.film_id, clip_index=index, start=CLIP_SECONDS * index, end=CLIP_SECONDS * (index + 1),
                 tags=spec.tags(level).render(), motion_scope=round(scope, 5), motion_level=level, caption_status="ok",
-                extra={**spec.to_dict(), "render_seed": seed, "blocking": cfg.blocking, "split": film.split},
+                extra={**spec.to_dict(), "render_seed": seed, "blocking": cfg.blocking,
+                       "speed_jitter": cfg.speed_jitter, "split": film.split},
             ))
     meta = {
         "source": "spriteworld",
@@ -677,6 +701,7 @@ def film_game(records: list[ClipRecord]) -> list[dict[str, Any]]:
             "spec": {k: record.extra[k] for k in ("character", "action", "place", "time", "adverb", "friend")},
             "render_seed": record.extra.get("render_seed"),
             "blocking": record.extra.get("blocking", "free"),  # clips written before blocking existed were free
+            "speed_jitter": record.extra.get("speed_jitter", DEFAULT_SPEED_JITTER),
         })
     return turns
 

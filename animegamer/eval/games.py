@@ -28,7 +28,8 @@ from animegamer.states import ShotTags, parse_tags
 class GroundTruthGame(BenchmarkGame):
     """A benchmark game whose turns also have their real clip (``clips[turn]``: a video path or a shot spec)."""
 
-    clips: tuple[dict, ...] = ()  # per turn: {"video": path} and/or {"spec": {...}, "render_seed": int, "blocking"}
+    # per turn: {"video": path} and/or {"spec", "render_seed", "blocking", "speed_jitter"}
+    clips: tuple[dict, ...] = ()
 
     def has_clips(self) -> bool:
         return len(self.clips) == len(self.shots) > 0
@@ -45,7 +46,9 @@ class GroundTruthGame(BenchmarkGame):
         if source.get("spec") is not None and source.get("render_seed") is not None:
             from animegamer.data.spriteworld import ShotSpec, render_shot
 
-            return render_shot(ShotSpec(**source["spec"]), int(source["render_seed"]), blocking=source["blocking"])
+            jitter = {"speed_jitter": source["speed_jitter"]} if "speed_jitter" in source else {}
+            return render_shot(ShotSpec(**source["spec"]), int(source["render_seed"]), blocking=source["blocking"],
+                               **jitter)
         raise FileNotFoundError(f"{self.path}: ground-truth clip of turn {turn} not found ({video or 'no video'})")
 
 
@@ -63,6 +66,8 @@ def _read_data_game(jsonl: Path) -> GroundTruthGame:
         if row.get("spec") is not None:
             clip["spec"], clip["render_seed"] = row["spec"], row.get("render_seed")
             clip["blocking"] = row.get("blocking", "free")  # games written before blocking existed were free
+            if row.get("speed_jitter") is not None:
+                clip["speed_jitter"] = float(row["speed_jitter"])
         clips.append(clip)
     if not shots:
         raise BenchmarkError(f"{jsonl}: no turns")
