@@ -32,3 +32,22 @@ def parse_config(
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     return cfg, args
+
+
+def add_split_flags(parser: argparse.ArgumentParser, count: int, what: str, count_flag: str = "--clips") -> None:
+    """``--manifest``, ``--split`` and a clip count: the flags of scripts that sample a manifest's train/test films."""
+    parser.add_argument("--manifest", required=True, help="clips.jsonl with train/test films in its meta splits")
+    parser.add_argument("--split", default="test", choices=("test", "train"), help="films to take the clips from")
+    parser.add_argument(count_flag, type=int, default=count, help=f"{what} (evenly spread over the split)")
+
+
+def split_clips(manifest_path: str, split: str, count: int) -> tuple[Any, list]:
+    """The manifest and up to ``count`` evenly spread tagged clips of its ``split`` films
+    (:meth:`Manifest.sample_split`); an unreadable manifest or an empty split exits with one readable line."""
+    from animegamer.data.manifest import read_manifest
+
+    try:
+        manifest = read_manifest(manifest_path)
+        return manifest, manifest.sample_split(split, count)
+    except (ValueError, FileNotFoundError) as exc:  # ManifestError is a ValueError
+        raise SystemExit(f"error: {exc}") from None

@@ -24,9 +24,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from animegamer.cli import parse_config
+from animegamer.cli import add_split_flags, parse_config, split_clips
 from animegamer.config import EvalConfig
-from animegamer.data.manifest import read_manifest
 from animegamer.io import atomic_write_json
 from animegamer.states import NUM_MOTION_LEVELS
 
@@ -41,9 +40,7 @@ def follow_slope(requested: np.ndarray, measured: np.ndarray) -> float:
 
 
 def add_flags(parser) -> None:
-    parser.add_argument("--manifest", required=True, help="clips.jsonl with train/test films in its meta splits")
-    parser.add_argument("--split", default="test", choices=("test", "train"), help="films to take the clips from")
-    parser.add_argument("--clips", type=int, default=30, help="clips to render (evenly spread over the split)")
+    add_split_flags(parser, 30, "clips to render")
     parser.add_argument("--levels", default="1,2,3,4,5", help="comma-separated motion levels to render each shot at")
     parser.add_argument("--decoder-checkpoint", default="", help="decoder to test (default: stage_a_checkpoint)")
     parser.add_argument("--out", default="outputs/motion_response.json", help="JSON report")
@@ -69,10 +66,9 @@ def main(argv: list[str] | None = None) -> dict:
     cfg, args = parse_config(EvalConfig, __doc__, argv, extra=add_flags)
     try:
         levels = parse_levels(args.levels)
-        manifest = read_manifest(args.manifest)
-        picks = manifest.sample_split(args.split, args.clips)
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
+    manifest, picks = split_clips(args.manifest, args.split, args.clips)
     if not cfg.inference.decoder.motion_scope:
         raise SystemExit("error: inference.decoder.motion_scope is false: this decoder has no motion level input, "
                          "every level would render the same clip")

@@ -22,9 +22,8 @@ import sys
 import torch
 from tqdm.auto import tqdm
 
-from animegamer.cli import parse_config
+from animegamer.cli import add_split_flags, parse_config, split_clips
 from animegamer.config import EvalConfig
-from animegamer.data.manifest import read_manifest
 from animegamer.io import atomic_write_json
 
 
@@ -41,9 +40,7 @@ def relative_error(predicted: torch.Tensor, target: torch.Tensor) -> tuple[float
 
 
 def add_flags(parser) -> None:
-    parser.add_argument("--manifest", required=True, help="clips.jsonl with train/test films in its meta splits")
-    parser.add_argument("--split", default="test", choices=("test", "train"), help="films to take the clips from")
-    parser.add_argument("--clips", type=int, default=96, help="clips to compare (evenly spread over the split)")
+    add_split_flags(parser, 96, "clips to compare")
     parser.add_argument("--out", default="outputs/shot_error.json", help="JSON report")
 
 
@@ -53,11 +50,7 @@ def main(argv: list[str] | None = None) -> dict:
     from animegamer.inference.session import load_mllm_predictor, resolve_device
 
     cfg, args = parse_config(EvalConfig, __doc__, argv, extra=add_flags)
-    manifest = read_manifest(args.manifest)
-    try:
-        picks = manifest.sample_split(args.split, args.clips)
-    except ValueError as exc:
-        raise SystemExit(f"error: {exc}") from None
+    manifest, picks = split_clips(args.manifest, args.split, args.clips)
     if len(picks) < 2:
         raise SystemExit(f"error: {args.manifest}: {len(picks)} clip to compare; need at least 2 (--clips)")
     device = resolve_device(cfg.inference.device)

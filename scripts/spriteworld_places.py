@@ -24,9 +24,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from animegamer.cli import parse_config
+from animegamer.cli import add_split_flags, parse_config, split_clips
 from animegamer.config import InferenceConfig
-from animegamer.data.manifest import ClipRecord, read_manifest
+from animegamer.data.manifest import ClipRecord
 from animegamer.io import atomic_write_json
 
 SCENERY_CLIPS = 12  # clips per background whose first frames make its empty scenery
@@ -61,10 +61,8 @@ def nearest_scene(frames: np.ndarray, scenes: dict[str, np.ndarray]) -> str:
 
 
 def add_flags(parser) -> None:
-    parser.add_argument("--manifest", required=True, help="SpriteWorld clips.jsonl (with its train/test split)")
+    add_split_flags(parser, 24, "clips to play", count_flag="--turns")
     parser.add_argument("--shot-targets", default="", help="stage (a) shot targets: also render the encoder's shots")
-    parser.add_argument("--split", default="test", choices=("test", "train"), help="films to take the clips from")
-    parser.add_argument("--turns", type=int, default=24, help="clips to play (evenly spread over the split)")
     parser.add_argument("--out", default="outputs/spriteworld/places.json", help="JSON report")
 
 
@@ -74,11 +72,7 @@ def main(argv: list[str] | None = None) -> dict:
     from animegamer.inference.session import build_session
 
     cfg, args = parse_config(InferenceConfig, __doc__, argv, extra=add_flags)
-    manifest = read_manifest(args.manifest)
-    try:
-        picks = manifest.sample_split(args.split, args.turns)
-    except ValueError as exc:
-        raise SystemExit(f"error: {exc}") from None
+    manifest, picks = split_clips(args.manifest, args.split, args.turns)
     scenes = sceneries(manifest, [r for r in manifest.records if r.tags])
     targets = TensorStore(args.shot_targets) if args.shot_targets else None
     session = build_session(cfg, render=True, output_dir=Path(args.out).parent / "places_session")

@@ -66,3 +66,17 @@ def test_sample_split_spreads_tagged_clips_of_the_split_films(tmp_path):
     assert len(manifest.sample_split("train", 50)) == 5 and manifest.sample_split("train", 1)[0].clip_id == "a_00000"
     with pytest.raises(ValueError, match="'val' films"):
         manifest.sample_split("val", 2)
+
+
+def test_split_clips_reads_and_samples_or_exits_with_one_line(tmp_path):
+    from animegamer.cli import split_clips
+
+    tags = "<S>Qiqi</S><MD>run</MD><EV>park</EV><ML>3</ML><MA>quickly</MA><SC>0</SC><ET>0</ET><ST>-1</ST>"
+    records = [ClipRecord(f"a_{i:05d}", f"a/{i}.mp4", "a", i, 2.0 * i, 2.0 * i + 2, tags=tags) for i in range(4)]
+    write_manifest(tmp_path / "clips.jsonl", records, {"splits": {"train": ["a"], "test": []}})
+    manifest, picks = split_clips(str(tmp_path / "clips.jsonl"), "train", 2)
+    assert len(manifest) == 4 and [r.clip_id for r in picks] == ["a_00000", "a_00003"]
+    with pytest.raises(SystemExit, match="error: .*no tagged clips in the 'test' films"):
+        split_clips(str(tmp_path / "clips.jsonl"), "test", 2)
+    with pytest.raises(SystemExit, match="error: manifest not found"):
+        split_clips(str(tmp_path / "missing.jsonl"), "train", 2)
