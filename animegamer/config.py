@@ -70,6 +70,7 @@ class DecoderConfig:
     motion_scope: bool = True  # inject the motion level into the timestep embedding
     num_motion_levels: int = 5  # motion levels 1..num_motion_levels
     motion_embed_dim: int = 256  # width of the sinusoidal motion-level embedding
+    motion_guidance: bool = False  # condition dropout drops the level too (null level 0), CFG amplifies it
     gradient_checkpointing: bool = True  # recompute transformer blocks in backward
     dtype: str = "bf16"  # weights/compute dtype of the frozen parts: fp32 | bf16 | fp16
     vae_slicing: bool = False  # decode the VAE batch one sample at a time

@@ -10,7 +10,8 @@ in an optimizer group whose learning rate is 0, so they stay bit-identical while
 wrapping serves both phases. After that encoder, LoRA and motion embedding train jointly.
 
 One step: s_a = encoder(CLIP tokens of the first frame, T5 tokens of the motion text); with probability
-``condition_dropout`` s_a becomes the decoder's unconditional (zero) representation, so CFG works at sampling time;
+``condition_dropout`` s_a becomes the decoder's unconditional (zero) representation, so CFG works at sampling time
+(with ``decoder.motion_guidance`` the motion level becomes the null level 0 there too);
 the clip's latents are noised at a uniform random timestep and the decoder regresses the scheduler's target
 (v-prediction for CogVideoX-2B) with an MSE loss; ``motion_loss_weight`` > 0 weighs the latent cells that change
 between latent frames extra (animegamer.training.losses; 0, the paper's plain MSE, by default).
@@ -66,8 +67,7 @@ class EncoderDecoder(nn.Module):
 
     def forward(self, clip_tokens, text_tokens, dropped, noisy_latents, timesteps, motion_level) -> torch.Tensor:
         shot_embeds = self.encoder(clip_tokens, text_tokens)  # (B, N, H)
-        null = self.decoder.null_shot_embeds(shot_embeds.shape[0], shot_embeds.device, shot_embeds.dtype)
-        shot_embeds = torch.where(dropped[:, None, None], null, shot_embeds)  # condition dropout, for CFG
+        shot_embeds, motion_level = self.decoder.drop_conditions(shot_embeds, motion_level, dropped)  # for CFG
         return self.decoder(noisy_latents, timesteps, shot_embeds, motion_level)  # (B, F, C, h, w)
 
 

@@ -78,13 +78,12 @@ def compute_loss(model, decoder: AnimationShotDecoder, batch: dict, cfg: StageCC
     batch_size = latents.shape[0]
     shot_embeds = batch["shot_embeds"]  # (B, N, H), the MLLM's predictions
     dropped = torch.rand(batch_size, device=latents.device) < cfg.condition_dropout
-    null = decoder.null_shot_embeds(batch_size, latents.device, shot_embeds.dtype)
-    shot_embeds = torch.where(dropped[:, None, None], null, shot_embeds)  # condition dropout, for CFG
+    shot_embeds, levels = decoder.drop_conditions(shot_embeds, batch["motion_level"], dropped)  # for CFG
     noise = torch.randn_like(latents)
     scheduler = decoder.noise_scheduler
     timesteps = torch.randint(0, scheduler.config.num_train_timesteps, (batch_size,), device=latents.device)
     noisy = scheduler.add_noise(latents, noise, timesteps)
-    prediction = model(noisy, timesteps, shot_embeds, batch["motion_level"])  # (B, F, C, h, w)
+    prediction = model(noisy, timesteps, shot_embeds, levels)  # (B, F, C, h, w)
     target = decoder.training_target(latents, noise, timesteps)
     return diffusion_loss(prediction, target, latents, cfg.motion_loss_weight, cfg.motion_threshold)
 

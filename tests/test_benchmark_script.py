@@ -196,6 +196,13 @@ def test_batched_cfg_equals_the_plain_per_branch_loop():
     other = decoder.sample(shots, torch.tensor([5, 1]), SAMPLING, generator=torch.Generator().manual_seed(3),
                            decode=False)
     assert (other - ours).abs().max() > 1e-4
+    # with motion guidance the unconditional branch gets the null level in both loops
+    decoder.motion_guidance = True
+    guided = sample(decoder)
+    torch.testing.assert_close(
+        guided, plain_denoise(decoder, shots, levels, SAMPLING, torch.Generator().manual_seed(3)), rtol=1e-5, atol=1e-5
+    )
+    assert (guided - ours).abs().max() > 1e-4
 
 
 def test_merged_lora_and_compiled_blocks_give_the_same_clip():

@@ -1,6 +1,8 @@
 """AnimationShotDecoder on a tiny CogVideoX: motion embedding, text-projection bypass, save/load, sampling."""
 
+import json
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -115,6 +117,48 @@ def test_save_and_load_trained_roundtrip(tiny_cogvideox_dir, tmp_path):
         AnimationShotDecoder.from_config(_config(tiny_cogvideox_dir, lora_rank=8)).load_trained(tmp_path / "dec")
     with pytest.raises(FileNotFoundError, match="decoder_config"):
         b.load_trained(tmp_path / "nothing")
+
+
+def test_motion_guidance_drops_the_level_with_the_shot(tiny_cogvideox_dir, tmp_path):
+    with pytest.raises(ValueError, match="motion scope"):
+        AnimationShotDecoder.from_config(_config(tiny_cogvideox_dir, motion_scope=False, motion_guidance=True))
+    torch.manual_seed(0)
+    guided = AnimationShotDecoder.from_config(_config(tiny_cogvideox_dir, motion_guidance=True)).eval()
+    plain = AnimationShotDecoder.from_config(_config(tiny_cogvideox_dir)).eval()
+    shots, levels, dropped = torch.randn(2, 226, 32), torch.tensor([3, 4]), torch.tensor([True, False])
+
+    g_shots, g_levels = guided.drop_conditions(shots, levels, dropped)
+    assert g_levels.tolist() == [0, 4] and guided.unconditional_levels(levels).tolist() == [0, 0]
+    assert torch.equal(g_shots[0], torch.zeros(226, 32)) and torch.equal(g_shots[1], shots[1])
+    p_shots, p_levels = plain.drop_conditions(shots, levels, dropped)
+    assert p_levels.tolist() == [3, 4] and plain.unconditional_levels(levels).tolist() == [3, 4]
+    assert torch.equal(p_shots, g_shots)
+
+    # the null level is a value of its own for a trained embedding, and sampling's unconditional branch uses it
+    with torch.no_grad():
+        torch.nn.init.normal_(guided.transformer.ofs_embedding.linear_2.weight, std=0.5)
+    latents, t, _ = _inputs()
+    with torch.no_grad():
+        assert (guided(latents, t, shots, torch.tensor([0, 0])) - guided(latents, t, shots, levels)).abs().max() > 1e-3
+    sampling = SamplingConfig(steps=2, height=48, width=64, num_frames=9, guidance_scale=4.0, dynamic_cfg=False)
+    with_null = guided.sample(shots, levels, sampling, decode=False)
+    guided.motion_guidance = False
+    assert (guided.sample(shots, levels, sampling, decode=False) - with_null).abs().max() > 1e-4
+    no_cfg = replace(sampling, guidance_scale=1.0)  # one branch only: the null level never enters
+    unguided = guided.sample(shots, levels, no_cfg, decode=False)
+    guided.motion_guidance = True
+    assert torch.equal(guided.sample(shots, levels, no_cfg, decode=False), unguided)
+
+    # a checkpoint records how its level was dropped, and loading adopts it (files without it: plain)
+    guided.save_trained(tmp_path / "dec")
+    assert json.loads((tmp_path / "dec" / "decoder_config.json").read_text())["motion_guidance"] is True
+    plain.load_trained(tmp_path / "dec")
+    assert plain.motion_guidance
+    saved = json.loads((tmp_path / "dec" / "decoder_config.json").read_text())
+    del saved["motion_guidance"]
+    (tmp_path / "dec" / "decoder_config.json").write_text(json.dumps(saved))
+    plain.load_trained(tmp_path / "dec")
+    assert not plain.motion_guidance
 
 
 def test_missing_checkpoint_names_the_readme(tmp_path):

@@ -264,6 +264,40 @@ def test_overfitting_one_batch(data, motion_loss_weight):
     assert losses[-1] < 0.5 * losses[0], losses
 
 
+def test_motion_guidance_drops_the_level_with_the_shot(data):
+    """With decoder.motion_guidance a dropped row trains the null shot at the null level 0 (what CFG's
+    unconditional branch then samples with); without it the dropped row keeps its level."""
+    cfg: StageAConfig = dataclasses.replace(data["cfg"], condition_dropout=1.0)
+    dataset, _ = build_stage_a_dataset(cfg.data)
+    batch = {k: torch.stack([dataset[i][k] for i in range(2)]) for k in dataset[0]}
+    torch.manual_seed(0)
+    encoder = ActionAwareEncoder.from_config(cfg.encoder)
+    decoder = AnimationShotDecoder.from_config(dataclasses.replace(cfg.decoder, motion_guidance=True), with_vae=False)
+    with torch.no_grad():
+        torch.nn.init.normal_(decoder.transformer.ofs_embedding.linear_2.weight, std=0.5)
+    model = train_stage_a.EncoderDecoder(encoder, decoder).eval()
+
+    def by_hand(levels):
+        torch.manual_seed(1)  # compute_loss's draws, in its order: dropout, noise, timesteps
+        torch.rand(2)
+        latents = batch["latents"]
+        noise = torch.randn_like(latents)
+        t = torch.randint(0, decoder.noise_scheduler.config.num_train_timesteps, (2,))
+        noisy = decoder.noise_scheduler.add_noise(latents, noise, t)
+        out = decoder(noisy, t, decoder.null_shot_embeds(2), levels)
+        return torch.nn.functional.mse_loss(out, decoder.training_target(latents, noise, t))
+
+    with torch.no_grad():
+        torch.manual_seed(1)
+        guided = train_stage_a.compute_loss(model, model, batch, cfg)
+        torch.testing.assert_close(guided, by_hand(torch.zeros(2, dtype=torch.long)))
+        decoder.motion_guidance = False
+        torch.manual_seed(1)
+        plain = train_stage_a.compute_loss(model, model, batch, cfg)
+        torch.testing.assert_close(plain, by_hand(batch["motion_level"]))
+    assert abs(guided.item() - plain.item()) > 1e-6
+
+
 def test_malformed_manifest_is_one_clear_error(data, tmp_path, capsys):
     manifest = tmp_path / "clips.jsonl"
     lines = (data["root"] / "clips.jsonl").read_text().splitlines()

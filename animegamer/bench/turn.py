@@ -119,10 +119,11 @@ def plain_denoise(decoder, shot_embeds, motion_level, sampling: SamplingConfig, 
     cond = shot_embeds.to(device, dtype)
     null = decoder.null_shot_embeds(batch, device, dtype)
     levels = motion_level.to(device) if decoder.motion_scope else None
+    null_levels = decoder.unconditional_levels(levels)
 
-    def branch(x, t, shots):
+    def branch(x, t, shots, ofs):
         out = transformer(
-            hidden_states=x.to(dtype), encoder_hidden_states=shots, timestep=t.expand(batch), ofs=levels,
+            hidden_states=x.to(dtype), encoder_hidden_states=shots, timestep=t.expand(batch), ofs=ofs,
             return_dict=False,
         )[0]
         return out.float()
@@ -130,9 +131,9 @@ def plain_denoise(decoder, shot_embeds, motion_level, sampling: SamplingConfig, 
     old_x0 = None
     for i, t in enumerate(timesteps):
         model_in = scheduler.scale_model_input(latents, t)
-        out = branch(model_in, t, cond)
+        out = branch(model_in, t, cond, levels)
         if scales[i] > 1.0:
-            uncond = branch(model_in, t, null)
+            uncond = branch(model_in, t, null, null_levels)
             out = uncond + scales[i] * (out - uncond)
         latents, old_x0 = scheduler_step(scheduler, out, i, latents, old_x0, generator)
     return latents

@@ -12,8 +12,11 @@ layer starts at zero: at step 0 the decoder computes exactly what the pretrained
 Classifier-free guidance needs a defined unconditional input. Ours is the all-zero shot representation
 (:meth:`AnimationShotDecoder.null_shot_embeds`): it needs no model at inference (the MLLM predicts only the
 conditional s_a), and the encoder never emits it, because every s_a token leaves a LayerNorm. Training replaces
-s_a with it at rate ``condition_dropout``; the motion level is kept in both branches, so guidance sharpens the
-shot content while the motion level acts as a plain condition.
+s_a with it at rate ``condition_dropout``. By default the motion level is kept in both branches, so guidance
+sharpens the shot content while the level acts as a plain condition. With ``motion_guidance`` the dropout also
+replaces the level by the null level 0 (a value of its own for the embedding) and the unconditional branch uses
+it, so guidance amplifies what the level changes as much as what s_a changes. A trained checkpoint records which of
+the two it learned, and loading it adopts that (it decides how the checkpoint samples).
 
 Trained parts only (LoRA in peft layout + the motion embedding) are saved and loaded, as safetensors.
 """
@@ -36,6 +39,7 @@ ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 MOTION_WEIGHTS = "motion_embedding.safetensors"
 DECODER_CONFIG = "decoder_config.json"
+NULL_MOTION_LEVEL = 0  # the unconditional level of ``motion_guidance`` decoders (real levels are 1..5)
 
 
 class MotionLevelEmbedding(nn.Module):
@@ -180,6 +184,7 @@ class AnimationShotDecoder(nn.Module):
         num_motion_levels: int = 5,
         motion_embed_dim: int = 256,
         gradient_checkpointing: bool = False,
+        motion_guidance: bool = False,
     ):
         super().__init__()
         from diffusers.models.embeddings import Timesteps
@@ -199,7 +204,10 @@ class AnimationShotDecoder(nn.Module):
         self.lora_rank, self.lora_alpha, self.lora_targets = lora_rank, lora_alpha, list(lora_targets)
         if lora_rank > 0:
             transformer.add_adapter(self._lora_config())
+        if motion_guidance and not motion_scope:
+            raise ValueError("motion_guidance needs the motion scope (motion_scope=true)")
         self.motion_scope = motion_scope
+        self.motion_guidance = motion_guidance
         self.num_motion_levels = num_motion_levels
         if motion_scope:
             transformer.ofs_proj = Timesteps(motion_embed_dim, tcfg.flip_sin_to_cos, tcfg.freq_shift)
@@ -250,6 +258,7 @@ class AnimationShotDecoder(nn.Module):
             num_motion_levels=cfg.num_motion_levels,
             motion_embed_dim=cfg.motion_embed_dim,
             gradient_checkpointing=cfg.gradient_checkpointing,
+            motion_guidance=cfg.motion_guidance,
         )
 
     def _lora_config(self):
@@ -299,13 +308,18 @@ class AnimationShotDecoder(nn.Module):
             "lora_targets": self.lora_targets,
             "motion_scope": self.motion_scope,
             "num_motion_levels": self.num_motion_levels,
+            "motion_guidance": self.motion_guidance,
         }
         from animegamer.io import atomic_write_json
 
         atomic_write_json(out / DECODER_CONFIG, settings)
 
     def load_trained(self, in_dir: str | Path) -> None:
-        """Load what :meth:`save_trained` wrote; the LoRA/motion settings must match this decoder's."""
+        """Load what :meth:`save_trained` wrote; the LoRA/motion settings must match this decoder's.
+
+        ``motion_guidance`` is taken from the checkpoint (files without it: False): how the level was dropped in
+        training decides how the checkpoint samples.
+        """
         from peft import LoraConfig
         from peft.utils import set_peft_model_state_dict
 
@@ -326,6 +340,7 @@ class AnimationShotDecoder(nn.Module):
                 raise ValueError(f"{src / ADAPTER_WEIGHTS}: unexpected LoRA weights {unexpected[:3]}")
         if self.motion_scope:
             self.transformer.ofs_embedding.load_state_dict(load_state_dict_file(src / MOTION_WEIGHTS))
+        self.motion_guidance = bool(saved.get("motion_guidance", False))
 
     # ------------------------------------------------------------------ inference fast path
 
@@ -387,6 +402,23 @@ class AnimationShotDecoder(nn.Module):
         hidden = tcfg.num_attention_heads * tcfg.attention_head_dim
         return torch.zeros(batch_size, self.num_condition_tokens, hidden, device=device or self.device, dtype=dtype)
 
+    def drop_conditions(
+        self, shot_embeds: torch.Tensor, motion_level: torch.Tensor | None, dropped: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Condition dropout for CFG: rows where ``dropped`` (B,) is true get the null s_a, and with
+        ``motion_guidance`` the null level as well. Returns (s_a (B, N, H), levels (B,) or None)."""
+        null = self.null_shot_embeds(shot_embeds.shape[0], shot_embeds.device, shot_embeds.dtype)
+        shot_embeds = torch.where(dropped[:, None, None], null, shot_embeds)
+        if self.motion_guidance and motion_level is not None:
+            motion_level = torch.where(dropped.to(motion_level.device), NULL_MOTION_LEVEL, motion_level)
+        return shot_embeds, motion_level
+
+    def unconditional_levels(self, motion_level: torch.Tensor | None) -> torch.Tensor | None:
+        """The levels of CFG's unconditional branch: the null level with ``motion_guidance``, else the same ones."""
+        if self.motion_guidance and motion_level is not None:
+            return torch.full_like(motion_level, NULL_MOTION_LEVEL)
+        return motion_level
+
     def forward(
         self,
         noisy_latents: torch.Tensor,
@@ -402,7 +434,7 @@ class AnimationShotDecoder(nn.Module):
         ofs = None
         if self.motion_scope:
             if motion_level is None:
-                raise ValueError("this decoder injects the motion level; pass motion_level (B,) in 1..5")
+                raise ValueError("this decoder injects the motion level; pass motion_level (B,) in 1..5 (0: null)")
             ofs = motion_level.to(noisy_latents.device)
         out = self.transformer(
             hidden_states=noisy_latents.to(self.dtype),
@@ -485,7 +517,8 @@ class AnimationShotDecoder(nn.Module):
 
         The denoising loop, written out: start from Gaussian latents; at each step run the conditional and the
         unconditional (zero s_a) branch in one batch while guidance is on, combine them with that step's scale,
-        and let the scheduler step (DPM-Solver++ keeps the previous x0 prediction for its second order).
+        and let the scheduler step (DPM-Solver++ keeps the previous x0 prediction for its second order). The
+        unconditional branch keeps the levels, or gets the null level with ``motion_guidance``.
         """
         from tqdm.auto import tqdm
 
@@ -500,6 +533,7 @@ class AnimationShotDecoder(nn.Module):
         cond = shot_embeds.to(device)
         null = self.null_shot_embeds(batch, device, cond.dtype)
         levels = motion_level.to(device) if motion_level is not None else None
+        null_levels = self.unconditional_levels(levels)
         old_x0 = None
         for i, t in enumerate(tqdm(timesteps, desc="denoise", disable=not progress, leave=False)):
             guided = scales[i] > 1.0
@@ -509,7 +543,7 @@ class AnimationShotDecoder(nn.Module):
                 model_in,
                 t.expand(model_in.shape[0]),
                 torch.cat([null, cond]) if guided else cond,
-                torch.cat([levels, levels]) if guided and levels is not None else levels,
+                torch.cat([null_levels, levels]) if guided and levels is not None else levels,
             )
             if guided:
                 uncond, conditional = out.chunk(2)
