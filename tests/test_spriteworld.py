@@ -141,6 +141,21 @@ def test_a_game_without_its_videos_redraws_them_with_their_blocking(dataset, tmp
     assert not np.array_equal(drawn, render_shot(spec, rows[1]["render_seed"], blocking="free", speed_jitter=0.3))
     assert not np.array_equal(drawn, render_shot(spec, rows[1]["render_seed"], blocking="fixed"))
 
+    # drawn at the data's size (its rows carry it); rows written before that draw at render_shot's defaults
+    assert (rows[1]["num_frames"], rows[1]["height"], rows[1]["width"]) == (17, 64, 96) == drawn.shape[:3]
+    for row in rows:
+        row["num_frames"], row["width"] = 9, 48
+    (tmp_path / "games" / f"{film_id}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    small = load_games(tmp_path / "games")[0].clip_frames(1)
+    assert small.shape == (9, 64, 48, 3)
+    assert np.array_equal(small, render_shot(spec, rows[1]["render_seed"], blocking="fixed", speed_jitter=0.3,
+                                             num_frames=9, width=48))
+    for row in rows:
+        for key in ("num_frames", "height", "width"):
+            del row[key]
+    (tmp_path / "games" / f"{film_id}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert np.array_equal(load_games(tmp_path / "games")[0].clip_frames(1), drawn)
+
 
 # -------------------------------------------------------------------------------- tag rules
 

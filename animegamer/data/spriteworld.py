@@ -668,7 +668,8 @@ def write_dataset(cfg: SpriteWorldConfig, progress: bool = True) -> Path:
                 film_id=film.film_id, clip_index=index, start=CLIP_SECONDS * index, end=CLIP_SECONDS * (index + 1),
                 tags=spec.tags(level).render(), motion_scope=round(scope, 5), motion_level=level, caption_status="ok",
                 extra={**spec.to_dict(), "render_seed": seed, "blocking": cfg.blocking,
-                       "speed_jitter": cfg.speed_jitter, "split": film.split},
+                       "speed_jitter": cfg.speed_jitter, "num_frames": cfg.num_frames, "height": cfg.height,
+                       "width": cfg.width, "split": film.split},
             ))
     meta = {
         "source": "spriteworld",
@@ -688,6 +689,9 @@ def write_dataset(cfg: SpriteWorldConfig, progress: bool = True) -> Path:
     return manifest
 
 
+DRAWING_SIZE = ("num_frames", "height", "width")  # what a game row needs to redraw its clip at the data's size
+
+
 def film_game(records: list[ClipRecord]) -> list[dict[str, Any]]:
     """One film's clips (in order) as game turns: the instruction a player would type and the ground truth."""
     turns = []
@@ -702,6 +706,7 @@ def film_game(records: list[ClipRecord]) -> list[dict[str, Any]]:
             "render_seed": record.extra.get("render_seed"),
             "blocking": record.extra.get("blocking", "free"),  # clips written before blocking existed were free
             "speed_jitter": record.extra.get("speed_jitter", DEFAULT_SPEED_JITTER),
+            **{k: record.extra[k] for k in DRAWING_SIZE if k in record.extra},
         })
     return turns
 

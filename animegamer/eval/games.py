@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from animegamer.data.spriteworld import DRAWING_SIZE
 from animegamer.eval.benchmark import INDEX_NAME, BenchmarkError, BenchmarkGame, load_benchmark
 from animegamer.io import iter_jsonl
 from animegamer.states import ShotTags, parse_tags
@@ -28,7 +29,8 @@ from animegamer.states import ShotTags, parse_tags
 class GroundTruthGame(BenchmarkGame):
     """A benchmark game whose turns also have their real clip (``clips[turn]``: a video path or a shot spec)."""
 
-    # per turn: {"video": path} and/or {"spec", "render_seed", "blocking", "speed_jitter"}
+    # per turn: {"video": path} and/or {"spec", "render_seed", "blocking", "speed_jitter", "num_frames", "height",
+    # "width"} (the drawing settings a row lacks take render_shot's defaults)
     clips: tuple[dict, ...] = ()
 
     def has_clips(self) -> bool:
@@ -46,9 +48,9 @@ class GroundTruthGame(BenchmarkGame):
         if source.get("spec") is not None and source.get("render_seed") is not None:
             from animegamer.data.spriteworld import ShotSpec, render_shot
 
-            jitter = {"speed_jitter": source["speed_jitter"]} if "speed_jitter" in source else {}
+            drawing = {k: source[k] for k in ("speed_jitter", *DRAWING_SIZE) if k in source}
             return render_shot(ShotSpec(**source["spec"]), int(source["render_seed"]), blocking=source["blocking"],
-                               **jitter)
+                               **drawing)
         raise FileNotFoundError(f"{self.path}: ground-truth clip of turn {turn} not found ({video or 'no video'})")
 
 
@@ -68,6 +70,7 @@ def _read_data_game(jsonl: Path) -> GroundTruthGame:
             clip["blocking"] = row.get("blocking", "free")  # games written before blocking existed were free
             if row.get("speed_jitter") is not None:
                 clip["speed_jitter"] = float(row["speed_jitter"])
+            clip.update({k: int(row[k]) for k in DRAWING_SIZE if row.get(k) is not None})
         clips.append(clip)
     if not shots:
         raise BenchmarkError(f"{jsonl}: no turns")
