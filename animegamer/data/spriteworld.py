@@ -689,7 +689,14 @@ def write_dataset(cfg: SpriteWorldConfig, progress: bool = True) -> Path:
     return manifest
 
 
-DRAWING_SIZE = ("num_frames", "height", "width")  # what a game row needs to redraw its clip at the data's size
+DRAWING_SETTINGS = ("blocking", "speed_jitter", "num_frames", "height", "width")  # render_shot's, kept per clip
+
+
+def drawing_settings(row: dict[str, Any]) -> dict[str, Any]:
+    """The :func:`render_shot` keywords a clip record's ``extra`` or a game row carries, so the clip can be drawn
+    again exactly; settings it lacks take render_shot's defaults, except blocking: rows written before blocking
+    existed were drawn free."""
+    return {"blocking": "free", **{k: row[k] for k in DRAWING_SETTINGS if row.get(k) is not None}}
 
 
 def film_game(records: list[ClipRecord]) -> list[dict[str, Any]]:
@@ -704,9 +711,7 @@ def film_game(records: list[ClipRecord]) -> list[dict[str, Any]]:
             "video": record.video, "motion_scope": record.motion_scope, "motion_level": record.motion_level,
             "spec": {k: record.extra[k] for k in ("character", "action", "place", "time", "adverb", "friend")},
             "render_seed": record.extra.get("render_seed"),
-            "blocking": record.extra.get("blocking", "free"),  # clips written before blocking existed were free
-            "speed_jitter": record.extra.get("speed_jitter", DEFAULT_SPEED_JITTER),
-            **{k: record.extra[k] for k in DRAWING_SIZE if k in record.extra},
+            **drawing_settings(record.extra),
         })
     return turns
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from animegamer.data.spriteworld import DRAWING_SIZE
+from animegamer.data.spriteworld import drawing_settings
 from animegamer.eval.benchmark import INDEX_NAME, BenchmarkError, BenchmarkGame, load_benchmark
 from animegamer.io import iter_jsonl
 from animegamer.states import ShotTags, parse_tags
@@ -29,8 +29,7 @@ from animegamer.states import ShotTags, parse_tags
 class GroundTruthGame(BenchmarkGame):
     """A benchmark game whose turns also have their real clip (``clips[turn]``: a video path or a shot spec)."""
 
-    # per turn: {"video": path} and/or {"spec", "render_seed", "blocking", "speed_jitter", "num_frames", "height",
-    # "width"} (the drawing settings a row lacks take render_shot's defaults)
+    # per turn: {"video": path} and/or {"spec", "render_seed"} + spriteworld.drawing_settings (blocking ...)
     clips: tuple[dict, ...] = ()
 
     def has_clips(self) -> bool:
@@ -48,9 +47,7 @@ class GroundTruthGame(BenchmarkGame):
         if source.get("spec") is not None and source.get("render_seed") is not None:
             from animegamer.data.spriteworld import ShotSpec, render_shot
 
-            drawing = {k: source[k] for k in ("speed_jitter", *DRAWING_SIZE) if k in source}
-            return render_shot(ShotSpec(**source["spec"]), int(source["render_seed"]), blocking=source["blocking"],
-                               **drawing)
+            return render_shot(ShotSpec(**source["spec"]), int(source["render_seed"]), **drawing_settings(source))
         raise FileNotFoundError(f"{self.path}: ground-truth clip of turn {turn} not found ({video or 'no video'})")
 
 
@@ -67,10 +64,7 @@ def _read_data_game(jsonl: Path) -> GroundTruthGame:
             clip["video"] = str(root / row["video"])
         if row.get("spec") is not None:
             clip["spec"], clip["render_seed"] = row["spec"], row.get("render_seed")
-            clip["blocking"] = row.get("blocking", "free")  # games written before blocking existed were free
-            if row.get("speed_jitter") is not None:
-                clip["speed_jitter"] = float(row["speed_jitter"])
-            clip.update({k: int(row[k]) for k in DRAWING_SIZE if row.get(k) is not None})
+            clip.update(drawing_settings(row))
         clips.append(clip)
     if not shots:
         raise BenchmarkError(f"{jsonl}: no turns")
