@@ -416,6 +416,7 @@ class InferenceConfig:
     compile: bool = False  # torch.compile the decoder's transformer blocks (first turn compiles; same outputs)
     compile_vae: bool = False  # torch.compile the VAE decoder too: 2x faster decode, ~150 s to compile (GPU)
     merge_lora: bool = False  # fold the LoRA into the base weights at load (same outputs up to weight rounding)
+    compat: str = "fixed"  # converted official weights: released (the release's numerics, quirks included) | fixed
 
 
 BENCHMARK_SYSTEM_PROMPT = "You write stories for an anime life-simulation game. You answer with tag lines only."
@@ -609,6 +610,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "blocking": ("fixed", "anchored", "free"),
     "flow_preset": ("ultrafast", "fast", "medium"),
     "preset": ("full", "tiny"),
+    "compat": ("released", "fixed"),
 }
 
 

@@ -1,0 +1,45 @@
+"""Reading the release's pickled weight files safely.
+
+The release ships PyTorch pickles (``mp_rank_00_model_states.pt``, ``pytorch_model.bin``). Unpickling can run
+arbitrary code, so they are read with ``torch.load(weights_only=True)``: PyTorch's restricted unpickler, which
+rebuilds tensors, dicts, lists and plain numbers and refuses every other global. A file that needs anything else
+(a hostile or an unexpected file) is refused with one message naming it. Zip-format files are memory-mapped, so a
+14 GB agent file costs page cache, not a second copy in RAM.
+"""
+
+from __future__ import annotations
+
+import pickle
+import zipfile
+from pathlib import Path
+
+import torch
+
+
+class ReleaseFileError(ValueError):
+    """A release file that is missing, damaged, or holds something other than weights."""
+
+
+def load_release_pickle(path: str | Path) -> object:
+    """The object stored in a release pickle, with tensors on the CPU (memory-mapped when the format allows)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ReleaseFileError(f"{path}: file not found")
+    mmap = zipfile.is_zipfile(path)  # the legacy (non-zip) format cannot be memory-mapped
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ReleaseFileError(f"{path}: refused, it holds more than weights ({reason[:200]})") from exc
+    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise ReleaseFileError(f"{path}: not a readable PyTorch weights file (damaged or truncated?): {exc}") from exc
+
+
+def tensor_dict(obj: object, path: str | Path, what: str) -> dict[str, torch.Tensor]:
+    """``obj`` checked to be a flat ``{str: Tensor}`` state dict; ``what`` names it in the error message."""
+    if not isinstance(obj, dict) or not obj:
+        raise ReleaseFileError(f"{path}: expected {what} (a non-empty dict of tensors), got {type(obj).__name__}")
+    for key, value in obj.items():
+        if not isinstance(key, str) or not isinstance(value, torch.Tensor):
+            raise ReleaseFileError(f"{path}: {what} entry {key!r} is {type(value).__name__}, not a tensor")
+    return obj

@@ -1,0 +1,46 @@
+"""The release's pickles are read without executing code, and anything but weights is refused with one line."""
+
+import os
+import pickle
+
+import pytest
+import torch
+
+from animegamer.official.release_io import ReleaseFileError, load_release_pickle, tensor_dict
+
+
+class _Hostile:
+    def __reduce__(self):
+        return (os.system, ("echo pwned",))
+
+
+def test_plain_weights_load_memory_mapped(tmp_path):
+    path = tmp_path / "w.bin"
+    torch.save({"a": torch.arange(6.0).reshape(2, 3)}, path)
+    state = tensor_dict(load_release_pickle(path), path, "a state dict")
+    assert torch.equal(state["a"], torch.arange(6.0).reshape(2, 3))
+
+
+def test_hostile_pickle_is_refused_without_running(tmp_path):
+    path = tmp_path / "evil.bin"
+    marker = tmp_path / "ran"
+    with open(path, "wb") as f:
+        pickle.dump({"x": _Hostile()}, f)
+    torch.save({"payload": _Hostile()}, tmp_path / "evil_zip.bin")
+    for p in (path, tmp_path / "evil_zip.bin"):
+        with pytest.raises(ReleaseFileError, match="refused"):
+            load_release_pickle(p)
+    assert not marker.exists()
+
+
+def test_truncated_and_wrong_content(tmp_path):
+    path = tmp_path / "w.pt"
+    torch.save({"a": torch.zeros(1000)}, path)
+    path.write_bytes(path.read_bytes()[:300])
+    with pytest.raises(ReleaseFileError, match="damaged or truncated"):
+        load_release_pickle(path)
+    with pytest.raises(ReleaseFileError, match="not found"):
+        load_release_pickle(tmp_path / "missing.bin")
+    torch.save({"a": 3}, tmp_path / "ints.bin")
+    with pytest.raises(ReleaseFileError, match="not a tensor"):
+        tensor_dict(load_release_pickle(tmp_path / "ints.bin"), "ints.bin", "a state dict")
