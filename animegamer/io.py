@@ -1,4 +1,9 @@
-"""Atomic file writes: everything the project saves goes through a temp file and a rename."""
+"""Atomic file writes: everything the project saves goes through a temp file and a rename.
+
+A file written here is either the old one or the complete new one, even across a crash or a power cut: the temp
+file is flushed to disk (fsync) before the rename, and the directory after it, so the rename itself is durable.
+New files get the mode any normal writer would give them (0666 minus the process umask), not mkstemp's 0600.
+"""
 
 from __future__ import annotations
 
@@ -11,16 +16,47 @@ from pathlib import Path
 from typing import Any
 
 
+def current_umask() -> int:
+    """The process umask, read without changing it where Linux allows (``os.umask`` can only set it, and setting
+    it twice races with other threads creating files)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def fsync_path(path: str | Path) -> None:
+    """Flush a file's or a directory's contents to disk (a directory: its entries, e.g. a rename)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
-    """Yield a temp path beside ``path``; on success it is renamed over ``path``, on error removed."""
+    """Yield a temp path beside ``path``; on success it is made durable and renamed over ``path``, on error removed.
+
+    The caller writes the temp path however it likes (it exists, empty). Before the rename it gets the umask's mode
+    and is fsynced; after the rename the directory is fsynced.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=f".tmp{path.suffix}", dir=path.parent)
     os.close(fd)
     try:
         yield Path(tmp)
+        os.chmod(tmp, 0o666 & ~current_umask())
+        fsync_path(tmp)
         os.replace(tmp, path)
+        fsync_path(path.parent)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -49,3 +85,13 @@ def iter_jsonl(path: str | Path, error: type[Exception] = ValueError) -> Iterato
                 yield number, json.loads(line)
             except json.JSONDecodeError as exc:
                 raise error(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+
+
+def path_inside(root: str | Path, path: str | Path) -> Path:
+    """``path`` (relative paths are taken from ``root``) resolved with every symlink followed, if it lies inside
+    ``root`` (resolved the same way); otherwise ``ValueError``. For paths read from files a user may not have made."""
+    base = Path(root).resolve()
+    resolved = (base / path).resolve()
+    if not resolved.is_relative_to(base):
+        raise ValueError(f"{path} is outside {root}")
+    return resolved
