@@ -4,34 +4,103 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from pathlib import Path
+from typing import Any, NoReturn
 
 from animegamer.config import ConfigError, config_help, load_config
+
+# an override example per config kind, shown in --help (tests load each one against its schema)
+OVERRIDE_EXAMPLES: dict[str, str] = {
+    "stage_a": "train.max_steps=100 output_dir=outputs/try_a",
+    "stage_b": "train.max_steps=100 output_dir=outputs/try_b",
+    "stage_c": "train.max_steps=100 output_dir=outputs/try_c",
+    "inference": "sampling.steps=20 fast=true output_dir=outputs/my_game",
+    "eval": "max_games=2 systems=[animegamer,random]",
+    "prepare_data": "films=[films/] output_dir=data/myanime workers=8",
+    "spriteworld": "num_films=4 output_dir=outputs/tiny/data",
+    "spriteworld_pretrain": "transformer.max_steps=50 vae.max_steps=50",
+    "spriteworld_llm": "train.max_steps=50",
+    "spriteworld_run": "steps=[data,pretrain] output_dir=/tmp/sw",
+    "benchmark": "parts=[turn] repeats=3",
+    "benchmark_gen": "characters=[Qiqi] games_per_character=1",
+    "ablations": "skip_train=true",
+}
+
+
+def command_name(argv0: str | None = None) -> str:
+    """How the user started this program: ``python -m animegamer.play`` or ``python app.py``, for ``usage:``."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if argv0 is None and spec is not None and spec.name and not spec.name.endswith("__main__"):
+        return f"python -m {spec.name}"
+    script = Path(argv0 if argv0 is not None else sys.argv[0])
+    try:
+        script = script.resolve().relative_to(Path.cwd())
+    except ValueError:
+        pass
+    return f"python {script}"
 
 
 def parse_config(
     schema: type, doc: str | None, argv: list[str] | None = None, extra=None
 ) -> tuple[Any, argparse.Namespace]:
-    """Parse ``--config FILE key=value ...``; ``--help`` shows ``doc`` and every config key with its default.
+    """Parse ``--config FILE key=value ...``; ``--help`` shows ``doc`` and every config key with its default and
+    description (the field's comment in config.py).
 
     ``extra`` may add script-specific flags to the parser. Config errors exit with one readable line.
     """
+    example = OVERRIDE_EXAMPLES.get(getattr(schema(), "kind", ""), "output_dir=outputs/try")
     parser = argparse.ArgumentParser(
+        prog=command_name(),
         description=doc,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="config keys (override with key=value):\n" + config_help(schema),
     )
     parser.add_argument("--config", help="YAML run config (values only; 'base:' may name a parent file)")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.max_steps=100")
+    parser.add_argument("overrides", nargs="*", help=f"key=value overrides of config keys, e.g. {example}")
     if extra is not None:
         extra(parser)
     args = parser.parse_args(argv)
     try:
         cfg = load_config(args.config, args.overrides, schema=schema)
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+        fail(str(exc))
     return cfg, args
+
+
+def fail(message: str) -> NoReturn:
+    """A user's mistake: one ``error: ...`` line on stderr and exit code 2, never a traceback."""
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _weights_hint(key: str, path: str) -> str:
+    if Path(path).parts[:2] == ("checkpoints", "tiny"):
+        return "build the tiny random models with `make tiny`"
+    if key.endswith("_checkpoint"):
+        return (f"train it first, or point {key}= at a trained checkpoint; "
+                "to play now: make play (the shipped SpriteWorld world)")
+    return ("convert the released AnimeGamer weights with scripts/convert_official.py (checkpoints/README.md), "
+            "or play the shipped SpriteWorld world: make play (--config configs/spriteworld/inference.yaml)")
+
+
+def require_inference_weights(cfg: Any) -> None:
+    """Exit with one line naming the first missing weights path of an inference config and what to do about it.
+
+    Checked before any model loads, so a config pointing at weights that are not on this machine (the full-size
+    configs on a fresh clone) stops with advice instead of a loader's traceback.
+    """
+    from animegamer.training.checkpoint import resolve_checkpoint
+
+    needed = [("mllm.pretrained", cfg.mllm.pretrained), ("decoder.pretrained", cfg.decoder.pretrained)]
+    needed += [(k, getattr(cfg, k)) for k in ("mllm_checkpoint", "decoder_checkpoint") if getattr(cfg, k)]
+    for key, path in needed:
+        try:
+            found = resolve_checkpoint(path) if key.endswith("_checkpoint") else Path(path)
+        except FileNotFoundError:
+            found = None
+        if found is None or not found.is_dir():
+            fail(f"{key}={path} not found: {_weights_hint(key, path)}")
 
 
 def add_split_flags(parser: argparse.ArgumentParser, count: int, what: str, count_flag: str = "--clips") -> None:

@@ -18,6 +18,8 @@ from typing import Any
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from animegamer.config_docs import config_help  # --help text from the field comments below
+
 
 class ConfigError(ValueError):
     """A config file or override is invalid; the message names the file and the key."""
@@ -565,8 +567,8 @@ class BenchmarkConfig:
     compile_vae: bool = False  # our path: torch.compile of the VAE decoder too (about 150 s of compiling on an H100)
     low_memory: bool = True  # also time a whole turn with offload=sequential + VAE tiling, and its peak memory
     profile: bool = False  # write a torch.profiler table of one turn on our path (profile_turn.txt)
-    stage_a: str = "configs/stage_a.yaml"  # run config whose settings (batch, checkpointing, LoRA, precision) the
-    stage_b: str = "configs/stage_b.yaml"  # timed training steps use; model sizes always come from the preset
+    stage_a: str = "configs/stage_a.yaml"  # run config of the timed stage (a) steps (batch, LoRA, precision...)
+    stage_b: str = "configs/stage_b.yaml"  # the same for stage (b); model sizes always come from the preset
     train_warmup: int = 3  # untimed optimizer steps before the timed ones
     train_repeats: int = 10  # timed optimizer steps
     matmul_size: int = 8192  # n of the n^3 matmul that measures peak FLOP/s (bf16 on a GPU, fp32 on a CPU)
@@ -694,20 +696,6 @@ def _describe(exc: OmegaConfBaseException) -> str:
 def to_yaml(cfg: Any) -> str:
     """The resolved config as YAML text (saved beside every run)."""
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))
-
-
-def config_help(schema: type, prefix: str = "") -> str:
-    """One line per config key with its default, for ``--help``."""
-    lines = []
-    for f in dataclasses.fields(schema):
-        default = f.default if f.default is not dataclasses.MISSING else None
-        if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-            default = f.default_factory()  # type: ignore[misc]
-        if dataclasses.is_dataclass(default):
-            lines.append(config_help(type(default), f"{prefix}{f.name}."))
-        else:
-            lines.append(f"  {prefix}{f.name}={default!r}")
-    return "\n".join(lines)
 
 
 __all__ = [
