@@ -14,7 +14,9 @@ subprocesses under that launcher, so the same table runs on a laptop or on GPU n
 ``${output_dir}`` of the ablations config.
 
 Writes ``output_dir/<row>/`` (each row's evaluation: results.jsonl, table, per-turn plot) and
-``output_dir/table.md`` / ``table.csv`` (one line per row and system). ``--table-only`` rebuilds the table from the
+``output_dir/table.md`` / ``table.csv`` (one line per row and system) and ``output_dir/table_intervals.{md,csv,json}``
+(every cell with its 95 % bootstrap interval over games, split into history-dependent turns, fully specified turns
+and held-out pairs; :mod:`animegamer.eval.intervals`). ``--table-only`` rebuilds the table from the
 rows' existing results.
 """
 
@@ -29,7 +31,9 @@ from pathlib import Path
 
 from animegamer.cli import parse_config
 from animegamer.config import AblationsConfig, AblationStep, ConfigError, EvalConfig, load_config
+from animegamer.eval.games import load_games
 from animegamer.eval.harness import RESULTS_FILE, evaluate, read_results
+from animegamer.eval.intervals import interval_rows, turn_splits, write_interval_table
 from animegamer.eval.metrics import MetricSummary, summarize
 from animegamer.eval.report import markdown_table, write_table
 
@@ -79,34 +83,47 @@ def main(argv: list[str] | None = None) -> list[tuple[str, MetricSummary]]:
         raise SystemExit(f"error: --rows names unknown rows {unknown}; the config has {names}")
     out = Path(cfg.output_dir)
     entries: list[tuple[str, MetricSummary]] = []
+    labelled: dict[str, list] = {}  # table line -> its per-turn records, for the intervals
+    splits: dict[tuple[str, int], tuple[str, ...]] = {}
     for row in cfg.rows:
         if row.name not in wanted:
             continue
         label = row.label or row.name
         row_dir = out / row.name
+        eval_overrides = [*cfg.eval_overrides, *row.eval_overrides, f"output_dir={row_dir}"]
         if args.table_only:
             results = row_dir / RESULTS_FILE
             if not results.is_file():
                 raise SystemExit(f"error: row {row.name}: no results at {results} (run without --table-only)")
             grouped = read_results(results)
-            entries += row_entries(label, [summarize(records) for records in grouped.values()])
+            summaries = [summarize(records) for records in grouped.values()]
+            entries += row_entries(label, summaries)
+            try:
+                eval_cfg = load_config(row.eval_config or cfg.eval_config, eval_overrides, schema=EvalConfig)
+                splits |= turn_splits(load_games(eval_cfg.benchmark, eval_cfg.max_games))
+            except (ConfigError, ValueError, FileNotFoundError) as exc:
+                raise SystemExit(f"error: row {row.name}: {exc}") from None
+            labelled |= dict(zip((name for name, _ in row_entries(label, summaries)), grouped.values(), strict=True))
             continue
         started = time.perf_counter()
         if not (cfg.skip_train or args.skip_train):
             for step in row.train:
                 run_step(step, cfg.train_overrides, cfg.launcher)
-        eval_overrides = [*cfg.eval_overrides, *row.eval_overrides, f"output_dir={row_dir}"]
         try:
             eval_cfg = load_config(row.eval_config or cfg.eval_config, eval_overrides, schema=EvalConfig)
             result = evaluate(eval_cfg, progress=not args.quiet)
+            splits |= turn_splits(load_games(eval_cfg.benchmark, eval_cfg.max_games))
         except (ConfigError, ValueError, FileNotFoundError) as exc:
             raise SystemExit(f"error: row {row.name}: {exc}") from None
-        entries += row_entries(label, result.summaries)
+        row_lines = row_entries(label, result.summaries)
+        entries += row_lines
+        labelled |= {name: result.records[s.system] for (name, _), s in zip(row_lines, result.summaries, strict=True)}
         print(f"row {row.name}: done in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     title = f"Ablations ({Path(args.config).name if args.config else 'defaults'})"
     md, table_csv = write_table(out / "table", entries, title=title, first_column="ablation")
+    intervals = write_interval_table(out / "table_intervals", interval_rows(labelled, splits), title=title)
     print(markdown_table(entries, title, first_column="ablation"))
-    print(f"table      {md}\ncsv        {table_csv}")
+    print(f"table      {md}\ncsv        {table_csv}\nintervals  {intervals['md']} (+ .csv, .json)")
     return entries
 
 

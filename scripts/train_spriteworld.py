@@ -16,7 +16,8 @@ Each step runs the real entry point's ``main(argv)`` in this process, with the s
     stage_a    scripts/train_stage_a.py    stage_b  scripts/train_stage_b.py    stage_c  scripts/train_stage_c.py
     ship       the weights inference needs, copied to ``ship_dir`` (safetensors + configs, no optimizer states)
     evaluate   scripts/run_ablations.py with ablations.yaml: the main table (AnimeGamer, GC-style, random,
-               majority), no decoder adaptation, stage (a) reconstruction with and without the motion scope
+               majority), no decoder adaptation, stage (a) reconstruction with and without the motion scope;
+               its tables (table.{md,csv}, table_intervals.{md,csv,json}) copied into ship_dir as eval_*
 
 The step YAMLs name ``outputs/spriteworld`` and ``checkpoints/spriteworld``; they are rewritten to ``output_dir`` and
 ``ship_dir`` (and ``configs/spriteworld`` to ``output_dir/configs``), the step's ``overrides`` applied (their paths
@@ -169,9 +170,17 @@ def step_ship(cfg: SpriteWorldRunConfig, configs: dict[str, Path]) -> dict:
     return {"safetensors_bytes": sum(sizes.values()), "files": sizes}
 
 
-def step_evaluate(configs: dict[str, Path]) -> dict:
+def step_evaluate(cfg: SpriteWorldRunConfig, configs: dict[str, Path]) -> dict:
+    """The ablation table, then its files (means, and intervals split by turn kind) copied into ship_dir."""
     entries = load_script("run_ablations").main(["--config", str(configs["ablations"]), "--quiet"])
-    return {"rows": [label for label, _ in entries]}
+    table_dir, ship = Path(load_config(configs["ablations"]).output_dir), Path(cfg.ship_dir)
+    copied = []
+    if ship.is_dir():
+        for name in ("table.md", "table.csv", "table_intervals.md", "table_intervals.csv", "table_intervals.json"):
+            if (table_dir / name).is_file():
+                shutil.copy2(table_dir / name, ship / f"eval_{name}")
+                copied.append(f"eval_{name}")
+    return {"rows": [label for label, _ in entries], "tables": copied}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -201,7 +210,7 @@ def main(argv: list[str] | None = None) -> dict:
         elif step == "ship":
             result = step_ship(cfg, configs)
         else:
-            result = step_evaluate(configs)
+            result = step_evaluate(cfg, configs)
         result["seconds"] = round(time.perf_counter() - started, 1)
         summary[step] = result
         atomic_write_json(summary_path, summary)

@@ -31,6 +31,8 @@ class GroundTruthGame(BenchmarkGame):
 
     # per turn: {"video": path} and/or {"spec", "render_seed"} + spriteworld.drawing_settings (blocking ...)
     clips: tuple[dict, ...] = ()
+    # per turn: {"depends": "full" | "history" | "new", "held_out_pair": bool} (SpriteWorld's memory world), or ()
+    marks: tuple[dict, ...] = ()
 
     def has_clips(self) -> bool:
         return len(self.clips) == len(self.shots) > 0
@@ -55,6 +57,7 @@ def _read_data_game(jsonl: Path) -> GroundTruthGame:
     root = jsonl.parent.parent  # videos are relative to the manifest directory
     shots: list[ShotTags] = []
     clips: list[dict] = []
+    marks: list[dict] = []
     for number, row in iter_jsonl(jsonl, BenchmarkError):
         if not isinstance(row, dict) or "tags" not in row or row.get("turn") != len(shots):
             raise BenchmarkError(f"{jsonl}:{number}: expected turn {len(shots)} with a 'tags' line")
@@ -66,13 +69,16 @@ def _read_data_game(jsonl: Path) -> GroundTruthGame:
             clip["spec"], clip["render_seed"] = row["spec"], row.get("render_seed")
             clip.update(drawing_settings(row))
         clips.append(clip)
+        if row.get("depends") is not None:
+            marks.append({"depends": str(row["depends"]), "held_out_pair": bool(row.get("held_out_pair", False))})
     if not shots:
         raise BenchmarkError(f"{jsonl}: no turns")
     characters = {shot.subject for shot in shots}
     if len(characters) != 1:
         raise BenchmarkError(f"{jsonl}: a game follows one character, found {sorted(characters)}")
     has_all = all(clips)
-    return GroundTruthGame(jsonl.stem, shots[0].subject, tuple(shots), jsonl, tuple(clips) if has_all else ())
+    return GroundTruthGame(jsonl.stem, shots[0].subject, tuple(shots), jsonl, tuple(clips) if has_all else (),
+                           tuple(marks) if len(marks) == len(shots) else ())
 
 
 def games_from_manifest(path: str | Path, turns_per_game: int = 10) -> list[GroundTruthGame]:

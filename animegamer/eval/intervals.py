@@ -1,0 +1,170 @@
+"""95 % bootstrap intervals over games, and the evaluation table split by what each turn depends on.
+
+A table mean over 156 turns of 13 games hides how much it would move with other games: turns of one game share
+its character, places and the model's history, so they are not independent draws. The interval here resamples
+*games* with replacement (the turns of a drawn game come with it) and takes the percentile interval of the
+turn-weighted mean, so "within noise" is a number.
+
+Splits (from the games' per-turn marks, ``GroundTruthGame.marks``; SpriteWorld's memory world writes them):
+
+    all        every turn
+    history    turns whose picture depends on something only earlier turns show (the instruction leaves it out)
+    full       turns whose instruction names everything the picture shows
+    held_out   turns with a (character, action) or (character, friend) pair no training film has
+
+Games without marks contribute to ``all`` only.
+
+    rows = interval_rows({"AnimeGamer": records}, turn_splits(games))
+    write_interval_table("out/table_intervals", rows)        # .md (one table per split), .csv, .json
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from animegamer.eval.metrics import MetricRecord
+from animegamer.io import atomic_write_json, atomic_write_text
+
+SPLITS = ("all", "history", "full", "held_out")
+SPLIT_TITLES = {
+    "all": "all turns",
+    "history": "history-dependent turns (the instruction leaves out what earlier turns fixed)",
+    "full": "fully specified turns (the instruction names everything drawn)",
+    "held_out": "held-out pairs (a character with an action or friend no training film pairs it with)",
+}
+INTERVAL_METRICS = ("clip_i", "psnr", "ssim", "acc_f", "mae_f", "acc_s", "mae_s")
+RESAMPLES, LEVEL, SEED = 2000, 0.95, 0
+
+
+def bootstrap_interval(per_game: Sequence[Sequence[float]], *, resamples: int = RESAMPLES, level: float = LEVEL,
+                       seed: int = SEED) -> tuple[float, float | None, float | None]:
+    """(mean over all turns, lower, upper): the percentile interval of the turn-weighted mean, games resampled.
+
+    ``per_game`` holds each game's turn values; empty games are dropped. With one game there is nothing to
+    resample and the bounds are None. An infinite value (PSNR of identical clips) makes every bound infinite.
+    Deterministic in ``seed``.
+    """
+    if not 0.0 < level < 1.0 or resamples < 1:
+        raise ValueError(f"level must be in (0, 1) and resamples >= 1, got {level}, {resamples}")
+    games = [np.asarray(g, np.float64) for g in per_game if len(g)]
+    if not games:
+        raise ValueError("no values to bootstrap")
+    sums = np.array([g.sum() for g in games])  # (G,)
+    counts = np.array([len(g) for g in games], np.float64)  # (G,)
+    mean = float(sums.sum() / counts.sum())
+    if not math.isfinite(mean):
+        return mean, mean, mean
+    if len(games) < 2:
+        return mean, None, None
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, len(games), size=(resamples, len(games)))  # (R, G) game indices
+    means = sums[draws].sum(axis=1) / counts[draws].sum(axis=1)  # (R,)
+    tail = (1.0 - level) / 2 * 100
+    lo, hi = np.percentile(means, [tail, 100 - tail])
+    return mean, float(lo), float(hi)
+
+
+def turn_splits(games: Iterable) -> dict[tuple[str, int], tuple[str, ...]]:
+    """``(game_id, turn) -> split names`` of every turn of ``games`` (objects with ``game_id``, ``shots`` and
+    optionally ``marks``: per turn ``{"depends": "full" | "history" | "new", "held_out_pair": bool}``)."""
+    splits = {}
+    for game in games:
+        marks = getattr(game, "marks", ()) or ()
+        for turn in range(len(game.shots)):
+            names = ["all"]
+            if marks:
+                mark = marks[turn]
+                if mark.get("depends") in ("history", "full"):
+                    names.append(mark["depends"])
+                if mark.get("held_out_pair"):
+                    names.append("held_out")
+            splits[(game.game_id, turn)] = tuple(names)
+    return splits
+
+
+def interval_rows(records: Mapping[str, Sequence[MetricRecord]], splits: Mapping[tuple[str, int], Sequence[str]],
+                  metrics: Sequence[str] = INTERVAL_METRICS, *, resamples: int = RESAMPLES, level: float = LEVEL,
+                  seed: int = SEED) -> list[dict]:
+    """One row per (system label, split, metric) with a value: mean, lower, upper, turns, games.
+
+    ``records`` maps a row label to one system's per-turn records; game-level records (``turn < 0``) and turns
+    not in ``splits`` are skipped. Every cell is bootstrapped with the same ``seed``.
+    """
+    rows = []
+    for label, system_records in records.items():
+        for split in SPLITS:
+            for metric in metrics:
+                by_game: dict[str, list[float]] = defaultdict(list)
+                for r in system_records:
+                    value = r.values.get(metric)
+                    if r.turn >= 0 and value is not None and split in splits.get((r.game_id, r.turn), ()):
+                        by_game[r.game_id].append(float(value))
+                if not by_game:
+                    continue
+                mean, lo, hi = bootstrap_interval(list(by_game.values()), resamples=resamples, level=level,
+                                                  seed=seed)
+                rows.append({"system": label, "split": split, "metric": metric, "mean": mean, "lower": lo,
+                             "upper": hi, "turns": sum(map(len, by_game.values())), "games": len(by_game)})
+    return rows
+
+
+def _cell(metric: str, row: dict | None) -> str:
+    if row is None:
+        return "–"
+    digits = 2 if metric == "psnr" else 3
+    mean = row["mean"]
+    if not math.isfinite(mean):
+        return "inf"
+    if row["lower"] is None:
+        return f"{mean:.{digits}f}"
+    return f"{mean:.{digits}f} [{row['lower']:.{digits}f}, {row['upper']:.{digits}f}]"
+
+
+def interval_markdown(rows: Sequence[dict], title: str = "", *, resamples: int = RESAMPLES,
+                      level: float = LEVEL) -> str:
+    """One markdown table per split that has rows: systems x metrics, each cell ``mean [lower, upper]``."""
+    from animegamer.eval.report import column_label
+
+    lines = [f"# {title}", ""] if title else []
+    lines.append(f"Cells: mean over turns [{level:.0%} bootstrap interval over games, {resamples} resamples].")
+    for split in SPLITS:
+        in_split = [r for r in rows if r["split"] == split]
+        if not in_split:
+            continue
+        metrics = [m for m in INTERVAL_METRICS if any(r["metric"] == m for r in in_split)]
+        metrics += sorted({r["metric"] for r in in_split} - set(metrics))
+        systems = list(dict.fromkeys(r["system"] for r in in_split))
+        cells = {(r["system"], r["metric"]): r for r in in_split}
+        lines += ["", f"## {SPLIT_TITLES[split]}", ""]
+        lines.append("| system | turns (games) | " + " | ".join(column_label(m) for m in metrics) + " |")
+        lines.append("|---|---:|" + "---:|" * len(metrics))
+        for system in systems:
+            sized = max((cells[(system, m)] for m in metrics if (system, m) in cells), key=lambda r: r["turns"])
+            lines.append(f"| {system} | {sized['turns']} ({sized['games']}) | "
+                         + " | ".join(_cell(m, cells.get((system, m))) for m in metrics) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_interval_table(stem: str | Path, rows: Sequence[dict], title: str = "", *, resamples: int = RESAMPLES,
+                         level: float = LEVEL, seed: int = SEED) -> dict[str, Path]:
+    """``<stem>.md`` (tables per split), ``<stem>.csv`` (one line per cell) and ``<stem>.json``, atomically."""
+    stem = Path(stem)
+    buffer = io.StringIO()
+    fields = ["system", "split", "metric", "mean", "lower", "upper", "turns", "games"]
+    writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: ("" if row[k] is None else row[k]) for k in fields})
+    paths = {"md": stem.with_suffix(".md"), "csv": stem.with_suffix(".csv"), "json": stem.with_suffix(".json")}
+    atomic_write_text(paths["md"], interval_markdown(rows, title, resamples=resamples, level=level))
+    atomic_write_text(paths["csv"], buffer.getvalue())
+    atomic_write_json(paths["json"], {"resamples": resamples, "level": level, "seed": seed,
+                                      "resampled": "games (with all their turns)", "rows": list(rows)})
+    return paths

@@ -1,0 +1,77 @@
+"""Bootstrap intervals over games and the split table (animegamer.eval.intervals)."""
+
+from __future__ import annotations
+
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from animegamer.eval.intervals import (
+    bootstrap_interval,
+    interval_markdown,
+    interval_rows,
+    turn_splits,
+    write_interval_table,
+)
+from animegamer.eval.metrics import MetricRecord
+
+
+def test_bootstrap_is_seeded_and_brackets_the_mean():
+    games = [[20.0, 21.0, 19.5], [18.0, 18.5], [22.0, 23.0, 22.5, 21.0], [19.0]]
+    mean, lo, hi = bootstrap_interval(games, seed=3)
+    assert mean == pytest.approx(sum(map(sum, games)) / 10)
+    assert lo < mean < hi
+    assert bootstrap_interval(games, seed=3) == (mean, lo, hi)
+    assert bootstrap_interval(games, resamples=10, seed=4) != bootstrap_interval(games, resamples=10, seed=3)
+
+
+def test_bootstrap_resamples_games_not_turns():
+    # Two games of opposite values: a resample holds 0, 1 or 2 copies of each, so the mean is 0, 0.5 or 1 and the
+    # 95 % interval reaches both ends (resampling the 20 turns would give a narrow interval around 0.5).
+    mean, lo, hi = bootstrap_interval([[0.0] * 10, [1.0] * 10], resamples=4000)
+    assert (mean, lo, hi) == (0.5, 0.0, 1.0)
+    # Games that agree leave no spread at all.
+    assert bootstrap_interval([[1.0, 3.0], [2.0, 2.0], [3.0, 1.0]]) == (2.0, 2.0, 2.0)
+
+
+def test_bootstrap_edge_cases():
+    assert bootstrap_interval([[4.0, 6.0]]) == (5.0, None, None)
+    assert bootstrap_interval([[1.0], [], [3.0]])[0] == 2.0  # empty games are dropped
+    mean, lo, hi = bootstrap_interval([[math.inf], [20.0]])
+    assert math.isinf(mean) and math.isinf(lo) and math.isinf(hi)
+    with pytest.raises(ValueError, match="no values"):
+        bootstrap_interval([[], []])
+    with pytest.raises(ValueError, match="level"):
+        bootstrap_interval([[1.0]], level=1.5)
+
+
+def _records(system: str, values: dict[tuple[str, int], float]) -> list[MetricRecord]:
+    return [MetricRecord(system, game, turn, {"psnr": v, "acc_f": float(v > 20)}) for (game, turn), v in
+            values.items()]
+
+
+def test_split_table_counts_each_split_and_writes_files(tmp_path):
+    marks = ({"depends": "full"}, {"depends": "history", "held_out_pair": True}, {"depends": "new"})
+    games = [SimpleNamespace(game_id=g, shots=(None,) * 3, marks=marks) for g in ("g0", "g1")]
+    games.append(SimpleNamespace(game_id="old", shots=(None,) * 2))  # no marks: counted in "all" only
+    splits = turn_splits(games)
+    assert splits[("g0", 1)] == ("all", "history", "held_out") and splits[("old", 0)] == ("all",)
+    values = {("g0", 0): 21.0, ("g0", 1): 18.0, ("g0", 2): 19.0, ("g1", 0): 23.0, ("g1", 1): 16.0, ("g1", 2): 20.0,
+              ("old", 0): 25.0, ("old", 1): 25.0}
+    records = _records("sys", values)
+    records.append(MetricRecord("sys", "g0", -1, {"psnr": 99.0}))  # game-level: never a turn
+    rows = interval_rows({"AnimeGamer": records}, splits, ("psnr", "acc_f"))
+    cell = {(r["split"], r["metric"]): r for r in rows}
+    assert cell[("all", "psnr")]["turns"] == 8 and cell[("all", "psnr")]["games"] == 3
+    assert cell[("history", "psnr")]["mean"] == pytest.approx(17.0)
+    assert cell[("full", "psnr")]["mean"] == pytest.approx(22.0) and cell[("full", "psnr")]["turns"] == 2
+    assert cell[("held_out", "acc_f")]["mean"] == 0.0
+    paths = write_interval_table(tmp_path / "t", rows, title="demo")
+    md = paths["md"].read_text()
+    assert "## history-dependent turns" in md and "## fully specified turns" in md and "## held-out pairs" in md
+    assert "| AnimeGamer | 2 (2) | 17.00 [16.00, 18.00]" in md
+    assert len(paths["csv"].read_text().splitlines()) == len(rows) + 1
+    assert json.loads(paths["json"].read_text())["rows"][0]["system"] == "AnimeGamer"
+    assert "– " not in interval_markdown(rows)
