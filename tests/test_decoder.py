@@ -9,7 +9,8 @@ import torch
 
 from animegamer.config import DecoderConfig, SamplingConfig
 from animegamer.data.video import probe_video, read_video
-from animegamer.models.decoder import AnimationShotDecoder, guidance_scales, write_clip
+from animegamer.models.decoder import AnimationShotDecoder
+from animegamer.models.sampling import guidance_scales, write_clip
 from animegamer.models.shot_encoder import ActionAwareEncoder
 
 

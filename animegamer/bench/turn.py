@@ -30,7 +30,7 @@ import torch
 from animegamer.bench.timing import PeakMemory, Timing, count_flops, measure
 from animegamer.config import SamplingConfig
 from animegamer.inference.mllm_runner import HistoryTurn, decode_states, predict_turn, prefill_turn
-from animegamer.models.decoder import guidance_scales, scheduler_step
+from animegamer.models.sampling import guidance_scales, scheduler_step
 from animegamer.states import StateValues
 from animegamer.tokens import STATE_FIELDS, TurnSpec
 

@@ -139,7 +139,7 @@ class FeatureExtractor:
 
     def __init__(self, cfg: StageAConfig, device: str | torch.device = "cpu"):
         from animegamer.models.clip_image import CLIPImageFeatures
-        from animegamer.models.decoder import load_vae
+        from animegamer.models.sampling import load_vae
         from animegamer.models.t5_text import T5TextFeatures
 
         on_gpu = torch.device(device).type == "cuda"
@@ -153,7 +153,7 @@ class FeatureExtractor:
     @torch.no_grad()
     def __call__(self, frames: torch.Tensor, motion_text: str) -> dict[str, torch.Tensor]:
         """frames (T, H, W, 3) uint8 at the configured size -> the stored fields of one clip."""
-        from animegamer.models.decoder import vae_encode
+        from animegamer.models.sampling import vae_encode
 
         latents = vae_encode(self.vae, frames[None])[0]  # (F, C, h, w)
         picks = clip_frame_indices(len(frames), self.cfg.data.clip_frames)
