@@ -184,6 +184,8 @@ class PrepareDataConfig:
     crop_black_borders: bool = True
     black_threshold: int = 16  # luma below this counts as black border
     reader: str = "pyav"  # video backend: pyav | decord
+    cut_check_threshold: float = 0.35  # colour-histogram change (0..1) between clip frames that is a cut; 0: off
+    max_decode_errors: int = 10  # a film with more decoder errors (corrupt data) is skipped and reported
     workers: int = 2  # parallel film workers
     flow: str = "dis"  # optical flow: dis (OpenCV) | raft (torchvision, weights on disk)
     raft_weights: str = ""  # local RAFT weights file when flow=raft

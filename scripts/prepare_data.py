@@ -27,20 +27,28 @@ The flow (animegamer/data/films.py, motion.py, captioning.py, characters.py):
 Writes output_dir/clips/<film_id>/<clip_index>.mp4, output_dir/clips.jsonl (+ clips.meta.json), the per-film
 results output_dir/clips/<film_id>/film.json, and output_dir/prepare_report.json.
 
-Resumable: a film whose film.json matches the file (size, mtime) and the cut/motion settings is not cut again,
-and clips already captioned keep their captions; just run the same command again (e.g. after adding films or
-after an interruption). A corrupt or unreadable film is reported by path and skipped while the rest finish; it is
-tried again on the next run. The summary at the end counts films, scenes, clips, captions and skipped films.
+No clip crosses a cut: every clip is checked on its own frames before it is written (cut_check_threshold, a
+colour-histogram change between two of its frames) and starts again after a cut the scene detector merged; the
+report counts the cuts found and the clips moved or dropped for them.
+
+Resumable: a film whose film.json matches the file's content (its size and a hash of bytes sampled through it, not
+its path or mtime: touching or moving films re-cuts nothing) and the cut/motion settings is not cut again, and a
+clip whose frames are unchanged keeps its caption, even when its film is re-cut; just run the same command again
+(e.g. after adding films or after an interruption; Ctrl-C stops at once, exit code 130, keeping finished films).
+A corrupt or unreadable film is reported by path and skipped while the rest finish; it is tried again on the next
+run. Decoder errors are counted per film: clips that would take a smeared frame are dropped, and a film with more
+than max_decode_errors is skipped. The summary at the end (and prepare_report.json) counts films, scenes, clips,
+captions, skipped films, the cut check and decoder errors per film.
 Next step: scripts/precompute_features.py with data.manifest=output_dir/clips.jsonl.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import multiprocessing
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import NoReturn
@@ -72,16 +80,24 @@ def fail(message: str) -> NoReturn:
     raise SystemExit(2)
 
 
+def content_key(path: Path, samples: int = 16, chunk: int = 1 << 16) -> str:
+    """A film's identity: its size and a hash of ``samples`` chunks read evenly through it (a few MB at most).
+
+    Not the path or the mtime, so touching a film or moving the folder keeps finished work; any edit that
+    changes the size or the sampled bytes (re-encoding, a fixed download) re-cuts it.
+    """
+    size = path.stat().st_size
+    digest = hashlib.blake2b(str(size).encode(), digest_size=16)
+    with path.open("rb") as handle:
+        for i in range(samples):
+            handle.seek(max(0, size - chunk) * i // max(1, samples - 1))
+            digest.update(handle.read(chunk))
+    return f"{size}:{digest.hexdigest()}"
+
+
 def film_signature(path: Path, cut: CutSettings, motion: MotionSettings) -> dict:
     """What a finished film's results depend on; any change re-cuts the film."""
-    stat = path.stat()
-    return {
-        "source": str(path),
-        "size": stat.st_size,
-        "mtime_ns": stat.st_mtime_ns,
-        "cut": asdict(cut),
-        "motion": motion.to_meta(),
-    }
+    return {"content": content_key(path), "cut": asdict(cut), "motion": motion.to_meta()}
 
 
 def load_finished(film_dir: Path, signature: dict) -> dict | None:
@@ -93,7 +109,7 @@ def load_finished(film_dir: Path, signature: dict) -> dict | None:
         saved = json.loads(record_file.read_text())
     except (json.JSONDecodeError, OSError):
         return None
-    if saved.get("signature") != signature:
+    if not isinstance(saved, dict) or saved.get("signature") != signature:
         return None
     out = film_dir.parent.parent
     if not all((out / clip["video"]).is_file() for clip in saved.get("clips", [])):  # clips deleted since
@@ -102,53 +118,64 @@ def load_finished(film_dir: Path, signature: dict) -> dict | None:
 
 
 def cut_films(cfg: PrepareDataConfig, films: dict[str, Path], cut: CutSettings, motion: MotionSettings):
-    """Stages 1-2 over all films; returns (per-film saved results, film ids cut in this run, skipped films)."""
+    """Stages 1-2 over all films; returns (per-film saved results, film ids cut in this run, skipped films).
+
+    A KeyboardInterrupt stops the workers at once (they ignore SIGINT; the pool is terminated): films finished
+    so far have their film.json written and are kept.
+    """
     out = Path(cfg.output_dir)
     done: dict[str, dict] = {}
-    jobs: list[tuple[FilmJob, dict]] = []
+    jobs: list[FilmJob] = []
+    signatures: dict[str, dict] = {}
     for film_id, path in films.items():
-        signature = film_signature(path, cut, motion)
-        saved = load_finished(out / "clips" / film_id, signature)
+        signatures[film_id] = film_signature(path, cut, motion)
+        saved = load_finished(out / "clips" / film_id, signatures[film_id])
         if saved is not None:
-            done[film_id] = saved
+            done[film_id] = {**saved, "source": str(path)}  # the film may have moved
         else:
-            jobs.append((FilmJob(str(path), film_id, str(out), cut, motion), signature))
+            jobs.append(FilmJob(str(path), film_id, str(out), cut, motion))
     if done:
         print(f"cut: {len(done)} film(s) already done, skipped: {', '.join(sorted(done))}")
     skipped: dict[str, str] = {}
     fresh: set[str] = set()
 
-    def finish(result: FilmResult, signature: dict, bar: tqdm) -> None:
+    def finish(result: FilmResult, bar: tqdm) -> None:
         if result.error:
             skipped[result.source] = result.error
             bar.write(f"skipped {result.source}: {result.error}")
             return
         saved = {
-            "signature": signature,
+            "signature": signatures[result.film_id],
+            "source": result.source,
             "film_id": result.film_id,
             "scenes": result.scenes,
             "crop": result.crop,
             "info": result.info,
+            "check": result.check,
+            "decode_errors": result.decode_errors,
             "seconds": round(result.seconds, 3),
             "clips": [r.to_json() for r in result.records],
         }
         atomic_write_json(out / "clips" / result.film_id / FILM_RECORD, saved)
         done[result.film_id] = saved
         fresh.add(result.film_id)
+        if result.decode_errors:
+            bar.write(f"{result.source}: {result.decode_errors} decoder error(s); "
+                      f"{result.check['dropped_for_decode_errors']} clip(s) with smeared frames dropped")
         bar.set_postfix_str(f"{result.film_id}: {len(result.scenes)} scenes, {len(result.records)} clips")
 
     with tqdm(total=len(jobs), desc="cut + motion", unit="film", disable=not jobs) as bar:
         if cfg.workers <= 1 or len(jobs) <= 1:
-            for job, signature in jobs:
-                finish(process_film(job), signature, bar)
+            for job in jobs:
+                finish(process_film(job), bar)
                 bar.update()
         else:
-            # spawn: fresh interpreters, no inherited OpenCV/torch thread pools or locks
+            # spawn: fresh interpreters, no inherited OpenCV/torch thread pools or locks. Leaving the block
+            # (also on Ctrl-C) terminates the workers instead of waiting for their films.
             context = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(cfg.workers, mp_context=context, initializer=init_worker) as pool:
-                futures = {pool.submit(process_film, job): signature for job, signature in jobs}
-                for future in as_completed(futures):
-                    finish(future.result(), futures[future], bar)
+            with context.Pool(min(cfg.workers, len(jobs)), initializer=init_worker) as pool:
+                for result in pool.imap_unordered(process_film, jobs):
+                    finish(result, bar)
                     bar.update()
     return done, fresh, skipped
 
@@ -195,6 +222,27 @@ def caption_meta(cfg: PrepareDataConfig, registry) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     cfg, _ = parse_config(PrepareDataConfig, __doc__, argv)
+    try:
+        return prepare(cfg)
+    except KeyboardInterrupt:
+        print("interrupted: finished films and captions are kept; run the same command again to resume",
+              file=sys.stderr)
+        raise SystemExit(130) from None
+
+
+def carry_captions(records: list[ClipRecord], earlier: list[ClipRecord], fresh: set[str]) -> None:
+    """Give each new record the caption of an earlier clip with the same frames (``extra["frames_hash"]``);
+    clips of films not re-cut in this run also match by clip id (manifests written before clips had hashes)."""
+    by_hash = {r.extra["frames_hash"]: r for r in earlier if r.caption_status and r.extra.get("frames_hash")}
+    by_id = {r.clip_id: r for r in earlier if r.caption_status and r.film_id not in fresh}
+    for record in records:
+        old = by_hash.get(record.extra.get("frames_hash")) or by_id.get(record.clip_id)
+        if old is not None:
+            record.tags, record.caption_status = old.tags, old.caption_status
+            record.extra = {**old.extra, **record.extra}
+
+
+def prepare(cfg: PrepareDataConfig) -> dict:
     started = time.perf_counter()
     out = Path(cfg.output_dir)
     manifest_file = out / "clips.jsonl"
@@ -223,23 +271,14 @@ def main(argv: list[str] | None = None) -> dict:
     # 1-2. cut + motion, one worker per film.
     done, fresh, skipped = cut_films(cfg, films, cut, motion)
 
-    # Captions of films not re-cut in this run carry over from the previous manifest.
-    earlier = {}
+    # Captions of unchanged clips carry over from the previous manifest, also into re-cut films.
+    records = [ClipRecord(**data) for film_id in films for data in done.get(film_id, {}).get("clips", [])]
     if manifest_file.is_file():
-        earlier = {r.clip_id: r for r in read_manifest(manifest_file).records if r.film_id not in fresh}
-    records: list[ClipRecord] = []
-    for film_id in films:
-        for data in done.get(film_id, {}).get("clips", []):
-            record = ClipRecord(**data)
-            old = earlier.get(record.clip_id)
-            if old is not None and old.caption_status:
-                record.tags, record.caption_status = old.tags, old.caption_status
-                record.extra = {**old.extra, **record.extra}
-            records.append(record)
+        carry_captions(records, read_manifest(manifest_file).records, fresh)
 
     # 3. motion levels.
     meta = {"motion": assign_levels(cfg, records, motion), "cut": asdict(cut)}
-    meta["films"] = {film_id: done[film_id]["signature"]["source"] for film_id in films if film_id in done}
+    meta["films"] = {film_id: done[film_id]["source"] for film_id in films if film_id in done}
     write_manifest(manifest_file, records, meta)
 
     # 4. captions, saved as they come so an interruption loses little.
@@ -261,11 +300,14 @@ def main(argv: list[str] | None = None) -> dict:
                     write_manifest(manifest_file, records, meta)
                 bar.update()
 
-            captions = caption_records(captioner, records, out, workers, on_result)
-        write_manifest(manifest_file, records, meta)
+            try:
+                captions = caption_records(captioner, records, out, workers, on_result)
+            finally:  # also on Ctrl-C: the captions received so far are kept
+                write_manifest(manifest_file, records, meta)
 
     # Summary.
     status = [r.caption_status for r in records]
+    checks = {f: {**done[f].get("check", {}), "decode_errors": done[f].get("decode_errors", 0)} for f in done}
     summary = {
         "films": len(films),
         "films_cut": len(fresh),
@@ -277,15 +319,23 @@ def main(argv: list[str] | None = None) -> dict:
         "captions_invalid": status.count("invalid"),
         "captions_failed_this_run": captions["failed"],
         "uncaptioned": status.count(""),
+        "cuts_found_in_clips": sum(len(c.get("cuts_found", [])) for c in checks.values()),
+        "clips_moved_for_cuts": sum(c.get("moved", 0) for c in checks.values()),
+        "clips_dropped_for_cuts": sum(c.get("dropped_for_cuts", 0) for c in checks.values()),
+        "decode_errors": sum(c["decode_errors"] for c in checks.values()),
+        "clips_dropped_for_decode_errors": sum(c.get("dropped_for_decode_errors", 0) for c in checks.values()),
         "seconds": round(time.perf_counter() - started, 2),
         "manifest": str(manifest_file),
         "skipped": skipped,
+        "per_film": checks,  # the cut check and decoder errors of every finished film
     }
     atomic_write_json(out / "prepare_report.json", summary)
     print(
         f"done in {summary['seconds']:.1f} s: {summary['films']} films ({summary['films_cut']} cut now, "
         f"{summary['films_already_done']} already done, {summary['films_skipped']} skipped), "
-        f"{summary['scenes']} scenes, {summary['clips']} clips"
+        f"{summary['scenes']} scenes, {summary['clips']} clips; cut check: {summary['cuts_found_in_clips']} cuts "
+        f"inside planned clips, {summary['clips_moved_for_cuts']} clips moved, {summary['clips_dropped_for_cuts']} "
+        f"dropped; {summary['decode_errors']} decoder errors"
         + (f", captions {summary['captions_ok']} ok / {summary['captions_invalid']} invalid / "
            f"{summary['uncaptioned']} not captioned" if cfg.caption else "")
     )

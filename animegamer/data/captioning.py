@@ -246,7 +246,8 @@ def caption_records(
         frames, _ = read_video(path)
         return captioner.caption(frames, record.motion_level, source=record.clip_id)
 
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+    pool = ThreadPoolExecutor(max_workers=max(1, workers))
+    try:
         futures = {pool.submit(run, r): r for r in todo}
         for future in as_completed(futures):
             record = futures[future]
@@ -261,4 +262,6 @@ def caption_records(
             counts[result.status] += 1
             if on_result is not None:
                 on_result(record, result, "")
+    finally:  # on Ctrl-C the queued clips are cancelled instead of captioned first; the running calls end
+        pool.shutdown(wait=False, cancel_futures=True)
     return counts

@@ -9,12 +9,13 @@ One film is processed in three reads of the file:
 2. **Scenes.** PySceneDetect's ``ContentDetector`` runs over the cropped picture (PyAV backend) and gives scenes
    as [start, end) seconds, times measured from the film's first frame as PySceneDetect does (PTS based).
 3. **Clips.** Each scene is cut into back-to-back clips of ``clip_seconds`` from the scene start; the tail shorter
-   than a clip is dropped, so no clip crosses a cut. A clip holds ``clip_seconds * fps + 1`` frames on a regular
-   grid at the target ``fps`` (nearest decoded frame), i.e. the closing frame at ``start + clip_seconds`` is
-   included: 17 frames for 2 s at 8 fps, the 4k + 1 count the CogVideoX VAE wants. Frames are cropped to the
-   border box, then centre-cropped to the target aspect ratio (the longer side is trimmed equally on both ends),
-   then resized to ``height x width`` (area filter when shrinking, bilinear when enlarging); the picture is never
-   stretched or padded.
+   than a clip is dropped. Every clip is checked on its own frames before it is written and starts again after
+   any cut the detector merged (:mod:`animegamer.data.cuts`), so no clip crosses a cut. A clip holds
+   ``clip_seconds * fps + 1`` frames on a regular grid at the target ``fps`` (nearest decoded frame), i.e. the
+   closing frame at ``start + clip_seconds`` is included: 17 frames for 2 s at 8 fps, the 4k + 1 count the
+   CogVideoX VAE wants. Frames are cropped to the border box, then centre-cropped to the target aspect ratio
+   (the longer side is trimmed equally on both ends), then resized to ``height x width`` (area filter when
+   shrinking, bilinear when enlarging); the picture is never stretched or padded.
 
 :func:`process_film` runs all of it for one film in a worker process (plus the motion scope of every clip) and
 returns a :class:`FilmResult`; an unreadable film comes back with ``error`` set instead of raising.
@@ -22,16 +23,18 @@ returns a :class:`FilmResult`; an unreadable film comes back with ``error`` set 
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from animegamer.data.cuts import CutCheck, DecodeLog, checked_clips, decode_packets, detect_scenes, plan_clips
 from animegamer.data.manifest import ClipRecord
 from animegamer.data.video import VideoReadError, probe_video, write_mp4
 
@@ -53,6 +56,8 @@ class CutSettings:
     crop_black_borders: bool = True
     black_threshold: int = 16  # mean row/column luma (0..255) below this is border
     reader: str = "pyav"  # decoder for the clip pass: pyav | decord
+    cut_check_threshold: float = 0.35  # colour-histogram change (0..1) between clip frames that is a cut; 0: off
+    max_decode_errors: int = 10  # a film with more decoder errors (rejected packets, corrupt frames) is skipped
 
     @property
     def frames_per_clip(self) -> int:
@@ -88,17 +93,6 @@ class Box:
 
 
 @dataclass
-class ClipPlan:
-    """One clip to cut: where it lies in the film and the frame times to take."""
-
-    clip_index: int
-    scene_index: int
-    start: float
-    end: float
-    times: np.ndarray  # (frames_per_clip,) seconds from the film's first frame
-
-
-@dataclass
 class FilmResult:
     film_id: str
     source: str
@@ -107,6 +101,8 @@ class FilmResult:
     crop: list[int] | None = None  # border box [x0, y0, x1, y1] in source pixels
     info: dict[str, Any] = field(default_factory=dict)  # fps, num_frames, height, width of the source
     error: str | None = None  # set when the film could not be processed (then records is empty)
+    check: dict[str, Any] = field(default_factory=dict)  # CutCheck.to_json(): what the per-clip cut check changed
+    decode_errors: int = 0  # packets the decoder rejected + frames it flagged corrupt
     seconds: float = 0.0  # wall time spent on the film
 
 
@@ -159,11 +155,13 @@ def sample_frames(path: str | Path, count: int = BORDER_SAMPLES) -> np.ndarray:
     """``count`` RGB frames spread evenly over the film, found by seeking: (N, H, W, 3) uint8.
 
     Each sample is the first frame decoded after seeking that lies within half a sample spacing before its target
-    time, so in a long film it is simply the keyframe the seek lands on (no decoding forward).
+    time, so in a long film it is simply the keyframe the seek lands on (no decoding forward). Packets the
+    decoder rejects and the smeared frames after them are passed over (the clip pass counts them).
     """
     import av
 
     frames = []
+    log = DecodeLog(path)
     try:
         with av.open(str(path)) as container:
             stream = container.streams.video[0]
@@ -176,8 +174,8 @@ def sample_frames(path: str | Path, count: int = BORDER_SAMPLES) -> np.ndarray:
             for i in range(count):
                 target = start + duration * (i + 0.5) / count
                 container.seek(int(target / stream.time_base), stream=stream, backward=True)
-                for frame in container.decode(stream):
-                    if frame.time is None or frame.time >= target - slack:
+                for frame, smeared in decode_packets(container, stream, log):
+                    if not smeared and (frame.time is None or frame.time >= target - slack):
                         frames.append(frame.to_ndarray(format="rgb24"))
                         break
     except (av.error.FFmpegError, IndexError, OSError, ValueError, ZeroDivisionError) as exc:
@@ -228,143 +226,13 @@ def fit_frame(frame: np.ndarray, box: Box, height: int, width: int) -> np.ndarra
 
 
 # --------------------------------------------------------------------------------------------
-# Scenes and clips
-# --------------------------------------------------------------------------------------------
-
-
-def detect_scenes(path: str | Path, box: Box | None = None, threshold: float = 27.0) -> list[tuple[float, float]]:
-    """Scenes of a film as [start, end) seconds with PySceneDetect's ContentDetector over the ``box`` crop.
-
-    A film without cuts is one scene.
-    """
-    from scenedetect import ContentDetector, SceneManager, open_video
-    from scenedetect.video_stream import VideoOpenFailure
-
-    try:
-        video = open_video(str(path), backend="pyav", threading_mode="AUTO")
-        manager = SceneManager()
-        if box is not None:
-            # Inclusive corners. PySceneDetect 0.7 warns (wrongly) when the crop touches the right/bottom edge,
-            # so the last column/row is left out there; one pixel does not change a cut.
-            width, height = video.frame_size
-            manager.crop = (box.x0, box.y0, min(box.x1, width - 1) - 1, min(box.y1, height - 1) - 1)
-        manager.add_detector(ContentDetector(threshold=threshold))
-        manager.detect_scenes(video)
-        scenes = manager.get_scene_list(start_in_scene=True)
-    except (VideoOpenFailure, OSError, ValueError, RuntimeError) as exc:
-        raise VideoReadError(f"{path}: scene detection failed ({exc})") from exc
-    return [(float(start.seconds), float(end.seconds)) for start, end in scenes]
-
-
-def plan_clips(scenes: list[tuple[float, float]], settings: CutSettings, native_fps: float) -> list[ClipPlan]:
-    """Back-to-back clips from the start of every scene, in timestamp order, numbered through the film.
-
-    A clip fits when its closing frame (``start + clip_seconds``) is a frame of the same scene, i.e. lies at
-    least one source frame before the scene's end.
-    """
-    step = 1.0 / native_fps if native_fps > 0 else 0.0
-    grid = np.arange(settings.frames_per_clip) / settings.fps  # (F,)
-    plans: list[ClipPlan] = []
-    for scene_index, (start, end) in enumerate(scenes):
-        if end - start < settings.min_scene_seconds:
-            continue
-        count = int(np.floor((end - step - start) / settings.clip_seconds + 1e-6))
-        for k in range(max(count, 0)):
-            clip_start = start + k * settings.clip_seconds
-            plans.append(
-                ClipPlan(
-                    clip_index=len(plans),
-                    scene_index=scene_index,
-                    start=round(clip_start, 6),
-                    end=round(clip_start + settings.clip_seconds, 6),
-                    times=clip_start + grid,
-                )
-            )
-    return plans
-
-
-def _decode_pyav(path: str | Path) -> Iterator[tuple[float, Any]]:
-    """(seconds from the first frame, av.VideoFrame), in decode order, times as PySceneDetect measures them."""
-    import av
-
-    try:
-        with av.open(str(path)) as container:
-            stream = container.streams.video[0]
-            stream.thread_type = "AUTO"
-            offset = float((stream.start_time or 0) * stream.time_base) if stream.time_base else 0.0
-            for index, frame in enumerate(container.decode(stream)):
-                if frame.pts is not None and frame.time_base:
-                    t = float(frame.pts * frame.time_base) - offset
-                else:
-                    t = index / float(stream.average_rate or 1)
-                yield t, frame
-    except (av.error.FFmpegError, OSError, ValueError) as exc:
-        raise VideoReadError(f"{path}: cannot decode video ({exc})") from exc
-
-
-def iter_clip_frames(
-    path: str | Path, plans: list[ClipPlan], reader: str = "pyav"
-) -> Iterator[tuple[ClipPlan, np.ndarray]]:
-    """Yield (plan, RGB frames (F, H, W, 3)) for every plan, in order, decoding the film once.
-
-    Each grid time takes the nearest decoded frame; only frames that are taken get converted to RGB. Clips whose
-    times run past the end of the stream (a truncated film) are dropped.
-    """
-    if not plans:
-        return
-    if reader == "decord":
-        yield from _iter_clip_frames_decord(path, plans)
-        return
-    # Every (time, clip, slot) in time order; neighbouring clips share their boundary time.
-    slots = sorted((float(t), i, j) for i, plan in enumerate(plans) for j, t in enumerate(plan.times))
-    buffers: list[list[Any] | None] = [[None] * len(plan.times) for plan in plans]
-    filled = [0] * len(plans)
-    cursor = next_plan = 0
-    prev_t, prev_frame, prev_rgb = 0.0, None, None
-    for t, frame in _decode_pyav(path):
-        rgb = None
-        while cursor < len(slots) and slots[cursor][0] <= t + 1e-6:
-            target, i, j = slots[cursor]
-            if prev_frame is not None and target - prev_t < t - target:  # the previous frame is nearer
-                if prev_rgb is None:
-                    prev_rgb = prev_frame.to_ndarray(format="rgb24")
-                buffers[i][j] = prev_rgb
-            else:
-                if rgb is None:
-                    rgb = frame.to_ndarray(format="rgb24")
-                buffers[i][j] = rgb
-            filled[i] += 1
-            cursor += 1
-        while next_plan < len(plans) and filled[next_plan] == len(plans[next_plan].times):
-            yield plans[next_plan], np.stack(buffers[next_plan])
-            buffers[next_plan] = None
-            next_plan += 1
-        prev_t, prev_frame, prev_rgb = t, frame, rgb
-        if cursor == len(slots):
-            return
-
-
-def _iter_clip_frames_decord(path: str | Path, plans: list[ClipPlan]) -> Iterator[tuple[ClipPlan, np.ndarray]]:
-    try:
-        import decord
-
-        reader = decord.VideoReader(str(path))
-        native = float(reader.get_avg_fps())
-        count = len(reader)
-        for plan in plans:
-            index = np.round(plan.times * native).astype(int)  # (F,) nearest frame on a constant-rate grid
-            if index[-1] >= count:
-                return
-            yield plan, reader.get_batch(index.tolist()).asnumpy()
-    except VideoReadError:
-        raise
-    except Exception as exc:  # decord raises its own DECORDError and RuntimeError
-        raise VideoReadError(f"{path}: cannot decode video with decord ({exc})") from exc
-
-
-# --------------------------------------------------------------------------------------------
 # One film
 # --------------------------------------------------------------------------------------------
+
+
+def frames_hash(frames: np.ndarray) -> str:
+    """A clip's content key: a hash of its (F, H, W, 3) uint8 frames as written."""
+    return hashlib.blake2b(np.ascontiguousarray(frames).tobytes(), digest_size=16).hexdigest()
 
 
 def clip_video_path(film_id: str, clip_index: int) -> str:
@@ -382,7 +250,9 @@ def cut_film(
     """Cut one film into clips under ``output_dir/clips/<film_id>/``; returns the records in clip order.
 
     ``on_clip(record, frames)`` is called with every written clip's (F, H, W, 3) frames (e.g. to score motion)
-    and may fill fields of the record. Raises :class:`VideoReadError` on an unreadable film.
+    and may fill fields of the record. Raises :class:`VideoReadError` on an unreadable film, or one with more
+    than ``settings.max_decode_errors`` decoder errors. Each record's ``extra["frames_hash"]`` is a hash of the
+    clip's frames, so a caption can follow an unchanged clip through a re-cut.
     """
     output_dir = Path(output_dir)
     started = time.perf_counter()
@@ -401,8 +271,9 @@ def cut_film(
         shutil.rmtree(clip_dir)
     clip_dir.mkdir(parents=True)
     records = []
-    for plan, frames in iter_clip_frames(path, plans, settings.reader):
-        frames = np.stack([fit_frame(f, target, settings.height, settings.width) for f in frames])  # (F, h, w, 3)
+    log, check = DecodeLog(path, settings.max_decode_errors), CutCheck()
+    fit = lambda frame: fit_frame(frame, target, settings.height, settings.width)  # noqa: E731
+    for plan, frames in checked_clips(path, plans, settings, fit, log, check):  # frames: (F, h, w, 3)
         video = clip_video_path(film_id, plan.clip_index)
         write_mp4(output_dir / video, frames, fps=settings.fps)
         record = ClipRecord(
@@ -412,7 +283,7 @@ def cut_film(
             clip_index=plan.clip_index,
             start=plan.start,
             end=plan.end,
-            extra={"scene": plan.scene_index},
+            extra={"scene": plan.scene_index, "frames_hash": frames_hash(frames)},
         )
         if on_clip is not None:
             on_clip(record, frames)
@@ -425,15 +296,20 @@ def cut_film(
         crop=border.to_list(),
         info=asdict(info),
         seconds=time.perf_counter() - started,
+        check=check.to_json(),
+        decode_errors=log.errors,
     )
 
 
 def init_worker() -> None:
-    """One thread per library in a film worker process: the parallelism is across films."""
+    """One thread per library in a film worker process (the parallelism is across films); SIGINT is left to
+    the main process, which stops the workers itself (a Ctrl-C must not make each worker print a traceback)."""
     import os
+    import signal
 
     import cv2
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ["OMP_NUM_THREADS"] = "1"  # read by torch (RAFT) when it is first imported in this process
     cv2.setNumThreads(1)
 

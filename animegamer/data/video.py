@@ -32,7 +32,7 @@ class VideoInfo:
 
 
 def probe_video(path: str | Path) -> VideoInfo:
-    """Frame rate, frame count and size of a video (frame count decoded if the container lacks it)."""
+    """Frame rate, frame count and size of a video (packets counted if the container lacks the frame count)."""
     import av
 
     try:
@@ -41,7 +41,7 @@ def probe_video(path: str | Path) -> VideoInfo:
             fps = float(stream.average_rate or stream.guessed_rate or 0)
             count = stream.frames
             if not count:
-                count = sum(1 for _ in container.decode(video=0))
+                count = sum(1 for packet in container.demux(stream) if packet.size)  # one packet per frame
             return VideoInfo(fps=fps, num_frames=int(count), height=stream.height, width=stream.width)
     except (av.error.FFmpegError, IndexError, OSError) as exc:
         raise VideoReadError(f"{path}: cannot read video ({exc})") from exc
