@@ -323,6 +323,9 @@ class TrainConfig:
     log_every: int = 10
     report_to: str = "tensorboard"  # tensorboard | wandb | csv | none
     resume: str = ""  # "" | latest | path to a checkpoint dir
+    # resume even if a process's saved RNG state is missing or unreadable (fresh random streams, recorded in
+    # run_info.json); otherwise that is an error, since the resume would not be exact
+    allow_rng_reset: bool = False
     compile: bool = False  # torch.compile the trained blocks
 
 
@@ -352,7 +355,6 @@ class StageBConfig:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=lambda: TrainConfig(lr=5e-5, max_steps=15000))
     shot_targets: str = "outputs/stage_a/shot_targets"  # cached s_a targets from the stage (a) encoder
-    encoder_checkpoint: str = "outputs/stage_a/checkpoints/latest"  # used to build the cache if absent
     mse_weight: float = 0.5  # alpha
     cosine_weight: float = 0.0  # beta (0.5 in the cosine-loss ablation)
     max_seq_len: int = 2048  # sequences are padded (or packed) to at most this many tokens
@@ -689,7 +691,7 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None, sch
 
 def _describe(exc: OmegaConfBaseException) -> str:
     key = getattr(exc, "full_key", None)
-    msg = getattr(exc, "msg", None) or str(exc).splitlines()[0]
+    msg = (getattr(exc, "msg", None) or str(exc)).splitlines()[0]  # OmegaConf appends full_key/object_type lines
     if key:
         return f"key '{key}': {msg}"
     return msg

@@ -27,7 +27,6 @@ Writes output_dir/{config.yaml, run_info.json, metrics.csv | logs/}, output_dir/
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import torch
@@ -36,7 +35,7 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 from tqdm.auto import tqdm
 
-from animegamer.cli import parse_config
+from animegamer.cli import fail, parse_config
 from animegamer.config import StageAConfig
 from animegamer.data.features import (
     build_stage_a_dataset,
@@ -51,7 +50,7 @@ from animegamer.models.shot_encoder import ActionAwareEncoder
 from animegamer.models.trained import DECODER_DIR, ENCODER_DIR, save_encoder
 from animegamer.models.weights import load_state_dict_file
 from animegamer.training.batches import resumable_batches
-from animegamer.training.checkpoint import find_resume, load_checkpoint, save_checkpoint, skip_model_weights_in_state
+from animegamer.training.checkpoint import check_resume, load_checkpoint, save_checkpoint, skip_model_weights_in_state
 from animegamer.training.losses import diffusion_loss
 from animegamer.training.optim import build_optimizer, lr_factor
 from animegamer.training.run import build_accelerator, start_run
@@ -97,10 +96,10 @@ def main(argv: list[str] | None = None) -> Path:
 
     accelerator = build_accelerator(cfg.output_dir, train)
     skip_model_weights_in_state(accelerator)
-    out = start_run(accelerator, cfg, "stage_a")
     say = accelerator.print
 
-    # ---- data: precomputed features, bad clips reported and left out
+    # ---- data (precomputed features, bad clips reported and left out) and the resume checkpoint, checked before
+    # anything of the run is written: a failed retry leaves a finished run's config.yaml and run_info.json alone
     try:
         if accelerator.num_processes == 1:
             summary = precompute_features(cfg, accelerator.device)
@@ -109,14 +108,14 @@ def main(argv: list[str] | None = None) -> Path:
         else:
             pending = count_pending_clips(cfg.data)
             if pending:
-                raise SystemExit(
-                    f"error: {pending} clips of {cfg.data.manifest} have no features in {cfg.data.features_dir}; "
+                fail(
+                    f"{pending} clips of {cfg.data.manifest} have no features in {cfg.data.features_dir}; "
                     f"run `python scripts/precompute_features.py --config ...` first (multi-process runs do not)"
                 )
         dataset, left_out = build_stage_a_dataset(cfg.data)
-    except (ManifestError, FileNotFoundError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+        resume = check_resume(cfg.output_dir, train.resume, accelerator.num_processes, train.allow_rng_reset)
+    except (ManifestError, FileNotFoundError, ValueError) as exc:  # CheckpointError is a ValueError
+        fail(str(exc))
     if left_out:
         say(f"left out {len(left_out)} clip(s):")
         for line in left_out[:20]:
@@ -130,8 +129,8 @@ def main(argv: list[str] | None = None) -> Path:
         (cfg.encoder.text_tokens, cfg.encoder.text_dim),
     )
     if clip_shape != want_clip or text_shape != want_text:
-        raise SystemExit(
-            f"error: features have CLIP tokens {clip_shape} and T5 tokens {text_shape}, but the encoder config "
+        fail(
+            f"features have CLIP tokens {clip_shape} and T5 tokens {text_shape}, but the encoder config "
             f"expects {want_clip} and {want_text}; fix encoder.* or recompute the features"
         )
     say(
@@ -167,10 +166,13 @@ def main(argv: list[str] | None = None) -> Path:
     # ---- resume: weights, optimizer, lr schedule and every process's RNG; the data order is a function of step
     step = 0
     set_seed(cfg.seed + accelerator.process_index)  # noise, timesteps, dropout differ per process
-    resume_from = find_resume(cfg.output_dir, train.resume)
-    if resume_from is not None:
-        step = load_checkpoint(accelerator, resume_from, load_weights)["step"]
-        say(f"resumed from {resume_from} at step {step}")
+    if resume is not None:
+        try:
+            step = load_checkpoint(accelerator, resume.path, load_weights, train.allow_rng_reset)["step"]
+        except (FileNotFoundError, ValueError) as exc:
+            fail(str(exc))
+        say(f"resumed from {resume.path} at step {step}")
+    out = start_run(accelerator, cfg, "stage_a", resume)
     batches = resumable_batches(dataset, accelerator, train, cfg.seed, step, cfg.data.num_workers)
 
     # ---- loop
@@ -215,7 +217,7 @@ def main(argv: list[str] | None = None) -> Path:
 
     # ---- shot targets for stage (b), from the final encoder
     if accelerator.is_main_process:
-        source = {"checkpoint": str(last_saved or resume_from), "step": step}
+        source = {"checkpoint": str(last_saved or (resume and resume.path)), "step": step}
         targets = write_shot_targets(
             core.encoder,
             cfg.data.features_dir,

@@ -3,6 +3,7 @@
     accelerate launch --config_file configs/accelerate/deepspeed_zero2.yaml scripts/train_stage_b.py \
         --config configs/stage_b.yaml
     python scripts/train_stage_b.py --config configs/tiny/stage_b.yaml          # CPU, tiny Mistral
+    python scripts/train_stage_b.py --config configs/stage_b.yaml --resume latest   # exact resume
 
 Needs the clip manifest (``data.manifest``, captioned) and the stage (a) shot targets (``shot_targets``: a
 TensorStore with ``shot_embeds`` (num_slots, shot_dim) per clip). Windows whose clips lack a target are skipped
@@ -11,8 +12,8 @@ and listed in ``output_dir/missing_shot_targets.txt``.
 Loss = CE(state value tokens) + mse_weight * MSE(s_a) + cosine_weight * (1 - cos(s_a)); the parts are logged
 separately (csv/tensorboard/wandb) and shown on the progress bar. Checkpoints (``output_dir/checkpoints/step_X``)
 hold the LoRA (peft adapter format), the new token rows and resamplers (safetensors), and the optimizer, scheduler
-and RNG state: ``train.resume=latest`` continues exactly. Under DeepSpeed ZeRO-3 and FSDP the trained tensors are
-gathered with ``accelerator.get_state_dict`` before saving.
+and RNG state: ``--resume latest`` (``train.resume=latest``) continues exactly. Under DeepSpeed ZeRO-3 and FSDP
+the trained tensors are gathered with ``accelerator.get_state_dict`` before saving.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ import torch
 from accelerate.utils import DistributedType, set_seed
 from tqdm.auto import tqdm
 
-from animegamer.cli import parse_config
+from animegamer.cli import fail, parse_config
 from animegamer.config import StageBConfig
-from animegamer.data.manifest import read_manifest
+from animegamer.data.manifest import ManifestError, read_manifest
 from animegamer.data.sequences import windows_from_config
 from animegamer.data.stage_b import StageBCollator, StageBDataset, filter_windows, move_batch
 from animegamer.data.tensor_store import TensorStore
@@ -34,7 +35,7 @@ from animegamer.io import atomic_write_text
 from animegamer.models.mllm import AnimeGamerMLLM, load_tokenizer
 from animegamer.tokens import TurnLayout, get_vocabulary
 from animegamer.training.batches import resumable_batches
-from animegamer.training.checkpoint import find_resume, load_checkpoint, save_checkpoint, skip_model_weights_in_state
+from animegamer.training.checkpoint import check_resume, load_checkpoint, save_checkpoint, skip_model_weights_in_state
 from animegamer.training.optim import build_optimizer, build_scheduler
 from animegamer.training.run import build_accelerator, configure_deepspeed, start_run
 
@@ -47,8 +48,8 @@ def build_dataset(cfg: StageBConfig, accelerator) -> StageBDataset:
     windows = windows_from_config(manifest, cfg.data)
     store = TensorStore(cfg.shot_targets)
     if len(store) == 0:
-        raise SystemExit(
-            f"error: no shot targets in {cfg.shot_targets}; cache the stage (a) encoder's s_a of every clip first"
+        raise FileNotFoundError(
+            f"no shot targets in {cfg.shot_targets}; cache the stage (a) encoder's s_a of every clip first"
         )
     kept, missing = filter_windows(windows, store)
     tokenizer, _ = load_tokenizer(cfg.mllm.pretrained, cfg.mllm.vocabulary, cfg.mllm.num_slots)
@@ -81,21 +82,34 @@ def gather_needed(accelerator) -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
-    cfg, _ = parse_config(StageBConfig, __doc__, argv)
+    def flags(parser):
+        parser.add_argument("--resume", help="'latest' or a checkpoint path (same as train.resume=...)")
+
+    cfg, args = parse_config(StageBConfig, __doc__, argv, extra=flags)
+    if args.resume:
+        cfg.train.resume = args.resume
     train = cfg.train
+    out_dir = Path(cfg.output_dir)
     accelerator = build_accelerator(cfg.output_dir, train)
     skip_model_weights_in_state(accelerator)
     set_seed(cfg.seed)
-    dataset = build_dataset(cfg, accelerator)  # before the model: bad data fails in seconds, not after loading 7B
-    out_dir = start_run(accelerator, cfg, "stage_b")
+    # data and the resume checkpoint before the model (bad input fails in seconds, not after loading 7B) and before
+    # anything of the run is written (a failed retry leaves a finished run's config.yaml and run_info.json alone)
+    try:
+        resume = check_resume(out_dir, train.resume, accelerator.num_processes, train.allow_rng_reset)
+        dataset = build_dataset(cfg, accelerator)
+    except (ManifestError, FileNotFoundError, ValueError) as exc:  # CheckpointError is a ValueError
+        fail(str(exc))
 
     model = AnimeGamerMLLM.from_config(cfg.mllm, mse_weight=cfg.mse_weight, cosine_weight=cfg.cosine_weight)
     if train.compile:
         model.compile_blocks()
-    resume_from = find_resume(out_dir, train.resume)
-    if resume_from is not None:
+    if resume is not None:
         # before prepare: ZeRO-3 / FSDP then shard the restored values like any others
-        model.load_trained(resume_from)
+        try:
+            model.load_trained(resume.path)
+        except (FileNotFoundError, ValueError) as exc:
+            fail(str(exc))
     optimizer = build_optimizer(model.trainable_parameters(), train)
     scheduler = build_scheduler(optimizer, train)
     configure_deepspeed(accelerator, train)
@@ -103,9 +117,13 @@ def main(argv: list[str] | None = None) -> None:
     unwrapped = accelerator.unwrap_model(model)
 
     step = 0
-    if resume_from is not None:
-        step = load_checkpoint(accelerator, resume_from, lambda _path: None)["step"]
-        accelerator.print(f"resumed from {resume_from} at step {step}")
+    if resume is not None:
+        try:
+            step = load_checkpoint(accelerator, resume.path, lambda _path: None, train.allow_rng_reset)["step"]
+        except (FileNotFoundError, ValueError) as exc:
+            fail(str(exc))
+        accelerator.print(f"resumed from {resume.path} at step {step}")
+    start_run(accelerator, cfg, "stage_b", resume)
 
     # The sampler, not accelerate, shards batches over ranks: batch b of a run is a pure function of (seed, b).
     pad_id = dataset.layout.tokenizer.pad_token_id

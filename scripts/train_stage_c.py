@@ -29,15 +29,13 @@ has stage (a)'s layout, so ``load_decoder(checkpoint, cfg.decoder)`` and inferen
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
-from typing import NoReturn
 
 import torch
 from accelerate.utils import gather_object, set_seed
 from tqdm.auto import tqdm
 
-from animegamer.cli import parse_config
+from animegamer.cli import fail, parse_config
 from animegamer.config import StageCConfig
 from animegamer.data.manifest import ManifestError, read_manifest
 from animegamer.data.stage_c import (
@@ -54,7 +52,7 @@ from animegamer.models.mllm import AnimeGamerMLLM, load_tokenizer
 from animegamer.models.trained import DECODER_DIR, load_decoder
 from animegamer.tokens import TurnLayout, get_vocabulary
 from animegamer.training.batches import resumable_batches
-from animegamer.training.checkpoint import find_resume, load_checkpoint, save_checkpoint, skip_model_weights_in_state
+from animegamer.training.checkpoint import check_resume, load_checkpoint, save_checkpoint, skip_model_weights_in_state
 from animegamer.training.losses import diffusion_loss
 from animegamer.training.optim import build_optimizer, build_scheduler
 from animegamer.training.run import build_accelerator, configure_deepspeed, start_run
@@ -88,11 +86,6 @@ def compute_loss(model, decoder: AnimationShotDecoder, batch: dict, cfg: StageCC
     return diffusion_loss(prediction, target, latents, cfg.motion_loss_weight, cfg.motion_threshold)
 
 
-def fail(message: str) -> NoReturn:
-    print(f"error: {message}", file=sys.stderr)
-    raise SystemExit(2)
-
-
 def main(argv: list[str] | None = None) -> Path:
     def flags(parser):
         parser.add_argument("--resume", help="'latest' or a checkpoint path (same as train.resume=...)")
@@ -106,10 +99,11 @@ def main(argv: list[str] | None = None) -> Path:
 
     accelerator = build_accelerator(cfg.output_dir, train)
     skip_model_weights_in_state(accelerator)
-    out = start_run(accelerator, cfg, "stage_c")
+    out = Path(cfg.output_dir)
     say = accelerator.print
 
-    # ---- data and the trained stage (a) decoder: bad input fails here, before the MLLM loads
+    # ---- data, the resume checkpoint and the trained stage (a) decoder: bad input fails here, before the MLLM
+    # loads and before anything of the run is written (a failed retry leaves a finished run's files alone)
     try:
         manifest = read_manifest(cfg.data.manifest)
         tokenizer, _ = load_tokenizer(cfg.mllm.pretrained, cfg.mllm.vocabulary, cfg.mllm.num_slots)
@@ -117,9 +111,10 @@ def main(argv: list[str] | None = None) -> Path:
         windows, left_out = select_windows(cfg, manifest, layout)
         settings = prediction_settings(cfg)
         check_prediction_settings(cfg.predictions_cache, settings)
+        resume = check_resume(cfg.output_dir, train.resume, accelerator.num_processes, train.allow_rng_reset)
         set_seed(cfg.seed)
         decoder = build_decoder(cfg)
-    except (ManifestError, FileNotFoundError, ValueError) as exc:
+    except (ManifestError, FileNotFoundError, ValueError) as exc:  # CheckpointError is a ValueError
         fail(str(exc))
     tcfg = decoder.transformer.config
     want = (decoder.num_condition_tokens, tcfg.num_attention_heads * tcfg.attention_head_dim)
@@ -187,10 +182,13 @@ def main(argv: list[str] | None = None) -> Path:
     # ---- resume: weights, optimizer, lr schedule and every process's RNG; the data order is a function of step
     step = 0
     set_seed(cfg.seed + accelerator.process_index)  # noise, timesteps, dropout differ per process
-    resume_from = find_resume(cfg.output_dir, train.resume)
-    if resume_from is not None:
-        step = load_checkpoint(accelerator, resume_from, load_weights)["step"]
-        say(f"resumed from {resume_from} at step {step}")
+    if resume is not None:
+        try:
+            step = load_checkpoint(accelerator, resume.path, load_weights, train.allow_rng_reset)["step"]
+        except (FileNotFoundError, ValueError) as exc:
+            fail(str(exc))
+        say(f"resumed from {resume.path} at step {step}")
+    start_run(accelerator, cfg, "stage_c", resume)
     batches = resumable_batches(dataset, accelerator, train, cfg.seed, step, cfg.data.num_workers)
 
     # ---- loop

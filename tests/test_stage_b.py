@@ -262,3 +262,59 @@ def test_train_stage_b_two_processes(tmp_path, tiny_mistral_dir):
     assert (final / "random_states_1.pkl").is_file() and (final / "mllm_trained.safetensors").is_file()
     assert len(metrics(out)["loss"]) == 3
     assert result.stdout.count("done: 3 steps") == 1  # printed by the main process only
+
+
+# ---------------------------------------------------------------- bad input: one line, exit code 2, nothing written
+
+
+def _fails_with_one_line(script, argv, capsys) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        script.main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize(
+    "line, needle",
+    [
+        ("{not json", "not valid JSON"),
+        ('{"clip_id": "x", "video": "x.mp4", "film_id": "f", "clip_index": 0, "start": 0}', "missing field 'end'"),
+        ("TAGS_OUT_OF_RANGE", "'stamina': 7 is not one of"),
+    ],
+    ids=["malformed_json", "missing_field", "tag_out_of_range"],
+)
+def test_a_bad_manifest_line_is_one_error_naming_file_and_line(tmp_path, tiny_mistral_dir, capsys, line, needle):
+    overrides = stage_b_overrides(tmp_path, tiny_mistral_dir, tmp_path / "run")
+    manifest = tmp_path / "data" / "clips.jsonl"
+    lines = manifest.read_text().splitlines()
+    if line == "TAGS_OUT_OF_RANGE":
+        row = json.loads(lines[2])
+        row["tags"] = row["tags"].replace(row["tags"][row["tags"].index("<ST>") :], "<ST>7</ST>")
+        line = json.dumps(row)
+    manifest.write_text("\n".join([*lines[:2], line, *lines[3:]]) + "\n")
+    err = _fails_with_one_line(load_script(), ["--config", str(ROOT / "configs" / "tiny" / "stage_b.yaml"),
+                                               *overrides], capsys)
+    assert f"{manifest}:3: " in err and needle in err
+    assert not (tmp_path / "run").exists()  # nothing of the run was written
+
+
+def test_a_missing_resume_checkpoint_leaves_a_finished_run_alone(tmp_path, tiny_mistral_dir, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    finished = {"config.yaml": "kind: stage_b\n# the finished run's\n", "run_info.json": '{"finished": true}\n',
+                "metrics.csv": "step,name,value,time\n1,loss,2.0,0\n"}
+    for name, text in finished.items():
+        (out / name).write_text(text)
+    argv = ["--config", str(ROOT / "configs" / "tiny" / "stage_b.yaml"),
+            *stage_b_overrides(tmp_path, tiny_mistral_dir, out), "--resume", str(tmp_path / "nonexistent")]
+    err = _fails_with_one_line(load_script(), argv, capsys)
+    assert "checkpoint not found" in err and str(tmp_path / "nonexistent") in err
+    assert {name: (out / name).read_text() for name in finished} == finished
+
+
+def test_the_removed_encoder_checkpoint_key_is_an_unknown_key(tmp_path, tiny_mistral_dir, capsys):
+    argv = ["--config", str(ROOT / "configs" / "tiny" / "stage_b.yaml"),
+            *stage_b_overrides(tmp_path, tiny_mistral_dir, tmp_path / "run"), "encoder_checkpoint=/nonexistent"]
+    assert "encoder_checkpoint" in _fails_with_one_line(load_script(), argv, capsys)

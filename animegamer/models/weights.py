@@ -1,13 +1,48 @@
-"""Safe weight files: safetensors everywhere, pickles only with ``weights_only=True``."""
+"""Safe weight files: safetensors everywhere, pickles only with ``weights_only=True``.
+
+A file that exists but cannot be read (truncated by a full disk or an interrupted copy, corrupt) raises
+:class:`DamagedFileError` naming it, instead of a library's message that names no file.
+"""
 
 from __future__ import annotations
 
+import json
+import pickle
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from animegamer.io import atomic_path
+
+
+class DamagedFileError(ValueError):
+    """A weights file that exists but is truncated or corrupt; the message names the file."""
+
+
+def check_safetensors(path: str | Path) -> None:
+    """Raise :class:`DamagedFileError` unless ``path`` is a complete safetensors file: its header parses and the
+    tensors it describes end exactly at the end of the file. Reads only the header, so whole checkpoints are
+    checked in milliseconds before any model is built."""
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        prefix = fh.read(8)
+        header_len = int.from_bytes(prefix, "little") if len(prefix) == 8 else -1
+        if header_len < 0 or header_len > size - 8:
+            raise DamagedFileError(f"{path}: damaged or truncated safetensors file (no complete header)")
+        raw = fh.read(header_len)
+    try:
+        header = json.loads(raw)
+        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    except (UnicodeDecodeError, json.JSONDecodeError, AttributeError, KeyError, IndexError, TypeError):
+        raise DamagedFileError(f"{path}: damaged safetensors file (unreadable header)") from None
+    if 8 + header_len + end != size:
+        raise DamagedFileError(
+            f"{path}: damaged or truncated safetensors file "
+            f"({size} bytes, its header describes {8 + header_len + end})"
+        )
 
 
 def load_state_dict_file(path: str | Path, device: str = "cpu") -> dict[str, torch.Tensor]:
@@ -15,9 +50,14 @@ def load_state_dict_file(path: str | Path, device: str = "cpu") -> dict[str, tor
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"weights file not found: {path}")
-    if path.suffix == ".safetensors":
-        return load_file(str(path), device=device)
-    return torch.load(str(path), map_location=device, weights_only=True)
+    try:
+        if path.suffix == ".safetensors":
+            check_safetensors(path)
+            return load_file(str(path), device=device)
+        return torch.load(str(path), map_location=device, weights_only=True)
+    except (SafetensorError, RuntimeError, EOFError, pickle.UnpicklingError) as exc:
+        lines = str(exc).strip().splitlines()
+        raise DamagedFileError(f"{path}: damaged or not a weights file ({lines[0] if lines else exc!r})") from None
 
 
 def save_state_dict_file(

@@ -6,21 +6,51 @@
         trainer_state.json     step, samples seen, last losses
     output_dir/checkpoints/latest   text file naming the newest complete checkpoint
 
-A checkpoint is written to ``step_X.tmp`` and renamed when complete, so a crash never leaves a half checkpoint
-that ``--resume latest`` would pick up. Only trained parameters are saved: accelerate's own model saving is
-switched off by :func:`skip_model_weights_in_state`.
+A checkpoint is written to ``step_X.tmp``, fsynced, and renamed when complete, so a crash never leaves a half
+checkpoint that ``--resume latest`` would pick up; re-saving an existing step swaps the new directory in (an atomic
+exchange on Linux), so ``latest`` never names a missing or partial directory. Only trained parameters are saved:
+accelerate's own model saving is switched off by :func:`skip_model_weights_in_state`.
+
+A resume is checked before anything is built or written (:func:`check_resume`): every weights and state file must
+be complete, and every process's RNG state must load (safely: no pickled code runs) or the resume would not be
+exact; ``train.allow_rng_reset=true`` accepts a missing one, and the run records that it did.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
+import os
+import pickle
+import re
 import shutil
+import zipfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-from animegamer.io import atomic_write_json, atomic_write_text
+import torch
+
+from animegamer.io import atomic_write_json, atomic_write_text, fsync_path
+from animegamer.models.weights import DamagedFileError, check_safetensors
 
 STEP_PREFIX = "step_"
+STEP_DIR = re.compile(rf"{STEP_PREFIX}\d+")
+RNG_FILE = "random_states_{rank}.pkl"  # accelerate's name for one process's RNG state
+RNG_KEYS = ("random_state", "numpy_random_seed", "torch_manual_seed")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be resumed from; the message names the file and what is wrong with it."""
+
+
+@dataclass
+class ResumePoint:
+    """A checked checkpoint to resume from."""
+
+    path: Path
+    step: int
+    rng_reset: str = ""  # why some process's RNG cannot be restored ("" when every one can)
 
 
 def skip_model_weights_in_state(accelerator) -> None:
@@ -53,7 +83,7 @@ def list_checkpoints(output_dir: str | Path) -> list[Path]:
     root = checkpoint_root(output_dir)
     if not root.is_dir():
         return []
-    done = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(STEP_PREFIX) and not p.name.endswith(".tmp")]
+    done = [p for p in root.iterdir() if p.is_dir() and STEP_DIR.fullmatch(p.name)]  # not step_X.tmp / .old
     return sorted(done, key=lambda p: int(p.name[len(STEP_PREFIX) :]))
 
 
@@ -81,6 +111,59 @@ def find_resume(output_dir: str | Path, resume: str) -> Path | None:
     return resolve_checkpoint(resume)
 
 
+def fsync_tree(path: Path) -> None:
+    """Flush every file and directory under ``path`` to disk, so a rename that publishes it cannot outrun its data."""
+    for parent, _, files in os.walk(path, topdown=False):
+        for name in files:
+            fsync_path(Path(parent) / name)
+        fsync_path(parent)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one atomic step (Linux ``renameat2(RENAME_EXCHANGE)``); False where the OS or the file
+    system has no such call."""
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+
+
+def replace_dir(new: Path, final: Path) -> None:
+    """Publish the complete directory ``new`` as ``final``: fsynced first, then renamed in. An existing ``final`` is
+    swapped out atomically and then deleted, so ``final`` always names a complete directory (where no atomic
+    exchange exists, the old one is renamed aside first: a crash between the two renames leaves it as
+    ``<final>.old``)."""
+    new, final = Path(new), Path(final)
+    fsync_tree(new)
+    if not final.exists():
+        new.rename(final)
+    elif _exchange(new, final):
+        shutil.rmtree(new)  # it now holds the old contents
+    else:
+        aside = final.with_name(final.name + ".old")
+        shutil.rmtree(aside, ignore_errors=True)
+        final.rename(aside)
+        new.rename(final)
+        shutil.rmtree(aside)
+    fsync_path(final.parent)
+
+
+def write_dir_atomically(final: str | Path, write: Callable[[Path], None]) -> Path:
+    """Call ``write(tmp)`` on a fresh temp directory beside ``final``, then :func:`replace_dir` it in. If ``write``
+    fails, ``final`` is untouched and the temp directory removed."""
+    final = Path(final)
+    tmp = final.with_name(f".{final.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        write(tmp)
+        replace_dir(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
 def save_checkpoint(
     accelerator,
     output_dir: str | Path,
@@ -102,10 +185,8 @@ def save_checkpoint(
     if accelerator.is_main_process:
         save_weights(tmp)
         atomic_write_json(tmp / "trainer_state.json", {"step": step, **trainer_state})
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
-        atomic_write_text(root / "latest", final.name + "\n")
+        replace_dir(tmp, final)
+        atomic_write_text(root / "latest", final.name + "\n")  # fsynced, and its directory too
         if keep > 0:
             for old in list_checkpoints(output_dir)[:-keep]:
                 shutil.rmtree(old, ignore_errors=True)
@@ -113,9 +194,109 @@ def save_checkpoint(
     return final
 
 
-def load_checkpoint(accelerator, path: str | Path, load_weights: Callable[[Path], None]) -> dict:
-    """Restore weights, optimizer, scheduler and every process's RNG; returns the trainer state."""
+# ---------------------------------------------------------------- resuming
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def _check_torch_file(path: Path) -> None:
+    """A ``torch.save`` file (a zip archive) whose every member is complete (CRC-checked): truncation and most
+    corruption fail here, naming the file, instead of deep inside ``torch.load``."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: damaged or truncated ({_first_line(exc)})") from None
+    if bad is not None:
+        raise CheckpointError(f"{path}: damaged (member {bad} fails its checksum)")
+
+
+def read_rng_state(path: Path) -> tuple[dict | None, str]:
+    """(the RNG state saved in ``path``, "") or (None, what is wrong with it). Loaded like accelerate loads it but
+    never executing pickled code: ``weights_only=True`` with accelerate's numpy allow-list."""
+    from accelerate.utils import load
+
+    if not path.is_file():
+        return None, f"{path} is missing"
+    try:
+        states = load(str(path), map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile) as exc:
+        return None, f"{path} cannot be read ({_first_line(exc)})"
+    needed = RNG_KEYS + (("torch_cuda_manual_seed",) if torch.cuda.is_available() else ())
+    missing = [k for k in needed if not isinstance(states, dict) or k not in states]
+    if missing:
+        return None, f"{path} lacks {missing}"
+    return states, ""
+
+
+def _rng_error(problem: str) -> CheckpointError:
+    return CheckpointError(
+        f"{problem}: the random state cannot be restored, so the resume would not be exact "
+        "(pass train.allow_rng_reset=true to resume with fresh random streams; the run records it)"
+    )
+
+
+def _trainer_step(path: Path) -> int:
+    state_file = path / "trainer_state.json"
+    try:
+        step = json.loads(state_file.read_text())["step"]
+    except FileNotFoundError:
+        raise CheckpointError(f"{state_file} is missing: {path} is not a complete checkpoint") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{state_file}: damaged ({_first_line(exc)})") from None
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise CheckpointError(f"{state_file}: 'step' must be a non-negative integer, got {step!r}")
+    return step
+
+
+def check_resume(
+    output_dir: str | Path, resume: str, num_processes: int, allow_rng_reset: bool = False
+) -> ResumePoint | None:
+    """The checkpoint to resume from, checked before any model is built or any run file is written.
+
+    ``resume`` as :func:`find_resume` takes it (a missing explicit path raises FileNotFoundError). Every
+    ``*.safetensors`` must be complete, every accelerate ``*.bin`` an intact torch archive, and each of the
+    ``num_processes`` RNG files readable; the first problem raises :class:`CheckpointError` naming its file. A
+    missing or unreadable RNG file is accepted only with ``allow_rng_reset`` (recorded in the returned point)."""
+    path = find_resume(output_dir, resume)
+    if path is None:
+        return None
+    step = _trainer_step(path)
+    try:
+        for weights in sorted(path.rglob("*.safetensors")):
+            check_safetensors(weights)
+    except DamagedFileError as exc:
+        raise CheckpointError(str(exc)) from None
+    for state in sorted(path.glob("*.bin")):
+        _check_torch_file(state)
+    problems = [p for rank in range(num_processes) if (p := read_rng_state(path / RNG_FILE.format(rank=rank))[1])]
+    if problems and not allow_rng_reset:
+        raise _rng_error(problems[0])
+    return ResumePoint(path, step, "; ".join(problems))
+
+
+def load_checkpoint(
+    accelerator, path: str | Path, load_weights: Callable[[Path], None], allow_rng_reset: bool = False
+) -> dict:
+    """Restore weights, optimizer, scheduler and every process's RNG; returns the trainer state.
+
+    A file that fails to load raises :class:`CheckpointError` naming the checkpoint; this process's RNG state must
+    be restored (checked against the saved one) unless ``allow_rng_reset``."""
     path = resolve_checkpoint(path)
-    load_weights(path)
-    accelerator.load_state(str(path), **_engine_kwargs(accelerator, saving=False))
-    return json.loads((path / "trainer_state.json").read_text())
+    _trainer_step(path)  # a readable trainer_state.json with a valid step
+    state = json.loads((path / "trainer_state.json").read_text())
+    rng_file = path / RNG_FILE.format(rank=accelerator.process_index)
+    saved, problem = read_rng_state(rng_file)
+    if problem and not allow_rng_reset:
+        raise _rng_error(problem)
+    try:
+        load_weights(path)
+        accelerator.load_state(str(path), **_engine_kwargs(accelerator, saving=False))
+    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, KeyError) as exc:
+        raise CheckpointError(f"{path}: could not be loaded ({_first_line(exc)})") from None
+    if saved is not None and not torch.equal(torch.get_rng_state(), saved["torch_manual_seed"]):
+        raise CheckpointError(f"{rng_file}: loaded, but the random state was not restored")
+    return state

@@ -16,7 +16,10 @@ from accelerate.tracking import GeneralTracker
 from accelerate.utils import ProjectConfiguration, parse_flag_from_env
 
 from animegamer.config import TrainConfig, to_yaml
-from animegamer.io import atomic_write_json, atomic_write_text
+from animegamer.io import atomic_path, atomic_write_json, atomic_write_text
+from animegamer.training.checkpoint import ResumePoint
+
+METRICS_HEADER = ["step", "name", "value", "time"]
 
 
 def git_sha() -> str:
@@ -40,12 +43,19 @@ class CSVTracker(GeneralTracker):
     def __init__(self, run_name: str, logging_dir: str | os.PathLike, **kwargs):
         super().__init__()
         self.path = Path(logging_dir) / "metrics.csv"
+        self._file = None
+        self._writer = None
+
+    def start(self) -> None:
+        """Open the file when the run starts (``init_trackers``), after :func:`start_run` has trimmed it: a run that
+        fails its checks never touches it."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         new = not self.path.exists()
         self._file = open(self.path, "a", newline="")
         self._writer = csv.writer(self._file)
         if new:
-            self._writer.writerow(["step", "name", "value", "time"])
+            self._writer.writerow(METRICS_HEADER)
+            self._file.flush()
 
     @property
     def tracker(self):
@@ -61,7 +71,31 @@ class CSVTracker(GeneralTracker):
         self._file.flush()
 
     def finish(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
+
+
+def trim_metrics(path: Path, last_step: int) -> int:
+    """Drop the rows of ``metrics.csv`` logged after ``last_step`` (atomically); returns how many were dropped.
+
+    A run resumed from step S repeats steps S+1.. that a killed run had already logged; without this they would
+    appear twice. Rows without a numeric step (the header) are kept."""
+    if not path.is_file():
+        return 0
+    with open(path, newline="") as fh:
+        rows = list(csv.reader(fh))
+
+    def after(row: list[str]) -> bool:
+        try:
+            return int(row[0]) > last_step
+        except (IndexError, ValueError):
+            return False
+
+    kept = [row for row in rows if not after(row)]
+    if len(kept) < len(rows):
+        with atomic_path(path) as tmp, open(tmp, "w", newline="") as fh:
+            csv.writer(fh).writerows(kept)
+    return len(rows) - len(kept)
 
 
 def build_accelerator(output_dir: str, train: TrainConfig):
@@ -83,24 +117,37 @@ def build_accelerator(output_dir: str, train: TrainConfig):
     )
 
 
-def start_run(accelerator, cfg: Any, project: str) -> Path:
-    """Write the resolved config, git SHA and command line beside the run; start trackers. Returns output_dir."""
+def start_run(accelerator, cfg: Any, project: str, resume: ResumePoint | None = None) -> Path:
+    """Write the resolved config, git SHA and command line beside the run; start trackers. Returns output_dir.
+
+    Call it after the data and the resume checkpoint have been checked (and loaded), so a run that fails its checks
+    leaves an earlier run's files alone. ``metrics.csv`` keeps only the rows up to the step the run starts from; a
+    resume that could not restore every RNG state (``resume.rng_reset``) is printed and recorded in run_info.json.
+    """
     out = Path(cfg.output_dir)
     if accelerator.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / "config.yaml", to_yaml(cfg))
-        atomic_write_json(
-            out / "run_info.json",
-            {
-                "git_sha": git_sha(),
-                "command": " ".join(sys.argv),
-                "num_processes": accelerator.num_processes,
-                "mixed_precision": accelerator.mixed_precision,
-                "distributed_type": str(accelerator.distributed_type),
-                "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                "versions": _versions(),
-            },
-        )
+        info = {
+            "git_sha": git_sha(),
+            "command": " ".join(sys.argv),
+            "num_processes": accelerator.num_processes,
+            "mixed_precision": accelerator.mixed_precision,
+            "distributed_type": str(accelerator.distributed_type),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "versions": _versions(),
+        }
+        if resume is not None:
+            info |= {"resumed_from": str(resume.path), "resumed_step": resume.step}
+            if resume.rng_reset:
+                info["rng_reset"] = resume.rng_reset
+                print(
+                    f"WARNING: resuming from {resume.path} with fresh random streams, not an exact resume: "
+                    f"{resume.rng_reset} (train.allow_rng_reset=true; recorded in {out / 'run_info.json'})",
+                    file=sys.stderr,
+                )
+        atomic_write_json(out / "run_info.json", info)
+        trim_metrics(out / "metrics.csv", resume.step if resume is not None else 0)
     accelerator.wait_for_everyone()
     flat = _flatten(json.loads(json.dumps(_to_plain(cfg), default=str)))
     accelerator.init_trackers(project, config=flat)
