@@ -26,6 +26,7 @@ instead of a resized base matrix, so only they train and only they are saved; lo
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -113,7 +114,12 @@ class AnimeGamerMLLM(nn.Module):
             bias="none",
             task_type="CAUSAL_LM",
         )
-        self.llm = get_peft_model(llm, lora)
+        with warnings.catch_warnings():
+            # peft 0.21.2 (the newest) reads transformers' deprecated `is_gradient_checkpointing` alias in
+            # get_peft_model, which warned at every start; the value it reads is right, only the name is old
+            warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated",
+                                    category=FutureWarning)
+            self.llm = get_peft_model(llm, lora)
 
         # New rows start as "a typical token": the mean of the base rows plus noise of the base rows' spread (as
         # transformers' resize does), so slot queries differ from each other and value logits are not all tied.
