@@ -12,36 +12,37 @@ writes beside them::
     output_dir/contact_sheet.png               a row per turn: frames and the predicted values / character state
 
 ``decoder_checkpoint`` is a stage (c) or (a) checkpoint; ``fast=true`` uses the fast sampling preset.
+The results are untrusted input: every turn directory must lie inside ``output_dir`` (symlinks followed) and every
+file must be what inference_MLLM.py writes; a missing checkpoint or a bad file stops the run with one line, before
+the decoder loads.
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from animegamer.cli import parse_config
+from animegamer.cli import fail, parse_config
 from animegamer.config import InferenceConfig
 from animegamer.data.video import write_gif, write_mp4
 from animegamer.inference.contact_sheet import contact_sheet, state_bar
 from animegamer.inference.game import turn_seed
 from animegamer.inference.mllm_runner import load_results
-from animegamer.inference.session import load_renderer, resolve_device
+from animegamer.inference.session import check_checkpoints, load_renderer, resolve_device
 
 
 def main(argv: list[str] | None = None) -> dict[str, Path]:
     cfg, _ = parse_config(InferenceConfig, __doc__, argv)
     out = Path(cfg.output_dir)
-    try:
+    try:  # everything that can be wrong with the input, before any weights are read
+        check_checkpoints(cfg, mllm=False)
         game, turns = load_results(out)
     except (FileNotFoundError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+        fail(str(exc))
     if not turns:
-        print(f"error: {out}/game.json lists no turns", file=sys.stderr)
-        raise SystemExit(2)
+        fail(f"{out}/game.json lists no turns")
     device = resolve_device(cfg.device)
     renderer = load_renderer(cfg, device, offload=cfg.offload == "sequential" and device != "cpu")
     seed = int(game.get("seed", cfg.seed))

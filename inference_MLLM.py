@@ -23,12 +23,11 @@ Results (format in animegamer/inference/mllm_runner.py, read by inference_Decode
 from __future__ import annotations
 
 import sys
-from typing import NoReturn
 
 import torch
 from tqdm.auto import tqdm
 
-from animegamer.cli import parse_config
+from animegamer.cli import fail, parse_config
 from animegamer.config import InferenceConfig
 from animegamer.inference.mllm_runner import (
     InstructionError,
@@ -41,11 +40,6 @@ from animegamer.inference.mllm_runner import (
 from animegamer.models.mllm import AnimeGamerMLLM, load_tokenizer
 from animegamer.states import TagError, read_game_file
 from animegamer.training.checkpoint import resolve_checkpoint
-
-
-def fail(message: str) -> NoReturn:
-    print(f"error: {message}", file=sys.stderr)
-    raise SystemExit(2)
 
 
 def resolve_device(name: str) -> str:
@@ -81,7 +75,8 @@ def main(argv: list[str] | None = None) -> None:
         try:
             checkpoint = resolve_checkpoint(cfg.mllm_checkpoint)
         except FileNotFoundError as exc:
-            fail(f"{exc} (mllm_checkpoint; set mllm_checkpoint='' to run the untrained base model)")
+            fail(f"mllm_checkpoint={cfg.mllm_checkpoint}: {exc} "
+                 "(set mllm_checkpoint='' to run the untrained base model)")
     else:
         print(
             "warning: mllm_checkpoint is empty: running the base model with freshly initialised (untrained) LoRA, "

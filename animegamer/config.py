@@ -11,6 +11,7 @@ values are merged on top, so tiny and ablation configs state only what differs.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,7 @@ class MLLMConfig:
     num_slots: int = 226  # query slots per turn (= shot tokens N)
     shot_dim: int = 1920  # width of a shot representation s_a
     resampler_layers: int = 2  # MLP depth of the input/output resamplers
+    resampler_gelu: str = "tanh"  # resampler activation: tanh (our checkpoints) | erf (the release's, converted weights)
     lora_rank: int = 32
     lora_alpha: int = 32
     lora_dropout: float = 0.05
@@ -617,7 +619,12 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "flow_preset": ("ultrafast", "fast", "medium"),
     "preset": ("full", "tiny"),
     "compat": ("released", "fixed"),
+    "resampler_gelu": ("tanh", "erf"),
 }
+
+
+_DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")  # every config's ``device``
+_NON_NEGATIVE = ("history_turns",)  # counts checked wherever a config has them
 
 
 def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> DictConfig:
@@ -645,6 +652,10 @@ def _check_choices(obj: Any, where: str) -> None:
             _check_choices(value, f"{where}{f.name}.")
         elif f.name in _CHOICES and value not in _CHOICES[f.name]:
             raise ConfigError(f"{where}{f.name}={value!r} is not one of {list(_CHOICES[f.name])}")
+        elif f.name == "device" and not _DEVICE.fullmatch(value):
+            raise ConfigError(f"{where}{f.name}={value!r} is not a device (auto, cpu, cuda, cuda:N or mps)")
+        elif f.name in _NON_NEGATIVE and value < 0:
+            raise ConfigError(f"{where}{f.name}={value} must be >= 0")
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None, schema: type | None = None) -> Any:

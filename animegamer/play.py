@@ -4,17 +4,19 @@
     python -m animegamer.play --config configs/tiny/inference.yaml      # CPU, tiny models
 
 Instructions are free text or ``Character: Qiqi; Motion: gently lie down; Background: night bedroom.``
-Commands: ``:save [FILE]`` ``:load FILE`` ``:undo`` ``:state`` ``:help`` ``:quit``. A turn that fails prints the
-error and keeps the game as it was.
+Commands: ``:save [FILE]`` ``:load FILE`` ``:undo`` ``:state`` ``:help`` ``:quit``. A turn that fails, a save
+that cannot be loaded and Ctrl-C during a turn each print one line and keep the game exactly as it was; Ctrl-C at
+the prompt does not leave the game either (``:quit`` or end of input does).
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
-from animegamer.cli import parse_config
+from animegamer.cli import fail, parse_config
 from animegamer.config import InferenceConfig
 from animegamer.inference.contact_sheet import state_bar
 from animegamer.inference.game import GameSession
@@ -36,15 +38,30 @@ def show_state(session: GameSession, out: TextIO) -> None:
         print("  " + state_bar(name, getattr(state, name)), file=out)
 
 
+def read_lines(lines: TextIO, out: TextIO) -> Iterator[str]:
+    """The player's lines until end of input; Ctrl-C while waiting for one prints a hint instead of leaving
+    (leaving would lose the unsaved turns)."""
+    while True:
+        try:
+            raw = lines.readline()
+        except KeyboardInterrupt:
+            print("\ninterrupted: type :quit to leave (unsaved turns are lost), :save to keep them", file=out)
+            continue
+        if not raw:
+            return
+        yield raw
+
+
 def run(session: GameSession, lines: TextIO, out: TextIO) -> GameSession:
     """The read-eval loop over ``lines`` (stdin or a script); returns the session as it ends."""
     print(f"AnimeGamer: {len(session.turns)} turns so far. Type :help for commands.", file=out)
     default_save = Path(session.output_dir) / "game.save"
-    for raw in lines:
+    for raw in read_lines(lines, out):
         line = raw.strip()
         if not line:
             continue
         command, _, arg = line.partition(" ")
+        before, turns_before = session, list(session.turns)  # what Ctrl-C during this command restores
         try:
             if command == ":quit":
                 break
@@ -62,7 +79,9 @@ def run(session: GameSession, lines: TextIO, out: TextIO) -> GameSession:
             elif command == ":load":
                 if not arg.strip():
                     raise ValueError(":load needs a file")
-                session = GameSession.load(arg.strip(), session.predictor, session.renderer, session.output_dir)
+                session = GameSession.load(arg.strip(), session.predictor, session.renderer, session.output_dir,
+                                           history_turns=session.history_turns,
+                                           max_instruction_chars=session.max_instruction_chars)
                 print(f"loaded {len(session.turns)} turns from {arg.strip()}", file=out)
                 show_state(session, out)
             elif command.startswith(":"):
@@ -76,7 +95,12 @@ def run(session: GameSession, lines: TextIO, out: TextIO) -> GameSession:
                 if turn.clip:
                     print(f"  clip: {turn.clip}", file=out)
                 show_state(session, out)
-        except (ValueError, IndexError, FileNotFoundError) as exc:
+        except KeyboardInterrupt:  # Ctrl-C mid-command: the command did not happen
+            session = before
+            session.turns[:] = turns_before
+            print(f"\ninterrupted: {line[:60]!r} cancelled; the game is as it was ({len(session.turns)} turns)",
+                  file=out)
+        except (ValueError, IndexError, OSError) as exc:  # bad instruction or save file, full disk: game goes on
             print(f"error: {exc}", file=out)
         out.flush()
     return session
@@ -84,7 +108,10 @@ def run(session: GameSession, lines: TextIO, out: TextIO) -> GameSession:
 
 def main(argv: list[str] | None = None) -> None:
     cfg, _ = parse_config(InferenceConfig, __doc__, argv)
-    session = build_session(cfg)
+    try:
+        session = build_session(cfg)
+    except FileNotFoundError as exc:  # a checkpoint path, found before any model loads
+        fail(str(exc))
     run(session, sys.stdin, sys.stdout)
 
 

@@ -2,12 +2,13 @@
 
     session = GameSession(predictor, renderer, history_turns=3, output_dir="outputs/play")
     turn = session.play("Character: Qiqi; Motion: gently lie down; Background: night bedroom.")
-    session.save("outputs/play/qiqi.game")            # one atomic file: states, instructions, clip paths, s_a
-    session = GameSession.load("outputs/play/qiqi.game", predictor, renderer)
+    session.save("outputs/play/qiqi.game")            # one atomic file: states, instructions, s_a
+    session = GameSession.load("outputs/play/qiqi.game", predictor, renderer, history_turns=3)
 
 Only the last ``history_turns`` turns are fed back to the MLLM, so the prompt, memory and time per turn stay
 flat however long the game runs. Each turn's decoder seed is derived from (session seed, turn index), so a
-loaded game continues exactly as the original would have.
+loaded game continues exactly as the original would have. A save is untrusted input when loaded
+(:mod:`animegamer.inference.saved`): every field is checked and its clip paths are never opened.
 """
 
 from __future__ import annotations
@@ -19,14 +20,12 @@ from typing import Protocol
 
 import numpy as np
 import torch
-from safetensors import SafetensorError, safe_open
 
 from animegamer.data.video import write_gif, write_mp4
 from animegamer.inference.mllm_runner import HistoryTurn, TurnPrediction
+from animegamer.inference.saved import SAVE_FORMAT, read_save, turn_key
 from animegamer.models.weights import save_state_dict_file
-from animegamer.states import CharacterState, StateValues, TagError, parse_instruction
-
-SAVE_FORMAT = "animegamer-game-v1"
+from animegamer.states import MAX_INSTRUCTION_CHARS, CharacterState, StateValues, parse_instruction
 
 
 def turn_seed(seed: int, index: int) -> int:
@@ -76,7 +75,7 @@ class GameSession:
     history_turns: int = 1
     output_dir: str | Path = "outputs/play"
     seed: int = 42
-    max_instruction_chars: int = 400
+    max_instruction_chars: int = MAX_INSTRUCTION_CHARS
     turns: list[Turn] = field(default_factory=list)
 
     @property
@@ -87,7 +86,6 @@ class GameSession:
         """The sliding window the MLLM sees: the last ``history_turns`` turns."""
         window = self.turns[-self.history_turns :] if self.history_turns > 0 else []
         return [HistoryTurn(t.instruction, t.shot_embeds, t.values) for t in window]
-
 
     def play(self, instruction: str) -> Turn:
         """Validate the instruction (before any model runs), predict, update the state, render."""
@@ -103,13 +101,19 @@ class GameSession:
             shot_embeds=prediction.shot_embeds.detach().float().cpu(),
             prompt_tokens=prediction.prompt_tokens,
         )
-        if self.renderer is not None:
-            frames = self.renderer.render(turn.shot_embeds, turn.values.motion_level, turn_seed(self.seed, index))
-            stem = Path(self.output_dir) / f"turn_{index:03d}"
-            turn.clip = str(write_mp4(stem.with_suffix(".mp4"), frames, fps=self.renderer.fps))
-            turn.gif = str(write_gif(stem.with_suffix(".gif"), frames, fps=self.renderer.fps))
+        self.render_turn(turn)
         self.turns.append(turn)
         return turn
+
+    def render_turn(self, turn: Turn) -> None:
+        """Render ``turn``'s clip (mp4 + gif) into this session's output directory; no-op without a renderer.
+        The seed depends on the game seed and the turn index only, so a re-render gives the same clip."""
+        if self.renderer is None:
+            return
+        frames = self.renderer.render(turn.shot_embeds, turn.values.motion_level, turn_seed(self.seed, turn.index))
+        stem = Path(self.output_dir) / f"turn_{turn.index:03d}"
+        turn.clip = str(write_mp4(stem.with_suffix(".mp4"), frames, fps=self.renderer.fps))
+        turn.gif = str(write_gif(stem.with_suffix(".gif"), frames, fps=self.renderer.fps))
 
     def undo(self) -> Turn:
         if not self.turns:
@@ -117,14 +121,15 @@ class GameSession:
         return self.turns.pop()
 
     def save(self, path: str | Path) -> Path:
-        """One atomic safetensors file: the shot representations as tensors, everything else as JSON metadata."""
+        """One atomic, fsynced safetensors file: the shots as tensors, everything else as JSON metadata
+        (format in :mod:`animegamer.inference.saved`)."""
         meta = {
             "format": SAVE_FORMAT,
             "seed": self.seed,
             "history_turns": self.history_turns,
             "turns": [t.summary() for t in self.turns],
         }
-        tensors = {f"turn_{t.index:05d}": t.shot_embeds for t in self.turns}
+        tensors = {turn_key(t.index): t.shot_embeds for t in self.turns}
         if not tensors:  # safetensors needs at least one tensor
             tensors = {"empty": torch.zeros(0)}
         save_state_dict_file(tensors, path, metadata={"game": json.dumps(meta)})
@@ -132,26 +137,23 @@ class GameSession:
 
     @classmethod
     def load(cls, path: str | Path, predictor: StatePredictor, renderer: ShotRenderer | None,
-             output_dir: str | Path | None = None) -> GameSession:
+             output_dir: str | Path | None = None, *, history_turns: int,
+             max_instruction_chars: int = MAX_INSTRUCTION_CHARS) -> GameSession:
+        """A saved game, checked as untrusted input (:func:`animegamer.inference.saved.read_save`), continued by
+        ``predictor`` with ``history_turns`` (K: a save played with another K is refused, so that the game goes on
+        exactly as it would have). Clip paths in the save are dropped: :meth:`render_turn` makes a turn's clip
+        again, inside ``output_dir``. Raises ValueError naming the file and field, or FileNotFoundError."""
         path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"saved game not found: {path}")
-        try:
-            with safe_open(str(path), framework="pt", device="cpu") as fh:
-                meta = json.loads((fh.metadata() or {})["game"])
-                tensors = {k: fh.get_tensor(k) for k in fh.keys()}
-        except (KeyError, json.JSONDecodeError, OSError, SafetensorError) as exc:
-            raise ValueError(f"{path}: not an animegamer saved game ({exc})") from exc
-        if meta.get("format") != SAVE_FORMAT:
-            raise ValueError(f"{path}: unknown save format {meta.get('format')!r}")
-        session = cls(predictor, renderer, history_turns=meta["history_turns"], seed=meta["seed"],
-                      output_dir=output_dir if output_dir is not None else path.parent)
-        for t in meta["turns"]:
-            try:
-                values = StateValues(**t["values"])
-                state = CharacterState.from_dict(t["state"])
-            except (TagError, TypeError, KeyError) as exc:
-                raise ValueError(f"{path}: turn {t.get('index')} is invalid ({exc})") from exc
-            session.turns.append(Turn(t["index"], t["instruction"], values, state, tensors[f"turn_{t['index']:05d}"],
-                                      t["prompt_tokens"], t.get("clip", ""), t.get("gif", "")))
+        saved = read_save(
+            path,
+            history_turns=history_turns,
+            shot_shape=getattr(predictor, "shot_shape", None),
+            validate_instruction=getattr(predictor, "validate", None),
+            max_instruction_chars=max_instruction_chars,
+        )
+        session = cls(predictor, renderer, history_turns=history_turns, seed=saved.seed,
+                      output_dir=output_dir if output_dir is not None else path.parent,
+                      max_instruction_chars=max_instruction_chars)
+        session.turns = [Turn(t.index, t.instruction, t.values, t.state, t.shot_embeds, t.prompt_tokens)
+                         for t in saved.turns]
         return session

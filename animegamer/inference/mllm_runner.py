@@ -15,6 +15,10 @@
 
 The two steps are also callable apart (:func:`prefill_turn`, :func:`decode_states`); the benchmark times them.
 
+Converted official weights (``model.official``, scripts/convert_official.py) read their shot from a second pass in
+which the current turn's frame tokens attend to each other, as the release trained them; ``compat: released``
+replays the release's whole turn instead, its quirks included (animegamer/official/agent.py lists both modes).
+
 Results directory written by ``inference_MLLM.py`` (:func:`write_turn`, :func:`write_game`), read by
 ``inference_Decoder.py`` (:func:`load_results`)::
 
@@ -27,7 +31,9 @@ Results directory written by ``inference_MLLM.py`` (:func:`write_turn`, :func:`w
                                                 "values": {motion_level, social, entertainment, stamina},
                                                 "character_state": {stamina, social, entertainment},  (after the turn)
                                                 "prompt_tokens": int,
-                                                "value_probs": {field: {value: probability}}}
+                                                "value_probs": {field: {value: probability}},
+                                                "release_values": [ML, SC, ET, ST]}  (compat released only:
+                                                the values as the release parsed them, 0s on a failed parse)
 
 Every file is written atomically; ``game.json`` is rewritten after each turn (``complete`` turns true at the end),
 so it always lists exactly the turns whose files are complete.
@@ -44,8 +50,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 
-from animegamer.io import atomic_write_json
+from animegamer.inference.saved import check_shot
+from animegamer.io import atomic_write_json, path_inside
 from animegamer.models.weights import load_state_dict_file, save_state_dict_file
 from animegamer.states import CharacterState, StateValues
 from animegamer.tokens import STATE_FIELDS, SequenceLayout, TurnSpec
@@ -78,6 +86,7 @@ class TurnPrediction:
     values: StateValues
     prompt_tokens: int  # length of the prefilled prompt
     value_probs: dict[str, dict[int, float]] = field(default_factory=dict)  # field -> value -> p over valid values
+    release_values: list[int] | None = None  # compat released: [ML, SC, ET, ST] as parsed (values: clamped)
 
 
 def validate_instruction(text: str, tokenizer: Any, base_vocab: int, max_tokens: int, where: str = "") -> list[int]:
@@ -87,7 +96,8 @@ def validate_instruction(text: str, tokenizer: Any, base_vocab: int, max_tokens:
         raise InstructionError(f"{prefix}empty instruction")
     shown = repr(text[:60]) + ("..." if len(text) > 60 else "")
     ids = list(tokenizer.encode(text, add_special_tokens=False))
-    reserved = [tokenizer.convert_ids_to_tokens(i) for i in ids if i >= base_vocab]
+    special = set(tokenizer.all_special_ids)  # </s> or <unk> typed into an instruction would end or confuse a turn
+    reserved = [tokenizer.convert_ids_to_tokens(i) for i in ids if i >= base_vocab or i in special]
     if reserved:
         raise InstructionError(f"{prefix}instruction contains the reserved token(s) {reserved[:3]}: {shown}")
     if len(ids) > max_tokens:
@@ -154,17 +164,34 @@ def decode_states(model, prefilled: PrefilledTurn) -> tuple[dict[str, int], dict
 
 
 @torch.no_grad()
-def predict_turn(model, history: list[HistoryTurn], instruction: str) -> TurnPrediction:
-    """Predict the next turn from ``history`` (used as given: window it first) and the instruction."""
+def predict_turn(model, history: list[HistoryTurn], instruction: str, compat: str = "fixed") -> TurnPrediction:
+    """Predict the next turn from ``history`` (used as given: window it first) and the instruction.
+
+    ``compat`` matters for converted official weights only: ``released`` replays the release's turn
+    (:func:`animegamer.official.agent.released_turn`), ``fixed`` is this path with the frame-block shot pass.
+    """
+    from animegamer.official import agent
+
+    official = getattr(model, "official", False)
     was_training = model.training
     model.eval()
     try:
+        if official and compat == "released":
+            past = [agent.ReleaseHistory(h.instruction, h.shot_embeds) for h in history]
+            turn = agent.released_turn(model, past, instruction)
+            return TurnPrediction(
+                turn.shot_embeds.float().cpu(), turn.values, turn.prompt_tokens, release_values=turn.release_values
+            )
         prefilled = prefill_turn(model, history, instruction)
         chosen, probs = decode_states(model, prefilled)
+        shot_embeds = prefilled.shot_embeds
+        if official:
+            shots = torch.stack([h.shot_embeds for h in history]) if history else None  # (M, N, shot_dim)
+            shot_embeds = agent.shot_pass(model, prefilled.sequence, shots, last_positions=False)["shot_embeds"]
     finally:
         model.train(was_training)
     return TurnPrediction(
-        shot_embeds=prefilled.shot_embeds.float().cpu(),
+        shot_embeds=shot_embeds.float().cpu(),
         values=model.layout.decode_values(chosen),
         prompt_tokens=len(prefilled.sequence),
         value_probs=probs,
@@ -182,9 +209,12 @@ class PlayedTurn:
 class MLLMRunner:
     """Plays instructions with a sliding window of the last ``history_turns`` turns (the prompt never grows)."""
 
-    def __init__(self, model, history_turns: int = 1, max_instruction_tokens: int = 96):
+    def __init__(self, model, history_turns: int = 1, max_instruction_tokens: int = 96, compat: str = "fixed"):
         if history_turns < 0:
             raise ValueError(f"history_turns={history_turns} must be >= 0")
+        if compat not in ("released", "fixed"):
+            raise ValueError(f"compat must be released or fixed, got {compat!r}")
+        self.compat = compat
         self.model = model.eval()
         self.history_turns = history_turns
         self.max_instruction_tokens = max_instruction_tokens
@@ -200,7 +230,7 @@ class MLLMRunner:
     def predict_turn(self, history: list[HistoryTurn], instruction: str) -> TurnPrediction:
         """Validate the instruction, keep the last ``history_turns`` of ``history``, predict."""
         self.validate(instruction)
-        return predict_turn(self.model, self.window(history), instruction)
+        return predict_turn(self.model, self.window(history), instruction, self.compat)
 
     def play(self, instructions: list[str], state: CharacterState | None = None) -> Iterator[PlayedTurn]:
         """Play instructions in order, feeding each prediction back as history; yields every turn."""
@@ -209,7 +239,7 @@ class MLLMRunner:
         state = state or CharacterState()
         history: list[HistoryTurn] = []
         for index, text in enumerate(instructions):
-            prediction = predict_turn(self.model, self.window(history), text)
+            prediction = predict_turn(self.model, self.window(history), text, self.compat)
             state = state.update(prediction.values)
             history = self.window([*history, HistoryTurn(text, prediction.shot_embeds, prediction.values)])
             yield PlayedTurn(index, text, prediction, state)
@@ -241,6 +271,7 @@ def turn_record(turn: PlayedTurn) -> dict[str, Any]:
         "character_state": turn.state.to_dict(),
         "prompt_tokens": turn.prediction.prompt_tokens,
         "value_probs": {k: {str(v): p for v, p in d.items()} for k, d in turn.prediction.value_probs.items()},
+        **({"release_values": turn.prediction.release_values} if turn.prediction.release_values is not None else {}),
     }
 
 
@@ -261,17 +292,49 @@ def write_game(output_dir: str | Path, records: list[dict[str, Any]], summary: d
 
 
 def load_results(output_dir: str | Path) -> tuple[dict[str, Any], list[tuple[dict[str, Any], torch.Tensor]]]:
-    """(game.json, [(state.json, shot_embeds (N, shot_dim)) per turn]) of a results directory."""
+    """(game.json, [(state.json, shot_embeds (N, shot_dim)) per turn]) of a results directory.
+
+    The directory is untrusted input: turn ``i``'s ``dir`` must be ``turn_{i:03d}`` and its files must lie inside
+    ``output_dir`` once symlinks are followed; records and shots are checked (``check_shot``). ValueError naming
+    the file otherwise."""
     out = Path(output_dir)
     game_file = out / GAME_FILE
     if not game_file.is_file():
         raise FileNotFoundError(f"no MLLM results in {out} ({GAME_FILE} missing); run inference_MLLM.py first")
-    game = json.loads(game_file.read_text())
+    game = _read_json(game_file)
     if game.get("format") != RESULTS_FORMAT:
         raise ValueError(f"{game_file}: unknown results format {game.get('format')!r}")
+    mllm, seed = game.get("mllm"), game.get("seed")
+    if not isinstance(game.get("turns"), list) or not isinstance(mllm, dict) or type(seed) is not int:
+        raise ValueError(f"{game_file}: 'turns' must be a list, 'mllm' a mapping and 'seed' an integer")
+    shape = (mllm.get("num_slots"), mllm.get("shot_dim"))
     turns = []
-    for entry in game["turns"]:
-        folder = out / entry["dir"]
-        state = json.loads((folder / STATE_FILE).read_text())
-        turns.append((state, load_state_dict_file(folder / SHOT_FILE)["shot_embeds"]))
+    for index, entry in enumerate(game["turns"]):
+        where = f"{game_file}: turns[{index}]"
+        expected = turn_dir(".", index).name
+        if not isinstance(entry, dict) or entry.get("dir") != expected:
+            raise ValueError(f"{where}: 'dir' must be {expected!r}")
+        state_file, shot_file = (path_inside(out, Path(expected) / name) for name in (STATE_FILE, SHOT_FILE))
+        state = _read_json(state_file)
+        try:
+            if state.get("turn") != index or not isinstance(state.get("instruction"), str):
+                raise ValueError("'turn' or 'instruction' is wrong")
+            StateValues(**state["values"])
+            CharacterState.from_dict(state["character_state"])
+            shot = check_shot(load_state_dict_file(shot_file)["shot_embeds"], SHOT_FILE, shape)
+        except (KeyError, TypeError, ValueError, SafetensorError) as exc:  # TagError and SaveError are ValueErrors
+            raise ValueError(f"{state_file.parent}: not a turn written by inference_MLLM.py ({exc})") from None
+        turns.append((state, shot))
     return game, turns
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: not readable JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+    return data

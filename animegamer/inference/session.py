@@ -66,7 +66,13 @@ class MLLMPredictor:
     def __init__(self, runner: MLLMRunner, device: str, offload: bool = False):
         self.runner, self.device, self.offload = runner, device, offload
 
+    @property
+    def shot_shape(self) -> tuple[int, int]:
+        """(num_slots, shot_dim) of the shots this model predicts and reads back as history."""
+        return self.runner.model.num_slots, self.runner.model.shot_dim
+
     def validate(self, instruction: str) -> None:
+        """The live check of an instruction (token count, reserved tokens): InstructionError (a ValueError)."""
         self.runner.validate(instruction)
 
     def predict_turn(self, history: list[HistoryTurn], instruction: str) -> TurnPrediction:
@@ -91,6 +97,18 @@ class DecoderRenderer:
                 generator=generator,
             )
         return frames[0].numpy()
+
+
+def check_checkpoints(cfg: InferenceConfig, mllm: bool = True, decoder: bool = True) -> None:
+    """Resolve the configured checkpoints before any model loads, so a wrong path costs no loading time:
+    FileNotFoundError naming the key. An empty string means "no checkpoint" (untrained parts, with a warning)."""
+    for key, wanted in (("mllm_checkpoint", mllm), ("decoder_checkpoint", decoder)):
+        value = getattr(cfg, key)
+        if wanted and value:
+            try:
+                resolve_checkpoint(value)
+            except FileNotFoundError as exc:
+                raise FileNotFoundError(f"{key}={value}: {exc} (set {key}='' to run untrained parts)") from None
 
 
 def load_mllm_predictor(cfg: InferenceConfig, device: str, offload: bool) -> MLLMPredictor:
@@ -132,7 +150,9 @@ def load_renderer(cfg: InferenceConfig, device: str, offload: bool) -> DecoderRe
 
 
 def build_session(cfg: InferenceConfig, render: bool = True, output_dir: str | Path | None = None) -> GameSession:
-    """The predictor and (if ``render``) the renderer of ``cfg``, in a fresh :class:`GameSession`."""
+    """The predictor and (if ``render``) the renderer of ``cfg``, in a fresh :class:`GameSession`.
+    A missing checkpoint raises FileNotFoundError before any model loads."""
+    check_checkpoints(cfg, decoder=render)
     device = resolve_device(cfg.device)
     offload = cfg.offload == "sequential" and device != "cpu"
     torch.manual_seed(cfg.seed)

@@ -1,0 +1,206 @@
+"""Reading a saved game (``GameSession.save``) as untrusted input.
+
+A save may come from another player, a browser upload or a hand edit, so nothing in it is believed until checked:
+exactly the expected keys with the expected types, one float32 shot of the model's shape per turn with finite
+values, turn indices 0..n-1, state values in range and character states that follow from them by the game's rule,
+instructions that pass the same checks as a live instruction (characters, tokens, reserved tokens), and the
+history window K the running game uses. Any violation raises one :class:`SaveError` naming the file and the field.
+
+Clip paths recorded in a save are never used: a loaded game renders its clips again into its own output directory
+(a path read from a file could name any file on the machine, which the browser game would then serve).
+
+Format ``animegamer-game-v1``: a safetensors file whose metadata ``"game"`` holds JSON
+``{"format", "seed", "history_turns", "turns": [{"index", "instruction", "values", "state", "prompt_tokens",
+"clip", "gif"}]}`` and whose tensors are ``turn_00000``… ``(num_slots, shot_dim)`` float32 (``empty`` when no turn).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from animegamer.states import (
+    MAX_INSTRUCTION_CHARS,
+    STATE_MAX,
+    STATE_MIN,
+    CharacterState,
+    StateValues,
+    TagError,
+    parse_instruction,
+)
+
+SAVE_FORMAT = "animegamer-game-v1"
+SAVE_KEYS = frozenset({"format", "seed", "history_turns", "turns"})
+TURN_KEYS = frozenset({"index", "instruction", "values", "state", "prompt_tokens", "clip", "gif"})
+MAX_PROMPT_TOKENS = 10**7  # far above any real prompt; only a forged count reaches it
+
+
+class SaveError(ValueError):
+    """A saved game that cannot be loaded; the message names the file and the field."""
+
+
+@dataclass
+class SavedTurn:
+    index: int
+    instruction: str
+    values: StateValues
+    state: CharacterState  # after this turn
+    shot_embeds: torch.Tensor  # (N, H) float32, finite
+    prompt_tokens: int
+
+
+@dataclass
+class SavedGame:
+    seed: int
+    history_turns: int
+    turns: list[SavedTurn]
+
+
+def turn_key(index: int) -> str:
+    return f"turn_{index:05d}"
+
+
+def _int(value: Any, field: str, low: int, high: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise SaveError(f"{field}: expected an integer, got {type(value).__name__}")
+    if not low <= value <= high:
+        raise SaveError(f"{field}: {value} is outside {low}..{high}")
+    return value
+
+
+def _dict(value: Any, field: str, keys: frozenset[str]) -> dict:
+    if not isinstance(value, dict):
+        raise SaveError(f"{field}: expected a mapping, got {type(value).__name__}")
+    missing, extra = sorted(keys - value.keys()), sorted(value.keys() - keys)
+    if missing or extra:
+        raise SaveError(f"{field}: " + "; ".join(
+            ([f"missing key(s) {missing}"] if missing else []) + ([f"unknown key(s) {extra}"] if extra else [])))
+    return value
+
+
+def check_shot(tensor: torch.Tensor, field: str, shape: tuple[int, int] | None = None) -> torch.Tensor:
+    """A shot representation from a file: float32, 2-D (of ``shape`` if given), every value finite."""
+    if tensor.dtype != torch.float32:
+        raise SaveError(f"{field}: dtype {tensor.dtype}, expected torch.float32")
+    if tensor.ndim != 2 or (shape is not None and tuple(tensor.shape) != tuple(shape)):
+        expected = tuple(shape) if shape is not None else "(num_slots, shot_dim)"
+        raise SaveError(f"{field}: shape {tuple(tensor.shape)}, expected {expected}")
+    if not torch.isfinite(tensor).all():
+        raise SaveError(f"{field}: holds NaN or infinite values")
+    return tensor
+
+
+def _names(cls: type) -> frozenset[str]:
+    return frozenset(f.name for f in fields(cls))
+
+
+def _instruction(value: Any, field: str, max_chars: int, validate: Callable[[str], None] | None) -> str:
+    if not isinstance(value, str):
+        raise SaveError(f"{field}: expected a string, got {type(value).__name__}")
+    try:
+        text = parse_instruction(value, max_chars=max_chars).render()
+        if validate is not None:
+            validate(text)
+    except ValueError as exc:  # TagError, InstructionError
+        raise SaveError(f"{field}: {exc}") from None
+    if text != value:
+        raise SaveError(f"{field}: not in the form the game saves ({value[:60]!r})")
+    return text
+
+
+def _read_file(path: Path) -> tuple[Any, set[str], dict[str, torch.Tensor]]:
+    """(parsed metadata JSON, every tensor key, the turns' tensors); a tensor's dtype and rank are checked
+    before its data is read."""
+    if not path.is_file():
+        raise FileNotFoundError(f"saved game not found: {path}")
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as fh:
+            raw = (fh.metadata() or {}).get("game")
+            if raw is None:
+                raise SaveError("not an animegamer saved game (no 'game' metadata)")
+            keys, shots = set(fh.keys()), {}
+            for key in sorted(keys - {"empty"}):  # "empty": the placeholder of a save with no turn, never read
+                view = fh.get_slice(key)
+                if view.get_dtype() != "F32" or len(view.get_shape()) != 2:
+                    raise SaveError(f"tensor {key}: dtype {view.get_dtype()} shape {tuple(view.get_shape())}, "
+                                    "expected F32 (num_slots, shot_dim)")
+                shots[key] = fh.get_tensor(key)
+    except (OSError, SafetensorError) as exc:
+        raise SaveError(f"not an animegamer saved game ({exc})") from None
+    try:
+        return json.loads(raw), keys, shots
+    except json.JSONDecodeError as exc:
+        raise SaveError(f"metadata 'game' is not valid JSON ({exc.msg})") from None
+
+
+def read_save(
+    path: str | Path,
+    *,
+    history_turns: int,
+    shot_shape: tuple[int, int] | None = None,
+    validate_instruction: Callable[[str], None] | None = None,
+    max_instruction_chars: int = MAX_INSTRUCTION_CHARS,
+) -> SavedGame:
+    """Read and check a saved game for a session that runs ``history_turns`` (K) with shots of ``shot_shape``.
+
+    ``validate_instruction`` is the predictor's live check (token count, reserved tokens); every history
+    instruction must pass it, since the MLLM reads them all again. Raises :class:`SaveError` (a ValueError)
+    naming ``path`` and the field, or FileNotFoundError.
+    """
+    path = Path(path)
+    try:
+        return _read_save(path, history_turns, shot_shape, validate_instruction, max_instruction_chars)
+    except SaveError as exc:
+        raise SaveError(f"{path}: {exc}") from None
+
+
+def _read_save(path: Path, history_turns: int, shot_shape, validate, max_chars: int) -> SavedGame:
+    meta, keys, shots = _read_file(path)
+    meta = _dict(meta, "game", SAVE_KEYS)
+    if meta["format"] != SAVE_FORMAT:
+        raise SaveError(f"format: {meta['format']!r} is not {SAVE_FORMAT!r}")
+    seed = _int(meta["seed"], "seed", 0, 2**63 - 1)
+    saved_k = _int(meta["history_turns"], "history_turns", 0, 10**6)
+    if saved_k != history_turns:
+        raise SaveError(f"history_turns: the game was played with K={saved_k} earlier turns in the MLLM's window, "
+                        f"this game runs K={history_turns} (start it with history_turns={saved_k} to continue it)")
+    if not isinstance(meta["turns"], list):
+        raise SaveError(f"turns: expected a list, got {type(meta['turns']).__name__}")
+    expected_keys = {turn_key(i) for i in range(len(meta["turns"]))} or {"empty"}
+    if keys != expected_keys:
+        raise SaveError(f"tensors: {sorted(keys)[:4]} do not match the {len(meta['turns'])} turns "
+                        f"(expected {sorted(expected_keys)[:4]})")
+    for key, shot in shots.items():
+        check_shot(shot, f"tensor {key}", shot_shape)
+    shapes = {tuple(t.shape) for t in shots.values()}
+    if len(shapes) > 1:
+        raise SaveError(f"tensors: turns have different shapes {sorted(shapes)}")
+
+    turns, state = [], CharacterState()
+    for position, raw in enumerate(meta["turns"]):
+        field = f"turns[{position}]"
+        raw = _dict(raw, field, TURN_KEYS)
+        _int(raw["index"], f"{field}.index", position, position)
+        instruction = _instruction(raw["instruction"], f"{field}.instruction", max_chars, validate)
+        try:
+            values = StateValues(**_dict(raw["values"], f"{field}.values", _names(StateValues)))
+        except TagError as exc:
+            raise SaveError(f"{field}.values: {exc}") from None
+        state = state.update(values)
+        recorded = _dict(raw["state"], f"{field}.state", _names(CharacterState))
+        for name, value in recorded.items():
+            _int(value, f"{field}.state.{name}", STATE_MIN, STATE_MAX)
+        if recorded != state.to_dict():
+            raise SaveError(f"{field}.state: {recorded} does not follow from the values played ({state.to_dict()})")
+        prompt_tokens = _int(raw["prompt_tokens"], f"{field}.prompt_tokens", 0, MAX_PROMPT_TOKENS)
+        for name in ("clip", "gif"):  # recorded for the player's information; never opened (see module doc)
+            if not isinstance(raw[name], str):
+                raise SaveError(f"{field}.{name}: expected a string, got {type(raw[name]).__name__}")
+        turns.append(SavedTurn(position, instruction, values, state, shots[turn_key(position)], prompt_tokens))
+    return SavedGame(seed, saved_k, turns)

@@ -1,0 +1,329 @@
+"""Saved games and results directories are untrusted input; the games survive bad files and Ctrl-C; entry points
+reject bad settings with one line before any model loads."""
+
+import importlib.util
+import io
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from animegamer.config import load_config
+from animegamer.data.video import probe_video
+from animegamer.inference.game import GameSession
+from animegamer.inference.mllm_runner import PlayedTurn, TurnPrediction, load_results, write_game, write_turn
+from animegamer.inference.session import build_session
+from animegamer.inference.web import WebGame
+from animegamer.io import path_inside
+from animegamer.play import run
+from animegamer.states import CharacterState, StateValues
+from tests.test_game import GAME, TINY, tiny_overrides
+
+ROOT = Path(__file__).resolve().parents[1]
+K = 2  # history_turns of tiny_overrides
+
+
+@pytest.fixture(scope="module")
+def played(tiny_mistral_dir, tiny_cogvideox_dir, tmp_path_factory):
+    """A rendered two-turn game of the tiny models and its save file."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    cfg = load_config(TINY, tiny_overrides(tiny_mistral_dir, tiny_cogvideox_dir, tmp_path_factory.mktemp("play")))
+    session = build_session(cfg)
+    for text in GAME[:2]:
+        session.play(text)
+    save = session.save(tmp_path_factory.mktemp("save") / "game.save")
+    yield session, save
+    torch.set_num_threads(before)
+
+
+def rewrite(save: Path, out: Path, meta_fn=None, tensors_fn=None) -> Path:
+    """A copy of ``save`` with its metadata JSON and/or tensors changed by the given functions."""
+    with safe_open(str(save), framework="pt") as fh:
+        meta = json.loads(fh.metadata()["game"])
+        tensors = {k: fh.get_tensor(k) for k in fh.keys()}
+    if meta_fn is not None:
+        meta = meta_fn(meta)
+    if tensors_fn is not None:
+        tensors = tensors_fn(tensors)
+    save_file(tensors, str(out), metadata={"game": meta if isinstance(meta, str) else json.dumps(meta)})
+    return out
+
+
+def put(**items):
+    """A change of a mapping (the save's metadata or its tensors): these keys set."""
+    return lambda mapping: {**mapping, **items}
+
+
+def drop(key):
+    return lambda mapping: {k: v for k, v in mapping.items() if k != key}
+
+
+def turn0(key, value):
+    """A change of the first turn's record: ``key`` set to ``value``."""
+    def change(meta):
+        meta["turns"][0][key] = value
+        return meta
+    return change
+
+
+def nan_shot(tensors):
+    tensors["turn_00000"][3, 5] = math.nan
+    return tensors
+
+
+BAD_SAVES = {
+    "missing-key": (drop("seed"), None, r"game: missing key\(s\) \['seed'\]"),
+    "unknown-key": (put(extra=1), None, r"game: unknown key\(s\) \['extra'\]"),
+    "not-json": (lambda m: "{not json", None, "metadata 'game' is not valid JSON"),
+    "not-a-mapping": (lambda m: [1, 2], None, "game: expected a mapping"),
+    "format": (put(format="other"), None, "format: 'other'"),
+    "seed-type": (put(seed="42"), None, "seed: expected an integer, got str"),
+    "seed-bool": (put(seed=True), None, "seed: expected an integer, got bool"),
+    "negative-k": (put(history_turns=-1), None, "history_turns: -1 is outside"),
+    "other-k": (put(history_turns=5), None, "history_turns: the game was played with K=5"),
+    "turns-type": (put(turns={"0": 1}), None, "turns: expected a list"),
+    "index": (turn0("index", 1), None, r"turns\[0\].index: 1 is outside 0..0"),
+    "values-none": (turn0("values", None), None, r"turns\[0\].values: expected a mapping, got NoneType"),
+    "turn-missing-key": (lambda m: put(turns=[drop("prompt_tokens")(m["turns"][0]), *m["turns"][1:]])(m), None,
+                         r"turns\[0\]: missing key\(s\) \['prompt_tokens'\]"),
+    "instruction-type": (turn0("instruction", 5), None, r"turns\[0\].instruction: expected a string"),
+    "instruction-chars": (turn0("instruction", "run " * 25_000), None, "instruction is 99999 characters"),
+    "instruction-tokens": (turn0("instruction", " ".join(["zq"] * 130)), None, "mllm.max_instruction_tokens=96"),
+    "layout-token": (turn0("instruction", "Qiqi <ANIME_3> runs"), None, r"reserved token\(s\) \['<ANIME_3>'\]"),
+    "eos-token": (turn0("instruction", "Qiqi </s> runs"), None, r"reserved token\(s\) \['</s>'\]"),
+    "not-canonical": (turn0("instruction", "  Qiqi   runs "), None, "not in the form the game saves"),
+    "value-range": (turn0("values", {"motion_level": 9, "social": 0, "entertainment": 0, "stamina": 0}), None,
+                    r"turns\[0\].values: .*motion_level"),
+    "value-type": (turn0("values", {"motion_level": "3", "social": 0, "entertainment": 0, "stamina": 0}), None,
+                   r"turns\[0\].values"),
+    "state-forged": (turn0("state", {"stamina": 100, "social": 100, "entertainment": 100}), None,
+                     r"turns\[0\].state: .* does not follow from the values played"),
+    "state-type": (turn0("state", {"stamina": "50", "social": 50, "entertainment": 50}), None,
+                   r"turns\[0\].state.stamina: expected an integer"),
+    "prompt-tokens": (turn0("prompt_tokens", -4), None, r"turns\[0\].prompt_tokens: -4 is outside"),
+    "clip-type": (turn0("clip", ["/etc/passwd"]), None, r"turns\[0\].clip: expected a string"),
+    "nan-shot": (None, nan_shot, "tensor turn_00000: holds NaN or infinite values"),
+    "shot-shape": (None, put(turn_00001=torch.zeros(10, 32)),
+                   r"tensor turn_00001: shape \(10, 32\), expected \(226, 32\)"),
+    "shot-dtype": (None, lambda t: put(turn_00001=t["turn_00001"].half())(t), "tensor turn_00001: dtype F16"),
+    "shot-rank": (None, lambda t: put(turn_00001=t["turn_00001"][None])(t), "tensor turn_00001: .* shape"),
+    "extra-tensor": (None, lambda t: put(turn_00002=t["turn_00001"].clone())(t), "tensors: .* do not match the 2"),
+    "missing-tensor": (None, drop("turn_00001"), "tensors: .* do not match the 2 turns"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_SAVES))
+def test_bad_save_is_one_value_error_naming_the_field(played, tmp_path, case):
+    session, save = played
+    meta_fn, tensors_fn, needle = BAD_SAVES[case]
+    bad = rewrite(save, tmp_path / "bad.save", meta_fn, tensors_fn)
+    with pytest.raises(ValueError, match=needle) as info:
+        GameSession.load(bad, session.predictor, None, tmp_path, history_turns=K)
+    message = str(info.value)
+    assert message.startswith(f"{bad}: ") and "\n" not in message
+
+
+def test_good_save_loads_without_its_clip_paths(played, tmp_path):
+    session, save = played
+    loaded = GameSession.load(save, session.predictor, None, tmp_path, history_turns=K)
+    assert [t.instruction for t in loaded.turns] == [t.instruction for t in session.turns]
+    assert [t.state for t in loaded.turns] == [t.state for t in session.turns]
+    assert all(torch.equal(a.shot_embeds, b.shot_embeds) for a, b in zip(loaded.turns, session.turns, strict=True))
+    assert session.turns[-1].clip and all(t.clip == "" and t.gif == "" for t in loaded.turns)
+    assert loaded.history_turns == K and loaded.seed == session.seed
+
+
+def test_web_load_serves_only_files_inside_the_tab_folder(played, tmp_path):
+    session, save = played
+    game = WebGame(session.predictor, session.renderer, K, tmp_path / "web")
+    readme = str(ROOT / "README.md")
+
+    def point_clips(target):
+        def change(meta):
+            for turn in meta["turns"]:
+                turn["clip"] = turn["gif"] = target
+            return meta
+        return change
+
+    for target in (readme, "/etc/passwd", "../../README.md"):
+        hostile = rewrite(save, tmp_path / "hostile.save", point_clips(target))
+        loaded, status, video, *_ = game.load(str(hostile), None)
+        assert status == "Loaded 2 turns." and len(loaded.turns) == 2
+        assert video is not None and Path(video).suffix == ".mp4"
+        assert path_inside(loaded.output_dir, video) == Path(video).resolve()  # re-rendered in the tab's folder
+        assert Path(loaded.output_dir).resolve().is_relative_to((tmp_path / "web").resolve())
+        assert probe_video(video).num_frames == 9
+
+    # the view itself refuses any clip outside the session folder, symlinks followed
+    (Path(loaded.output_dir) / "turn_009.mp4").symlink_to(readme)
+    for path in (readme, "/etc/passwd", str(Path(loaded.output_dir) / "turn_009.mp4")):
+        loaded.turns[-1].clip = path
+        assert game.view(loaded, "")[2] is None
+
+    # a bad save: the current game stays, the status names the field
+    bad = rewrite(save, tmp_path / "nan.save", None, nan_shot)
+    kept, status, *_ = game.load(str(bad), loaded)
+    assert kept is loaded and "Not loaded" in status and "turn_00000: holds NaN" in status
+    other_k = WebGame(session.predictor, session.renderer, K + 1, tmp_path / "web3")
+    kept, status, *_ = other_k.load(str(save), None)
+    assert kept is None and "history_turns: the game was played with K=2" in status
+
+
+def _results_dir(tmp_path: Path) -> Path:
+    out = tmp_path / "results"
+    values = StateValues(motion_level=2, social=1, entertainment=0, stamina=-1)
+    turns = [PlayedTurn(i, f"Qiqi runs {i}", TurnPrediction(torch.randn(8, 4), values, 40), CharacterState())
+             for i in range(2)]
+    records = [write_turn(out, t) for t in turns]
+    write_game(out, records, {"seed": 1, "mllm": {"num_slots": 8, "shot_dim": 4}}, complete=True)
+    return out
+
+
+def test_load_results_keeps_every_path_inside_the_results_dir(tmp_path):
+    out = _results_dir(tmp_path)
+    game, turns = load_results(out)
+    assert len(turns) == 2 and turns[1][1].shape == (8, 4)
+    original = json.loads((out / "game.json").read_text())
+
+    def with_dir(value):
+        game = json.loads(json.dumps(original))
+        game["turns"][1]["dir"] = value
+        (out / "game.json").write_text(json.dumps(game))
+
+    (tmp_path / "elsewhere").mkdir()
+    for bad in ("..", "../elsewhere", "/etc", str(out / "turn_001"), "turn_000", "README.md", 5):
+        with_dir(bad)
+        with pytest.raises(ValueError, match=r"turns\[1\]: 'dir' must be 'turn_001'"):
+            load_results(out)
+    with_dir("turn_001")
+    # a symlinked turn folder (or file) pointing outside is refused though its name is right
+    (out / "turn_001").rename(tmp_path / "elsewhere" / "turn_001")
+    (out / "turn_001").symlink_to(tmp_path / "elsewhere" / "turn_001")
+    with pytest.raises(ValueError, match="is outside"):
+        load_results(out)
+    (out / "turn_001").unlink()
+    (out / "turn_001").mkdir()
+    (out / "turn_001" / "state.json").symlink_to(tmp_path / "elsewhere" / "turn_001" / "state.json")
+    with pytest.raises(ValueError, match="is outside"):
+        load_results(out)
+
+
+def test_load_results_checks_records_and_shots(tmp_path):
+    out = _results_dir(tmp_path)
+    save_file({"shot_embeds": torch.full((8, 4), math.nan)}, str(out / "turn_001" / "shot_embeds.safetensors"))
+    with pytest.raises(ValueError, match="turn_001: not a turn written by inference_MLLM.py .*NaN"):
+        load_results(out)
+    out = _results_dir(tmp_path / "b")
+    state = json.loads((out / "turn_000" / "state.json").read_text())
+    state["values"]["motion_level"] = 0
+    (out / "turn_000" / "state.json").write_text(json.dumps(state))
+    with pytest.raises(ValueError, match="turn_000: not a turn written by inference_MLLM.py .*motion_level"):
+        load_results(out)
+    (out / "game.json").write_text("{broken")
+    with pytest.raises(ValueError, match="game.json: not readable JSON"):
+        load_results(out)
+
+
+def test_terminal_load_of_a_bad_save_keeps_the_game(played, tmp_path):
+    session, save = played
+    game = GameSession(session.predictor, None, history_turns=K, output_dir=tmp_path)
+    no_turns = rewrite(save, tmp_path / "a.save", drop("turns"))
+    turns_int = rewrite(save, tmp_path / "b.save", put(turns=5))
+    script = io.StringIO("\n".join([GAME[0], f":load {no_turns}", f":load {turns_int}", f":load {tmp_path}",
+                                    GAME[1], ":quit"]))
+    out = io.StringIO()
+    final = run(game, script, out)
+    lines = out.getvalue().splitlines()
+    errors = [line for line in lines if line.startswith("error: ")]
+    assert len(errors) == 3 and "missing key(s) ['turns']" in errors[0] and "turns: expected a list" in errors[1]
+    assert "saved game not found" in errors[2]
+    assert len(final.turns) == 2 and final.turns[1].instruction == GAME[1]
+
+
+class InterruptOnce:
+    """The real renderer, but the first render is interrupted as by Ctrl-C (after the MLLM has predicted)."""
+
+    def __init__(self, renderer):
+        self.renderer, self.fps, self.armed = renderer, renderer.fps, True
+
+    def render(self, *args):
+        if self.armed:
+            self.armed = False
+            raise KeyboardInterrupt
+        return self.renderer.render(*args)
+
+
+class InterruptedInput(io.StringIO):
+    """Lines of a script; the first read is interrupted as by Ctrl-C at the prompt."""
+
+    armed = True
+
+    def readline(self, *args):
+        if self.armed:
+            self.armed = False
+            raise KeyboardInterrupt
+        return super().readline(*args)
+
+
+def test_ctrl_c_cancels_the_turn_and_keeps_the_game(played, tmp_path):
+    session, _ = played
+    game = GameSession(session.predictor, None, history_turns=K, output_dir=tmp_path)
+    game.play(GAME[0])
+    game.renderer = InterruptOnce(session.renderer)
+    out = io.StringIO()
+    final = run(game, InterruptedInput("\n".join([GAME[1], ":state", GAME[1], ":quit"])), out)
+    text = out.getvalue()
+    assert "interrupted: type :quit to leave" in text  # Ctrl-C at the prompt
+    assert "cancelled; the game is as it was (1 turns)" in text  # Ctrl-C during the turn
+    assert len(final.turns) == 2 and "turn 1:" in text
+    # the cancelled turn left nothing behind: the replayed turn is the one the uninterrupted game played
+    again, original = final.turns[1], session.turns[1]
+    assert again.values == original.values and again.state == original.state
+    assert torch.equal(again.shot_embeds, original.shot_embeds)
+
+
+def _entry(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+ENTRY_POINTS = ["inference_MLLM", "inference_Decoder", "app", "play"]
+BAD_SETTINGS = [
+    ("device=tpu", "device='tpu' is not a device"),
+    ("history_turns=-3", "history_turns=-3 must be >= 0"),
+    ("decoder_checkpoint=/nonexistent", "decoder_checkpoint=/nonexistent"),
+    ("mllm_checkpoint=/nonexistent", "mllm_checkpoint=/nonexistent"),
+]
+
+
+NOT_READ = {("inference_MLLM", "decoder_checkpoint"), ("inference_Decoder", "mllm_checkpoint")}
+
+
+@pytest.mark.parametrize(
+    "entry, setting, needle",
+    [(e, s, n) for e in ENTRY_POINTS for s, n in BAD_SETTINGS if (e, s.split("=")[0]) not in NOT_READ],
+)
+def test_bad_setting_is_one_line_before_any_model(entry, setting, needle, tiny_mistral_dir, tmp_path, monkeypatch,
+                                                  capsys):
+    from animegamer.models.decoder import AnimationShotDecoder
+    from animegamer.models.mllm import AnimeGamerMLLM
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was loaded before the settings were checked")
+
+    monkeypatch.setattr(AnimeGamerMLLM, "from_config", no_model)
+    monkeypatch.setattr(AnimationShotDecoder, "from_config", no_model)
+    main = _entry(entry) if entry != "play" else importlib.import_module("animegamer.play").main
+    with pytest.raises(SystemExit) as info:
+        main(["--config", str(TINY), f"output_dir={tmp_path}", f"game={ROOT / 'game_demo' / 'demo.txt'}",
+              f"mllm.pretrained={tiny_mistral_dir}", "mllm_checkpoint=", "decoder_checkpoint=", setting])
+    err = capsys.readouterr().err
+    assert info.value.code == 2
+    assert err.startswith("error: ") and err.count("\n") == 1 and needle in err
