@@ -307,6 +307,21 @@ def test_malformed_manifest_is_one_clear_error(data, tmp_path, capsys):
     assert f"{manifest}:2" in capsys.readouterr().err
 
 
+def test_a_bad_resume_fails_in_one_line_and_leaves_the_finished_run_alone(data, tmp_path, capsys):
+    out = _run(tmp_path / "done", data, "train.max_steps=1", "warmup_steps=0", "train.checkpoint_every=1")
+    kept = {name: (out / name).read_bytes() for name in ("config.yaml", "run_info.json", "metrics.csv")}
+    weights = out / "checkpoints" / "step_0000001" / "encoder" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-10])
+    capsys.readouterr()
+    for resume, needle in [("latest", f"{weights}: damaged or truncated"),
+                           (str(tmp_path / "nonexistent"), "checkpoint not found")]:
+        with pytest.raises(SystemExit) as exit_info:
+            _run(out, data, "train.max_steps=2", "--resume", resume)
+        err = capsys.readouterr().err.strip()
+        assert exit_info.value.code == 2 and err.startswith("error: ") and needle in err and "\n" not in err, err
+        assert {name: (out / name).read_bytes() for name in kept} == kept
+
+
 def _free_port() -> int:
     import socket
 

@@ -306,3 +306,18 @@ def test_configs_line_up_with_stages_a_and_b():
         assert c.predictions_cache == ""  # <output_dir>/predictions
     inference = load_config(ROOT / "configs" / "tiny" / "inference.yaml")
     assert inference.decoder_checkpoint == f"{tiny.output_dir}/checkpoints/latest"
+
+
+def test_a_bad_resume_fails_in_one_line_and_leaves_the_finished_run_alone(runs, tmp_path, capsys):
+    out = train_stage_c.main(_argv(runs, tmp_path / "done", "train.max_steps=1", "train.checkpoint_every=1"))
+    kept = {name: (out / name).read_bytes() for name in ("config.yaml", "run_info.json", "metrics.csv")}
+    optimizer = out / "checkpoints" / "step_0000001" / "optimizer.bin"
+    optimizer.write_bytes(optimizer.read_bytes()[:100])
+    capsys.readouterr()
+    for resume, needle in [("latest", f"{optimizer}: damaged or truncated"),
+                           (str(tmp_path / "nonexistent"), "checkpoint not found")]:
+        with pytest.raises(SystemExit) as exit_info:
+            train_stage_c.main(_argv(runs, out, "train.max_steps=2", "--resume", resume))
+        err = capsys.readouterr().err.strip()
+        assert exit_info.value.code == 2 and err.startswith("error: ") and needle in err and "\n" not in err, err
+        assert {name: (out / name).read_bytes() for name in kept} == kept
