@@ -157,3 +157,91 @@ def test_bad_config_fails_before_any_work(tmp_path, capsys):
         script.main(args(tmp_path / "a.mp4", tmp_path / "out", "caption=true", "characters=nobody.json"))
     assert "character registry not found: nobody.json" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_touched_or_moved_films_keep_their_clips_and_captions(films_dir, tmp_path):
+    script = load_script()
+    films = Path(shutil.copytree(films_dir, tmp_path / "films", ignore=shutil.ignore_patterns("corrupt*", "trunc*")))
+    out = tmp_path / "out"
+    with FakeChatServer([GOOD] * 6) as server:
+        caption = ["caption=true", "workers=1", "captioner.backend.type=openai", "captioner.backend.retries=0",
+                   f"captioner.backend.base_url={server.base_url}", "captioner.workers=1"]
+        first = script.main(args(films, out, *caption))
+    assert (first["clips"], first["captions_ok"]) == (6, 6)
+    records = read_manifest(out / "clips.jsonl").records
+    assert all(len(r.extra["frames_hash"]) == 32 for r in records)
+
+    # Touch every film and move the folder: nothing is cut again and no caption is asked for again.
+    for film in films.iterdir():
+        os.utime(film, ns=(film.stat().st_atime_ns, film.stat().st_mtime_ns + 10**10))
+    moved = Path(shutil.move(films, tmp_path / "moved"))
+    with FakeChatServer([]) as server:
+        caption[4] = f"captioner.backend.base_url={server.base_url}"
+        again = script.main(args(moved, out, *caption))
+        assert server.requests == []
+    assert (again["films_cut"], again["films_already_done"], again["captions_ok"]) == (0, 5, 6)
+    manifest = read_manifest(out / "clips.jsonl")
+    assert manifest.records == records
+    assert all(source.startswith(str(moved)) for source in manifest.meta["films"].values())
+
+    # Settings that re-cut every film but give the same frames: the clips keep their captions.
+    with FakeChatServer([]) as server:
+        caption[4] = f"captioner.backend.base_url={server.base_url}"
+        recut = script.main(args(moved, out, *caption, "scene_threshold=26"))
+        assert server.requests == []
+    assert (recut["films_cut"], recut["captions_ok"], recut["uncaptioned"]) == (5, 6, 0)
+    assert [r.tags for r in read_manifest(out / "clips.jsonl").records] == [r.tags for r in records]
+
+
+def corrupt_middle(path: Path, fraction: float = 0.05) -> None:
+    """Flip the bits of ``fraction`` of the file's bytes from its middle (the frame data of an mp4)."""
+    data = bytearray(path.read_bytes())
+    start = len(data) // 2
+    for i in range(start, start + int(len(data) * fraction)):
+        data[i] ^= 0x55
+    path.write_bytes(bytes(data))
+
+
+def test_corrupt_data_in_the_middle_is_counted_and_smeared_clips_dropped(tmp_path):
+    script = load_script()
+    films = tmp_path / "films"
+    make_film(films / "clean.mp4", seconds=8.25, cuts=(4.125,), speed=2.0, seed=3)
+    make_film(films / "broken.mp4", seconds=8.25, cuts=(4.125,), speed=2.0, seed=3)
+    corrupt_middle(films / "broken.mp4")
+    summary = script.main(args(films, tmp_path / "out", "workers=1", "max_decode_errors=1000"))
+    clean, broken = summary["per_film"]["clean"], summary["per_film"]["broken"]
+    assert clean["decode_errors"] == 0 and clean["written"] == 4
+    assert broken["decode_errors"] > 0 and broken["dropped_for_decode_errors"] > 0
+    assert broken["written"] < clean["written"]
+    assert summary["decode_errors"] == broken["decode_errors"]
+    report = json.loads((tmp_path / "out" / "prepare_report.json").read_text())
+    assert report["per_film"]["broken"]["decode_errors"] == broken["decode_errors"]
+
+    # Past the threshold the film is skipped and reported (and tried again on the next run).
+    strict = script.main(args(films, tmp_path / "strict", "workers=1", "max_decode_errors=0"))
+    assert list(strict["skipped"]) == [str(films / "broken.mp4")]
+    assert "decoder errors" in strict["skipped"][str(films / "broken.mp4")]
+    assert not (tmp_path / "strict" / "clips" / "broken").exists()
+
+
+def test_ctrl_c_stops_at_once_and_keeps_finished_films(tmp_path):
+    import signal
+    import time
+
+    films = tmp_path / "films"
+    for i in range(6):
+        make_film(films / f"film{i}.mp4", seconds=6.25, cuts=(2.25, 4.25), speed=1.0 + i, seed=i)
+    out = tmp_path / "out"
+    command = [sys.executable, str(SCRIPT), *args(films, out, "workers=2")]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    while not list(out.glob("clips/*/film.json")) and process.poll() is None:
+        time.sleep(0.05)
+    assert process.poll() is None, process.communicate()
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr and stderr.strip().splitlines()[-1].startswith("interrupted:")
+    finished = {p.parent.name for p in out.glob("clips/*/film.json")}
+    assert finished and not (out / "clips.jsonl").exists()
+    summary = load_script().main(args(films, out, "workers=1"))
+    assert summary["films_already_done"] == len(finished) and summary["films_cut"] == 6 - len(finished)
