@@ -28,6 +28,10 @@ A film is a Markov chain of shots: plausible successions (sleep -> eat -> walk .
 clock that moves from morning to night (and back to morning after a night's sleep). Films are split into
 train/test by film; held-out films become game files with ground truth (:func:`write_games`).
 
+``memory: true`` adds what a film keeps without saying it (its own home, a friend who follows) and instructions
+that leave out what earlier turns fixed; ``held_out_pairs`` keeps (character, action) / (character, friend) pairs
+out of the training films (:mod:`animegamer.data.spriteworld_memory`). Both off: this world, bit for bit.
+
     python scripts/make_spriteworld.py --config configs/spriteworld/data.yaml
 """
 
@@ -53,11 +57,12 @@ from animegamer.data.spriteworld_draw import (
     KEYPOINT_WEIGHTS,
     Character,
     Pose,
-    background,
     draw_figure,
     draw_prop,
     keypoints,
 )
+from animegamer.data.spriteworld_home import INDOORS, HomeLook, draw_companion, home_background
+from animegamer.data.spriteworld_memory import MEMORY_WORDS, HeldOutPairs, ShotMemory, allowed_weights, film_memory
 from animegamer.io import atomic_write_jsonl, atomic_write_text
 from animegamer.states import NUM_MOTION_LEVELS, Instruction, ShotTags, StateValues, TagError
 
@@ -136,11 +141,12 @@ HOME = {"sleep": "bedroom", "eat": "kitchen", "read": "bedroom"}
 def lexicon() -> list[str]:
     """Every word a SpriteWorld instruction can contain (names, adverbs, actions, times, places), for the tiny
     tokenizers: trained on them, each is one piece, so an instruction's tokens sit at the same positions whatever
-    its words (only the social actions' "with <friend>" adds tokens)."""
+    its words (only the social actions' "with <friend>" adds tokens). The memory world's ``still later here home
+    friend`` are among them."""
     words = [*CHARACTERS, *ADVERB_SPEED, *TIMES, *PLACES]
     for action in ACTIONS.values():
         words += [w for w in action.text.split() if w != "{friend}"]
-    return list(dict.fromkeys(words))
+    return list(dict.fromkeys([*words, *MEMORY_WORDS]))  # the memory world's words stand where these stand
 
 
 @dataclass(frozen=True)
@@ -234,6 +240,8 @@ class Scene:
     unit: float  # pixels per body unit before the character's size
     height: int
     width: int
+    home: HomeLook | None = None  # a memory film's home (indoor places), spriteworld_home
+    companion: str = ""  # a memory film's friend following the hero, drawn beside the shot's figures
 
 
 @dataclass
@@ -248,6 +256,7 @@ class _Ctx:
     place: str
     fixed: bool  # fixed blocking: sides set by the action, positions in the middle tenth of their range
     anchored: bool = False  # anchored blocking: fixed, and paths start from one spot whatever their speed
+    mirrored: bool = False  # the room's furniture layout is mirrored (a memory film's home): the bed is on the right
 
     def side(self) -> int:
         """A direction: +1 (right, or up for a climb) under fixed blocking, else either at random."""
@@ -345,11 +354,13 @@ def _fly(c: _Ctx, hero: Character, _friend) -> list[Frame]:
 
 def _sleep(c: _Ctx, hero: Character, _friend) -> list[Frame]:
     body = c.unit * hero.size
-    if c.place == "bedroom":  # on the bed, head on the pillow at the left
+    if c.place == "bedroom":  # on the bed, head on the pillow at the left (at the right in a mirrored room)
         facing, tilt = 1, math.pi / 2
         x = 10 * c.width / DESIGN_W + 21.5 * body
         y = BED_TOP * c.height / DESIGN_H - 4 * body
         x = min(x, BED_RIGHT * c.width / DESIGN_W)
+        if c.mirrored:
+            facing, tilt, x = -1, -tilt, c.width - x
     else:  # on the grass or the sand, head left or right
         facing = c.side()
         tilt = facing * math.pi / 2
@@ -472,10 +483,14 @@ DEFAULT_SPEED_JITTER = 0.1  # a clip's speed factor no word says lies in [1 - j,
 
 def animate(
     spec: ShotSpec, seed: int, *, height: int = 64, width: int = 96, num_frames: int = 17, blocking: str = "fixed",
-    speed_jitter: float = DEFAULT_SPEED_JITTER,
+    speed_jitter: float = DEFAULT_SPEED_JITTER, home: HomeLook | list | None = None, companion: str = "",
 ) -> Scene:
     """Poses and props of every frame of the shot (no pixels yet); ``blocking`` is fixed, anchored or free and
-    ``speed_jitter`` bounds the speed factor no word says (module doc)."""
+    ``speed_jitter`` bounds the speed factor no word says (module doc); ``home`` and ``companion`` are a memory
+    film's facts (spriteworld_memory), drawn by :func:`draw_scene`."""
+    home = HomeLook.from_value(home) if spec.place in INDOORS else None
+    if companion and (companion not in CHARACTERS or companion in (spec.character, spec.friend)):
+        raise ValueError(f"companion {companion!r} must be a character other than those of the shot")
     if blocking not in BLOCKINGS:
         raise ValueError(f"blocking {blocking!r} is not one of {list(BLOCKINGS)}")
     if not 0.0 <= speed_jitter < 1.0:
@@ -485,18 +500,20 @@ def animate(
     k = ADVERB_SPEED[spec.adverb] * rng.uniform(1.0 - speed_jitter, 1.0 + speed_jitter)
     ctx = _Ctx(rng=rng, k=k, unit=unit, width=width, height=height, num_frames=num_frames,
                ground=GROUND[spec.place] * unit, place=spec.place, fixed=blocking != "free",
-               anchored=blocking == "anchored")
+               anchored=blocking == "anchored", mirrored=bool(home and home.mirrored))
     friend = CHARACTERS[spec.friend] if spec.friend else None
     frames = _ANIMATE[spec.action](ctx, CHARACTERS[spec.character], friend)
-    return Scene(spec=spec, frames=frames, unit=unit, height=height, width=width)
+    return Scene(spec=spec, frames=frames, unit=unit, height=height, width=width, home=home, companion=companion)
 
 
 def draw_scene(scene: Scene) -> np.ndarray:
     """(T, H, W, 3) uint8 frames of an animated scene."""
-    bg = background(scene.spec.place, scene.spec.time, scene.height, scene.width)
+    bg = home_background(scene.spec.place, scene.spec.time, scene.height, scene.width, scene.home)
     out = np.empty((len(scene.frames), scene.height, scene.width, 3), np.uint8)
     for t, frame in enumerate(scene.frames):
         img = bg.copy()
+        if scene.companion:
+            draw_companion(img, scene.spec.place, CHARACTERS[scene.companion], t)
         for character, pose in frame.figures:
             draw_figure(img, character, pose, scene.unit)
         for prop in frame.props:
@@ -516,11 +533,11 @@ def scene_motion(scene: Scene) -> float:
 
 def render_shot(
     spec: ShotSpec, seed: int, *, height: int = 64, width: int = 96, num_frames: int = 17, blocking: str = "fixed",
-    speed_jitter: float = DEFAULT_SPEED_JITTER,
+    speed_jitter: float = DEFAULT_SPEED_JITTER, home: HomeLook | list | None = None, companion: str = "",
 ) -> np.ndarray:
     """The (T, H, W, 3) uint8 frames of one shot; the same arguments always give the same frames."""
     return draw_scene(animate(spec, seed, height=height, width=width, num_frames=num_frames, blocking=blocking,
-                              speed_jitter=speed_jitter))
+                              speed_jitter=speed_jitter, home=home, companion=companion))
 
 
 def motion_scope(
@@ -553,6 +570,7 @@ class Film:
     split: str  # train | test
     shots: list[ShotSpec]
     seeds: list[int]  # render seed of each shot
+    friend: str = ""  # the film's friend: of its social shots, and its companion in a memory film
 
 
 def _choose(rng: np.random.Generator, weights: dict[str, float]) -> str:
@@ -571,9 +589,14 @@ def _next_place(rng: np.random.Generator, action: str, place: str | None, visite
     return _choose(rng, weights)
 
 
-def plan_film(rng: np.random.Generator, hero: str, friend: str, num_shots: int) -> list[ShotSpec]:
-    """One film's shots: actions follow TRANSITIONS, places mostly stay or return, the clock moves on."""
-    action = _choose(rng, {"sleep": 3, "eat": 2, "read": 1, "walk": 2})  # waking up, breakfast, a morning walk
+def plan_film(rng: np.random.Generator, hero: str, friend: str, num_shots: int, banned: tuple[str, ...] = (),
+              boosted: tuple[str, ...] = ()) -> list[ShotSpec]:
+    """One film's shots: actions follow TRANSITIONS, places mostly stay or return, the clock moves on.
+
+    ``banned`` actions never happen (held-out pairs of a training film), ``boosted`` ones are likelier (of a
+    held-out film); with neither, the draws are those of the world without held-out pairs."""
+    # waking up, breakfast, a morning walk
+    action = _choose(rng, allowed_weights({"sleep": 3, "eat": 2, "read": 1, "walk": 2}, banned, ()))
     time = 0 if action == "sleep" else int(rng.choice(3, p=[0.5, 0.3, 0.2]))
     place = _next_place(rng, action, None, [])
     visited: list[str] = []
@@ -592,14 +615,18 @@ def plan_film(rng: np.random.Generator, hero: str, friend: str, num_shots: int) 
             weights["sleep"] = weights.get("sleep", 0.0) + 6.0
         elif "sleep" in weights:
             weights["sleep"] *= 0.2
-        action = _choose(rng, weights)
+        action = _choose(rng, allowed_weights(weights, banned, boosted))
         place = _next_place(rng, action, place, visited)
     return shots
 
 
 def plan_films(seed: int, num_films: int, shots_per_film: int, characters: list[str],
-               test_fraction: float) -> list[Film]:
-    """All films of a dataset, deterministic in ``seed``; protagonists cycle through ``characters``."""
+               test_fraction: float, held_out: HeldOutPairs | None = None) -> list[Film]:
+    """All films of a dataset, deterministic in ``seed``; protagonists cycle through ``characters``.
+
+    ``held_out`` pairs (spriteworld_memory) never occur in training films; a held-out film of a hero with a
+    held-out friend has that friend, and its hero's held-out actions are likelier."""
+    held_out = held_out or HeldOutPairs()
     unknown = [c for c in characters if c not in CHARACTERS]
     if unknown or not characters:
         raise ValueError(f"characters must be a non-empty subset of {list(CHARACTERS)}, got {characters}")
@@ -613,11 +640,14 @@ def plan_films(seed: int, num_films: int, shots_per_film: int, characters: list[
     films = []
     for i in range(num_films):
         hero = characters[i % len(characters)]
-        others = [c for c in CHARACTERS if c != hero]
+        test_film = i in test
+        never = held_out.banned_friends(hero)
+        others = [c for c in CHARACTERS if c != hero and (c in never if test_film and never else c not in never)]
         friend = others[int(rng.integers(len(others)))]
-        shots = plan_film(rng, hero, friend, shots_per_film)
+        banned = held_out.banned_actions(hero)
+        shots = plan_film(rng, hero, friend, shots_per_film, () if test_film else banned, banned if test_film else ())
         seeds = [int(s) for s in rng.integers(0, 2**31 - 1, size=shots_per_film)]
-        films.append(Film(f"film{i:04d}", "test" if i in test else "train", shots, seeds))
+        films.append(Film(f"film{i:04d}", "test" if test_film else "train", shots, seeds, friend))
     return films
 
 
@@ -636,7 +666,15 @@ def write_dataset(cfg: SpriteWorldConfig, progress: bool = True) -> Path:
     from animegamer.data.video import write_mp4
 
     out = Path(cfg.output_dir)
-    films = plan_films(cfg.seed, cfg.num_films, cfg.shots_per_film, list(cfg.characters), cfg.test_fraction)
+    held_out = HeldOutPairs.parse(cfg.held_out_pairs)
+    films = plan_films(cfg.seed, cfg.num_films, cfg.shots_per_film, list(cfg.characters), cfg.test_fraction,
+                       held_out)
+    marked = cfg.memory or bool(cfg.held_out_pairs)  # records and games carry the memory and the marks
+    memories: dict[str, list[ShotMemory]] = {
+        film.film_id: film_memory(np.random.default_rng([cfg.seed, 1, index]), film.shots, film.friend, held_out,
+                                  cfg.memory)
+        for index, film in enumerate(films)
+    } if marked else {}
     total = sum(len(f.shots) for f in films)
     scopes: list[float] = []
     pending: deque[Future] = deque()
@@ -644,8 +682,10 @@ def write_dataset(cfg: SpriteWorldConfig, progress: bool = True) -> Path:
                                                                   disable=not progress) as bar:
         for film in films:
             for index, (spec, seed) in enumerate(zip(film.shots, film.seeds, strict=True)):
+                memory = memories[film.film_id][index] if marked else None
                 scene = animate(spec, seed, height=cfg.height, width=cfg.width, num_frames=cfg.num_frames,
-                                blocking=cfg.blocking, speed_jitter=cfg.speed_jitter)
+                                blocking=cfg.blocking, speed_jitter=cfg.speed_jitter,
+                                home=memory.home if memory else None, companion=memory.companion if memory else "")
                 scopes.append(scene_motion(scene))
                 path = out / "clips" / film.film_id / f"{index:05d}.mp4"
                 pending.append(pool.submit(write_mp4, path, draw_scene(scene), cfg.fps))
@@ -663,13 +703,15 @@ def write_dataset(cfg: SpriteWorldConfig, progress: bool = True) -> Path:
             scope = scopes[i]
             i += 1
             level = motion_level(scope, bins)
+            memory = memories[film.film_id][index] if marked else None
             records.append(ClipRecord(
                 clip_id=f"{film.film_id}_{index:05d}", video=f"clips/{film.film_id}/{index:05d}.mp4",
                 film_id=film.film_id, clip_index=index, start=CLIP_SECONDS * index, end=CLIP_SECONDS * (index + 1),
-                tags=spec.tags(level).render(), motion_scope=round(scope, 5), motion_level=level, caption_status="ok",
+                tags=(memory.tags(spec, level) if memory else spec.tags(level)).render(),
+                motion_scope=round(scope, 5), motion_level=level, caption_status="ok",
                 extra={**spec.to_dict(), "render_seed": seed, "blocking": cfg.blocking,
                        "speed_jitter": cfg.speed_jitter, "num_frames": cfg.num_frames, "height": cfg.height,
-                       "width": cfg.width, "split": film.split},
+                       "width": cfg.width, "split": film.split, **(memory.extra() if memory else {})},
             ))
     meta = {
         "source": "spriteworld",
@@ -689,7 +731,8 @@ def write_dataset(cfg: SpriteWorldConfig, progress: bool = True) -> Path:
     return manifest
 
 
-DRAWING_SETTINGS = ("blocking", "speed_jitter", "num_frames", "height", "width")  # render_shot's, kept per clip
+# render_shot's keywords, kept per clip (home / companion: memory films only)
+DRAWING_SETTINGS = ("blocking", "speed_jitter", "num_frames", "height", "width", "home", "companion")
 
 
 def drawing_settings(row: dict[str, Any]) -> dict[str, Any]:
@@ -712,6 +755,8 @@ def film_game(records: list[ClipRecord]) -> list[dict[str, Any]]:
             "spec": {k: record.extra[k] for k in ("character", "action", "place", "time", "adverb", "friend")},
             "render_seed": record.extra.get("render_seed"),
             **drawing_settings(record.extra),
+            # the turn's marks (memory world / held-out pairs): what it depends on, whether it pairs held-out
+            **{k: record.extra[k] for k in ("depends", "held_out_pair") if k in record.extra},
         })
     return turns
 

@@ -316,11 +316,12 @@ BED_RIGHT = 40.0  # design column of the bed's foot end
 class _Canvas:
     """Draws in design coordinates with the time of day's light applied to lit colours."""
 
-    def __init__(self, height: int, width: int, time: str):
+    def __init__(self, height: int, width: int, time: str, wall: RGB | None = None, floor: RGB | None = None):
         self.img = np.zeros((height, width, 3), np.uint8)
         self.sx, self.sy = width / DESIGN_W, height / DESIGN_H
         self.light = LIGHT[time]
         self.time = time
+        self.wall, self.floor = wall, floor  # a home's own colours (spriteworld_home); None: the rooms' defaults
 
     def lit(self, color: RGB) -> RGB:
         return tuple(int(min(255, c * k)) for c, k in zip(color, self.light, strict=True))
@@ -365,10 +366,11 @@ def _window(cv: _Canvas, x0, y0, x1, y1) -> None:
 
 
 def _bedroom(cv: _Canvas) -> None:
-    cv.rect(0, 0, 96, 48, (205, 185, 228))
-    cv.rect(0, 48, 96, 64, (170, 118, 78))
+    cv.rect(0, 0, 96, 48, cv.wall or (205, 185, 228))
+    floor = cv.floor or (170, 118, 78)
+    cv.rect(0, 48, 96, 64, floor)
     for x in range(0, 96, 12):
-        cv.rect(x, 48, x + 0.5, 64, (140, 95, 62))
+        cv.rect(x, 48, x + 0.5, 64, tuple(int(c * 0.82) for c in floor) if cv.floor else (140, 95, 62))
     _window(cv, 56, 9, 82, 29)
     cv.rect(2, 34, 5, 52, (130, 80, 50))  # headboard
     cv.rect(4, 41, BED_RIGHT, 47, (250, 245, 245))  # mattress
@@ -384,14 +386,15 @@ def _bedroom(cv: _Canvas) -> None:
 
 
 def _kitchen(cv: _Canvas) -> None:
-    cv.rect(0, 0, 96, 46, (246, 236, 185))
+    cv.rect(0, 0, 96, 46, cv.wall or (246, 236, 185))
+    grout = tuple(int(c * 0.9) for c in cv.wall) if cv.wall else (228, 212, 150)
     for x in range(0, 96, 6):
-        cv.rect(x, 0, x + 0.4, 46, (228, 212, 150))
+        cv.rect(x, 0, x + 0.4, 46, grout)
     for y in range(0, 46, 6):
-        cv.rect(0, y, 96, y + 0.4, (228, 212, 150))
+        cv.rect(0, y, 96, y + 0.4, grout)
     for i, x in enumerate(range(0, 96, 8)):
         for j, y in enumerate(range(46, 64, 6)):
-            cv.rect(x, y, x + 8, y + 6, (225, 225, 230) if (i + j) % 2 else (150, 160, 185))
+            cv.rect(x, y, x + 8, y + 6, (225, 225, 230) if (i + j) % 2 else cv.floor or (150, 160, 185))
     _window(cv, 32, 8, 50, 24)
     cv.rect(3, 10, 19, 50, (236, 242, 248))  # fridge
     cv.rect(3, 24, 19, 24.6, (170, 180, 190))
@@ -489,18 +492,22 @@ _PAINTERS = {
 }
 
 
-@lru_cache(maxsize=64)
-def _background_cached(place: str, time: str, height: int, width: int) -> np.ndarray:
-    cv = _Canvas(height, width, time)
+@lru_cache(maxsize=256)
+def _background_cached(place: str, time: str, height: int, width: int, wall: RGB | None,
+                       floor: RGB | None) -> np.ndarray:
+    cv = _Canvas(height, width, time, wall, floor)
     _PAINTERS[place](cv)
     cv.img.setflags(write=False)
     return cv.img
 
 
-def background(place: str, time: str, height: int, width: int) -> np.ndarray:
-    """The static (H, W, 3) uint8 picture of ``place`` at ``time`` (read-only; copy before drawing on it)."""
+def background(place: str, time: str, height: int, width: int, wall: RGB | None = None,
+               floor: RGB | None = None) -> np.ndarray:
+    """The static (H, W, 3) uint8 picture of ``place`` at ``time`` (read-only; copy before drawing on it).
+
+    ``wall`` / ``floor`` recolour the indoor rooms (a film's own home, spriteworld_home); outdoors ignores them."""
     if place not in _PAINTERS:
         raise ValueError(f"unknown place {place!r}; one of {sorted(_PAINTERS)}")
     if time not in SKY:
         raise ValueError(f"unknown time of day {time!r}; one of {list(SKY)}")
-    return _background_cached(place, time, height, width)
+    return _background_cached(place, time, height, width, wall, floor)

@@ -1,0 +1,207 @@
+"""SpriteWorld's memory world: film facts no instruction states, instructions that leave out what history fixes, and
+(character, action) / (character, friend) pairs held out of the training films.
+
+Switched on by ``SpriteWorldConfig.memory`` / ``held_out_pairs``; with both off the world is the one of
+:mod:`animegamer.data.spriteworld`, bit for bit (every draw below uses its own random stream, seeded by the
+dataset seed and the film's index, so the films' shots are the same with or without memory).
+
+**Facts a film keeps** (drawn, never said; :mod:`animegamer.data.spriteworld_home`):
+
+- its home: wall and floor colours and a mirrored or designed furniture layout of the bedroom and kitchen;
+- a companion: after a social shot the friend follows the hero for the next ``FOLLOW_SHOTS`` shots (not while the
+  hero sleeps), standing at the right edge.
+
+**What instructions leave out** (memory films, every turn after the first; the grammar of
+:func:`animegamer.states.parse_instruction` is kept: the background is always two words, ``<time> <place>``):
+
+- ``still`` for the time of day when it has not changed, ``later`` when it moved on to the next one;
+- ``here`` for the place when the hero stays, ``home`` for the bedroom once the film has been there;
+- ``friend`` for the companion's name in ``talk with`` / ``play ball with`` once the film has shown them.
+
+A memory clip's tag line says what its instruction says (``<EV>later here</EV>``), as the player typed it; the
+record's ``extra`` keeps the full spec, the home and the companion, so the clip can be drawn again.
+
+**Marks** (written to every game turn's ground truth, read by :mod:`animegamer.eval.intervals`):
+
+- ``depends``: ``history`` when the instruction leaves something out, or an earlier turn showed the home drawn
+  now, or the companion stands in the shot; ``new`` when the shot shows the home for the first time (nothing
+  earlier tells its colours); ``full`` otherwise (the instruction names everything drawn);
+- ``held_out_pair``: the shot pairs its hero with a held-out action, or with a held-out friend in view.
+
+Held-out pairs (``"Momo:fly"``: Momo never flies in a training film; ``"Qiqi:Luna"``: they never meet, either
+way round) are removed from the training films' action choices and friends; in held-out films the held-out
+actions of their hero are made likelier and a held-out friend is the film's friend, so the held-out games have them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from animegamer.data.spriteworld_home import FLOORS, INDOORS, WALLS, HomeLook
+from animegamer.states import Instruction, ShotTags, StateValues, TagError
+
+STILL, LATER, HERE, HOME, FRIEND = "still", "later", "here", "home", "friend"
+MEMORY_WORDS = (STILL, LATER, HERE, HOME, FRIEND)
+HOME_PLACE = "bedroom"  # where "home" takes the hero
+FOLLOW_SHOTS = 2  # shots the friend follows after a social shot
+OMIT_TIME, OMIT_PLACE, OMIT_FRIEND, SAY_HOME = 0.5, 0.5, 0.6, 0.7  # how often a memory instruction leaves it out
+BOOST = 2.0  # weight added to a held-out film's held-out actions in every succession
+
+
+@dataclass(frozen=True)
+class HeldOutPairs:
+    """(character, action) and unordered (character, character) pairs no training film has."""
+
+    actions: frozenset[tuple[str, str]] = frozenset()
+    friends: frozenset[frozenset[str]] = frozenset()
+
+    @classmethod
+    def parse(cls, items: Sequence[str]) -> HeldOutPairs:
+        """``["Momo:fly", "Qiqi:Luna"]`` -> the pairs; anything outside the world raises ValueError."""
+        from animegamer.data.spriteworld import ACTIONS, CHARACTERS
+
+        actions, friends = set(), set()
+        for item in items:
+            who, _, what = str(item).partition(":")
+            if who not in CHARACTERS or not (what in ACTIONS or (what in CHARACTERS and what != who)):
+                raise ValueError(f"held_out_pairs: {item!r} is not 'Character:action' or 'Character:Character' "
+                                 f"(characters {list(CHARACTERS)}, actions {list(ACTIONS)})")
+            (actions.add((who, what)) if what in ACTIONS else friends.add(frozenset((who, what))))
+        return cls(frozenset(actions), frozenset(friends))
+
+    def banned_actions(self, hero: str) -> tuple[str, ...]:
+        return tuple(sorted(a for c, a in self.actions if c == hero))
+
+    def banned_friends(self, hero: str) -> tuple[str, ...]:
+        return tuple(sorted(c for pair in self.friends if hero in pair for c in pair if c != hero))
+
+    def pairs(self, hero: str, action: str, friend_in_view: str) -> bool:
+        """Does a shot of ``hero`` doing ``action`` with ``friend_in_view`` ("" none) show a held-out pair?"""
+        return (hero, action) in self.actions or frozenset((hero, friend_in_view)) in self.friends
+
+
+def allowed_weights(weights: dict[str, float], banned: Sequence[str], boosted: Sequence[str]) -> dict[str, float]:
+    """Succession weights without ``banned`` actions and with ``boosted`` ones made likelier (order kept, so with
+    neither the dict is the same and so are the draws)."""
+    if not banned and not boosted:
+        return weights
+    out = {a: w for a, w in weights.items() if a not in banned}
+    for action in boosted:
+        out[action] = out.get(action, 0.0) + BOOST
+    return out or {"walk": 1.0}
+
+
+@dataclass(frozen=True)
+class ShotMemory:
+    """What a memory film adds to one shot: the instruction's words, the drawn facts, the turn's marks."""
+
+    time_word: str  # a time of day, STILL or LATER
+    place_word: str  # a place, HERE or HOME
+    friend_word: str  # the friend's name or FRIEND (social actions), "" otherwise
+    home: HomeLook | None  # the film's home, set when the shot is indoors
+    companion: str  # the friend following the hero, drawn beside; "" none
+    depends: str  # full | history | new
+    held_out_pair: bool
+
+    def tags(self, spec, motion_level: int) -> ShotTags:
+        """The shot's tag line as its instruction says it (what history fixes left out), values by the rules."""
+        from animegamer.data.spriteworld import ACTIONS
+
+        a = ACTIONS[spec.action]
+        values = StateValues(motion_level=int(motion_level), social=a.social, entertainment=a.entertainment,
+                             stamina=a.stamina)
+        return ShotTags(spec.character, a.text.format(friend=self.friend_word), f"{self.time_word} {self.place_word}",
+                        spec.adverb, values)
+
+    def extra(self) -> dict:
+        """The record / game-row fields: drawing settings (home, companion) and marks."""
+        return {"home": self.home.to_list() if self.home else None, "companion": self.companion,
+                "depends": self.depends, "held_out_pair": self.held_out_pair}
+
+
+def film_memory(rng: np.random.Generator, shots: Sequence, friend: str, held_out: HeldOutPairs,
+                memory: bool = True) -> list[ShotMemory]:
+    """The memory of one film's shots (module doc). With ``memory`` off every word is said, nothing extra is
+    drawn and only the held-out marks are set (every turn ``full``)."""
+    from animegamer.data.spriteworld import TIMES
+
+    look = HomeLook(int(rng.integers(len(WALLS))), int(rng.integers(len(FLOORS))), bool(rng.random() < 0.5))
+    out: list[ShotMemory] = []
+    follow, friend_shown, indoors_shown, places = 0, False, False, []
+    for t, spec in enumerate(shots):
+        social = bool(spec.friend)
+        companion = friend if memory and not social and follow > 0 and spec.action != "sleep" else ""
+        follow = FOLLOW_SHOTS if social else (0 if spec.action == "sleep" else max(0, follow - 1))
+        time_word, place_word, friend_word = spec.time, spec.place, spec.friend
+        if memory and t > 0:
+            prev = shots[t - 1]
+            draw_time, draw_place, draw_friend = rng.random(3)  # always three draws: one stream per film
+            if spec.time == prev.time and draw_time < OMIT_TIME:
+                time_word = STILL
+            elif TIMES.index(spec.time) == TIMES.index(prev.time) + 1 and draw_time < OMIT_TIME:
+                time_word = LATER
+            if spec.place == prev.place and draw_place < OMIT_PLACE:
+                place_word = HERE
+            elif spec.place == HOME_PLACE and HOME_PLACE in places and draw_place < SAY_HOME:
+                place_word = HOME
+            if social and friend_shown and draw_friend < OMIT_FRIEND:
+                friend_word = FRIEND
+        indoors = memory and spec.place in INDOORS
+        omitted = {time_word, place_word, friend_word} & set(MEMORY_WORDS)
+        if omitted or companion or (indoors and indoors_shown):
+            depends = "history"
+        elif indoors:
+            depends = "new"
+        else:
+            depends = "full"
+        in_view = spec.friend or companion
+        out.append(ShotMemory(time_word, place_word, friend_word, look if indoors else None, companion, depends,
+                              held_out.pairs(spec.character, spec.action, in_view)))
+        friend_shown = friend_shown or bool(in_view)
+        indoors_shown = indoors_shown or indoors
+        places.append(spec.place)
+    return out
+
+
+@dataclass
+class GameMemory:
+    """What a player's earlier turns fixed, to resolve a memory instruction into the shot it asks for."""
+
+    time: str = ""
+    place: str = ""
+    friend: str = ""
+    places: list[str] = field(default_factory=list)
+
+    def resolve(self, instruction: Instruction, *, source: str = "", line: int | None = None):
+        """The :class:`~animegamer.data.spriteworld.ShotSpec` of ``instruction`` given the earlier turns (and
+        remember it); a word that refers to nothing yet (``here`` on the first turn) raises TagError."""
+        from animegamer.data.spriteworld import TIMES, spec_from_instruction
+
+        if not instruction.structured:
+            raise TagError("free text is not a SpriteWorld instruction", source=source, line=line, field="format")
+        time_word, _, place_word = instruction.background.partition(" ")
+        time = {STILL: self.time, LATER: TIMES[min(len(TIMES) - 1, TIMES.index(self.time) + 1)]
+                if self.time else ""}.get(time_word, time_word)
+        place = {HERE: self.place, HOME: HOME_PLACE if HOME_PLACE in self.places else ""}.get(place_word, place_word)
+        motion = instruction.motion
+        if motion.endswith(f" with {FRIEND}"):
+            motion = motion[: -len(FRIEND)] + self.friend if self.friend else motion
+        for word, value in ((time_word, time), (place_word, place)):
+            if not value:
+                raise TagError(f"{word!r} refers to an earlier turn, and there is none that says it",
+                               source=source, line=line, field="background")
+        spec = spec_from_instruction(Instruction(instruction.character, motion, f"{time} {place}"), source=source,
+                                     line=line)
+        self.time, self.place = spec.time, spec.place
+        self.friend = spec.friend or self.friend
+        self.places.append(spec.place)
+        return spec
+
+
+def resolve_game(instructions: Sequence[Instruction], source: str = "") -> list:
+    """The ShotSpec of every turn of a game whose instructions may leave out what earlier turns fixed."""
+    memory = GameMemory()
+    return [memory.resolve(instruction, source=source, line=i + 1) for i, instruction in enumerate(instructions)]

@@ -1,0 +1,170 @@
+"""SpriteWorld's memory world: film facts persist in the drawn pictures, instructions leave out what history fixes
+and still resolve, held-out pairs stay out of the training films, records and games round-trip."""
+
+import json
+
+import numpy as np
+import pytest
+
+from animegamer.data.manifest import read_manifest
+from animegamer.data.spriteworld import CHARACTERS, ShotSpec, plan_films, render_shot, write_dataset
+from animegamer.data.spriteworld_home import FLOORS, WALLS, HomeLook, home_background
+from animegamer.data.spriteworld_memory import (
+    FOLLOW_SHOTS,
+    MEMORY_WORDS,
+    GameMemory,
+    HeldOutPairs,
+    film_memory,
+    resolve_game,
+)
+from animegamer.states import TagError, parse_instruction, parse_tags, read_game_file
+from tests.test_spriteworld import SPEC_KEYS, _colour_mask, small_config
+
+HELD_OUT = ["Momo:fly", "Kai:read", "Qiqi:Luna"]
+WALL_POINT = (6, 8)  # (x, y) on the 96x64 design grid: bare wall in the bedroom and the kitchen
+
+
+@pytest.fixture(scope="module")
+def memory_data(tmp_path_factory):
+    out = tmp_path_factory.mktemp("memory")
+    cfg = small_config(out, num_films=8, shots_per_film=10, test_fraction=0.25, memory=True, held_out_pairs=HELD_OUT,
+                       num_frames=9, height=48, width=72, workers=1)
+    return read_manifest(write_dataset(cfg, progress=False))
+
+
+def _wall_pixel(frames: np.ndarray, mirrored: bool) -> np.ndarray:
+    h, w = frames.shape[1:3]
+    x, y = WALL_POINT
+    col = round(x * w / 96) if not mirrored else w - 1 - round(x * w / 96)
+    return frames[0, round(y * h / 64), col].astype(int)
+
+
+def test_the_home_introduced_once_is_drawn_in_every_later_indoor_shot(memory_data):
+    checked = 0
+    for film_id, records in memory_data.films().items():
+        indoor = [r for r in records if r.extra["place"] in ("bedroom", "kitchen")]
+        looks = {tuple(r.extra["home"]) for r in indoor}
+        assert len(looks) <= 1, film_id  # one home per film, never changed
+        assert all(r.extra["home"] is None for r in records if r not in indoor)
+        for r in indoor:
+            look = HomeLook.from_value(r.extra["home"])
+            frames = render_shot(ShotSpec(**{k: r.extra[k] for k in SPEC_KEYS}), r.extra["render_seed"],
+                                 blocking=r.extra["blocking"], speed_jitter=r.extra["speed_jitter"], num_frames=9,
+                                 height=48, width=72, home=r.extra["home"], companion=r.extra["companion"])
+            own = home_background(r.extra["place"], r.extra["time"], 48, 72, look)
+            other = home_background(r.extra["place"], r.extra["time"], 48, 72,
+                                    HomeLook((look.wall + 1) % len(WALLS), look.floor, look.mirrored))
+            pixel = _wall_pixel(frames, look.mirrored)
+            assert np.array_equal(pixel, _wall_pixel(own[None], look.mirrored))
+            assert np.abs(pixel - _wall_pixel(other[None], look.mirrored)).max() > 10
+            checked += 1
+    assert checked >= 4
+
+
+def test_a_home_look_recolours_and_mirrors_the_room():
+    default = home_background("bedroom", "noon", 64, 96, None)
+    mint = home_background("bedroom", "noon", 64, 96, HomeLook(1, 2, False))
+    mirrored = home_background("bedroom", "noon", 64, 96, HomeLook(1, 2, True))
+    assert np.array_equal(mirrored, mint[:, ::-1])
+    assert np.abs(default.astype(int) - mint).mean() > 10
+    assert tuple(mint[8, 6]) == WALLS[1] and tuple(mint[60, 30]) == FLOORS[2]  # noon light is white
+    assert np.array_equal(home_background("park", "noon", 64, 96, HomeLook(1, 2, True)),
+                          home_background("park", "noon", 64, 96, None))  # outdoors has no home
+    with pytest.raises(ValueError, match="palettes"):
+        HomeLook(len(WALLS), 0, False)
+
+
+def test_the_companion_follows_after_a_social_shot_until_sleep():
+    rng = np.random.default_rng(0)
+    shots = [ShotSpec("Qiqi", "talk", "park", "noon", "happily", friend="Kai"),
+             ShotSpec("Qiqi", "walk", "park", "noon", "slowly"), ShotSpec("Qiqi", "run", "park", "noon", "quickly"),
+             ShotSpec("Qiqi", "walk", "street", "evening", "slowly"),
+             ShotSpec("Qiqi", "play", "park", "evening", "happily", friend="Kai"),
+             ShotSpec("Qiqi", "sleep", "park", "night", "soundly"), ShotSpec("Qiqi", "eat", "park", "night", "slowly")]
+    memory = film_memory(rng, shots, "Kai", HeldOutPairs())
+    assert [m.companion for m in memory] == ["", "Kai", "Kai", "", "", "", ""]
+    assert FOLLOW_SHOTS == 2
+    assert [m.depends for m in memory][:3] == ["full", "history", "history"]
+    # drawn: Kai's shirt shows at the right edge of the walk with a companion, not without
+    walk = shots[1]
+    alone, followed = render_shot(walk, 0, num_frames=5), render_shot(walk, 0, num_frames=5, companion="Kai")
+    right = slice(72, 96)
+    assert _colour_mask(followed[:, :, right], CHARACTERS["Kai"].top).sum() > 20
+    assert _colour_mask(alone[:, :, right], CHARACTERS["Kai"].top).sum() == 0
+    with pytest.raises(ValueError, match="companion"):
+        render_shot(walk, 0, companion="Qiqi")
+
+
+def test_instructions_leave_out_what_history_fixes_and_still_resolve(memory_data):
+    words = set()
+    for film_id in memory_data.meta["splits"]["test"]:
+        games = memory_data.root / "games"
+        rows = [json.loads(line) for line in (games / f"{film_id}.jsonl").read_text().splitlines()]
+        instructions = read_game_file(str(games / f"{film_id}.txt"))  # the house grammar parses them
+        assert [ShotSpec(**row["spec"]) for row in rows] == resolve_game(instructions)
+        for instruction, row in zip(instructions, rows, strict=True):
+            said = set(instruction.background.split()) | set(instruction.motion.split())
+            omitted = said & set(MEMORY_WORDS)
+            words |= omitted
+            assert row["depends"] in ("full", "history", "new")
+            if omitted or row["companion"]:
+                assert row["depends"] == "history"
+            assert parse_tags(row["tags"]).instruction() == instruction
+        assert rows[0]["depends"] in ("full", "new")  # the first turn says everything
+    assert {"still", "here"} <= words
+
+
+def test_a_word_that_refers_to_nothing_is_a_clear_error():
+    memory = GameMemory()
+    with pytest.raises(TagError, match="earlier turn"):
+        memory.resolve(parse_instruction("Character: Kai; Motion: slowly walk; Background: still here."))
+    def play(motion: str, background: str) -> ShotSpec:
+        return memory.resolve(parse_instruction(f"Character: Kai; Motion: {motion}; Background: {background}."))
+
+    assert play("slowly walk", "noon park").place == "park"
+    later = play("happily talk with Luna", "later here")
+    assert (later.time, later.place, later.friend) == ("evening", "park", "Luna")
+    again = play("calmly talk with friend", "still street")
+    assert again.friend == "Luna" and again.time == "evening"
+    with pytest.raises(TagError, match="earlier turn"):
+        memory.resolve(parse_instruction("Character: Kai; Motion: slowly walk; Background: night home."))
+
+
+def test_held_out_pairs_never_occur_in_training_films():
+    held = HeldOutPairs.parse(HELD_OUT)
+    films = plan_films(3, 48, 12, list(CHARACTERS), 0.25, held)
+    seen_test = set()
+    for film in films:
+        for shot in film.shots:
+            pairs = {(shot.character, shot.action)} | ({(shot.character, shot.friend)} if shot.friend else set())
+            pairs |= {(shot.character, film.friend)}  # the film's friend may follow in any shot
+            bad = {p for p in pairs if p in held.actions or frozenset(p) in held.friends}
+            if film.split == "train":
+                assert not bad, (film.film_id, bad)
+            else:
+                seen_test |= {(a, b) if (a, b) in held.actions else frozenset((a, b)) for a, b in bad}
+    assert seen_test == set(held.actions) | set(held.friends)  # and every one of them is in a held-out game
+    with pytest.raises(ValueError, match="held_out_pairs"):
+        HeldOutPairs.parse(["Momo:swim"])
+
+
+def test_memory_changes_no_shot_of_the_plan_and_records_round_trip(memory_data, tmp_path):
+    from animegamer.eval.games import load_games
+
+    plain = plan_films(0, 8, 10, list(CHARACTERS), 0.25, HeldOutPairs.parse(HELD_OUT))
+    records = memory_data.films()
+    for film in plain:
+        assert [ShotSpec(**{k: r.extra[k] for k in SPEC_KEYS}) for r in records[film.film_id]] == film.shots
+    # a held-out game whose videos are missing is drawn again with its home and companion
+    film_id = memory_data.meta["splits"]["test"][0]
+    (tmp_path / "games").mkdir()
+    for name in (f"{film_id}.txt", f"{film_id}.jsonl"):
+        (tmp_path / "games" / name).write_text((memory_data.root / "games" / name).read_text())
+    game = load_games(tmp_path / "games")[0]
+    rows = [json.loads(line) for line in (tmp_path / "games" / f"{film_id}.jsonl").read_text().splitlines()]
+    assert [m["depends"] for m in game.marks] == [r["depends"] for r in rows]
+    for turn, row in enumerate(rows):
+        expected = render_shot(ShotSpec(**row["spec"]), row["render_seed"], blocking=row["blocking"],
+                               speed_jitter=row["speed_jitter"], num_frames=9, height=48, width=72,
+                               home=row.get("home"), companion=row.get("companion", ""))
+        assert np.array_equal(game.clip_frames(turn), expected)
