@@ -218,11 +218,6 @@ class SpriteWorldConfig:
     blocking: str = "fixed"  # fixed: each action staged one way (a small model learns its motion) | anchored: fixed,
     # and paths start from one spot whatever their speed (the first frame does not tell it) | free: random
     speed_jitter: float = 0.1  # a clip's speed = its adverb's x a factor in [1 - j, 1 + j] that no word says
-    # the memory world (animegamer.data.spriteworld_memory): each film's own home and a friend who follows, drawn
-    # but never said; instructions leave out what earlier turns fixed (still / later / here / home / friend)
-    memory: bool = False
-    # "Momo:fly" (an action) or "Qiqi:Luna" (a friend): pairs no training film has, only held-out games
-    held_out_pairs: list[str] = field(default_factory=list)
     workers: int = 2  # threads writing mp4s (each encode runs in its own ffmpeg process)
 
 
@@ -386,6 +381,21 @@ class StageCConfig:
     condition_dropout: float = 0.1  # probability of the unconditional (zero) shot representation, for CFG
     motion_loss_weight: float = 0.0  # as stage (a): changing latent cells weigh 1 + this (0: the paper's plain MSE)
     motion_threshold: float = 0.2
+
+
+@dataclass
+class StageDConfig:
+    kind: str = "stage_d"
+    output_dir: str = "outputs/stage_d"
+    seed: int = 42
+    decoder: DecoderConfig = field(default_factory=DecoderConfig)  # as stage (c): its trained parts load into it
+    data: DataConfig = field(default_factory=DataConfig)  # manifest (the conditions' motion levels), num_workers
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(lr=1e-4, max_steps=2000))
+    stage_c_checkpoint: str = "outputs/stage_c/checkpoints/latest"  # the teacher, and where the student starts
+    conditions: str = "outputs/stage_c/predictions"  # s_a to distil on (TensorStore): stage (c)'s MLLM predictions
+    student_steps: int = 4  # K: the student's sampling steps (one transformer call each, no CFG)
+    # the teacher's sampler (scheduler ddim: its deterministic ODE) and the clip size; the guidance schedule is folded
+    teacher: SamplingConfig = field(default_factory=lambda: SamplingConfig(scheduler="ddim"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -593,6 +603,7 @@ SCHEMAS: dict[str, type] = {
     "stage_a": StageAConfig,
     "stage_b": StageBConfig,
     "stage_c": StageCConfig,
+    "stage_d": StageDConfig,
     "inference": InferenceConfig,
     "eval": EvalConfig,
     "prepare_data": PrepareDataConfig,
@@ -745,6 +756,7 @@ __all__ = [
     "StageAConfig",
     "StageBConfig",
     "StageCConfig",
+    "StageDConfig",
     "T5Config",
     "TrainConfig",
     "config_help",

@@ -1,0 +1,271 @@
+"""Stage (d): few-step distillation of the adapted decoder. The 50-step guided teacher -> a K-step (K <= 4) student
+that samples without classifier-free guidance (one transformer call per step instead of two).
+
+    accelerate launch --config_file configs/accelerate/multi_gpu.yaml scripts/train_stage_d.py \
+        --config configs/stage_d.yaml
+    python scripts/train_stage_d.py --config configs/tiny/stage_d.yaml              # tiny models on a laptop CPU
+    python scripts/train_stage_d.py --config configs/stage_d.yaml --resume latest   # exact resume
+
+Needs the stage (c) run: ``stage_c_checkpoint`` (the adapted decoder: teacher, and the student's starting point)
+and ``conditions`` (the MLLM's predicted s_a of the training clips, stage (c)'s predictions cache); the motion
+levels come from ``data.manifest``. No clips are read: the teacher makes every target.
+
+Method: segmented trajectory distillation with a guided teacher ODE target (the teacher-solved variant of phased
+consistency distillation, Wang et al. 2024, PCM; the student-rollout inputs follow CausVid / Self-Forcing). The
+teacher's sampler (``teacher.steps`` deterministic DDIM steps, its dynamic CFG schedule) is cut into K segments;
+one step draws a segment k, walks the student's own sampler from Gaussian noise to the segment's start (no
+gradient), lets the frozen teacher solve the guided ODE across the segment from that very point, and regresses the
+student's one-step jump onto it in clean-latent units (animegamer.training.distill). Why this one:
+
+- the target is the teacher's actual multi-step guided solution from the same point, not a bootstrap of the
+  student (consistency distillation's EMA target) nor a learned critic (DMD2 trains a second "fake score" network
+  and a GAN head: two more models in memory and a min-max game, fragile on a LoRA student and a CPU budget);
+- one stage and one loss, no schedule of halvings (progressive distillation needs log2(50/4) rounds, each a
+  training run of its own);
+- the LoRA student starts from the teacher itself and only learns to take longer strides with the guidance
+  folded in, a small change a rank-64 LoRA can hold; the loss goes to zero exactly when the student's K-step
+  sampler reproduces the teacher's K-segment ODE map, so it is a faithful progress measure.
+Cost per step: k student calls (no grad) + up to 2 * ceil(M / K) teacher calls (no grad) + 1 student call with
+gradient; at full size about 26 CogVideoX-2B forwards per sample for K = 4, M = 50.
+
+The student keeps the decoder's LoRA + motion embedding layout and trains only those (as stage c). Conditioned on
+the same s_a and motion level as the teacher's conditional branch; the unconditional branch is folded away.
+
+Writes output_dir/{config.yaml, run_info.json, metrics.csv | logs/} and
+output_dir/checkpoints/step_XXXXXXX/{decoder/ (stage (c)'s layout + sampler.json: the student's timesteps and
+its teacher), optimizer + scheduler + RNG state, trainer_state.json}. Play it with the inference config's
+``decoder_checkpoint`` pointing at the run and ``sampling.preset=distilled``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+import torch
+from accelerate.utils import set_seed
+from tqdm.auto import tqdm
+
+from animegamer.cli import parse_config
+from animegamer.config import StageDConfig
+from animegamer.data.features import motion_level_of
+from animegamer.data.manifest import ManifestError, read_manifest
+from animegamer.data.tensor_store import TensorStore
+from animegamer.models.decoder import AnimationShotDecoder, guidance_scales
+from animegamer.models.fewstep import FewStepSampler, alpha_at, alpha_schedule
+from animegamer.models.trained import DECODER_DIR, load_decoder
+from animegamer.training.batches import resumable_batches
+from animegamer.training.checkpoint import find_resume, load_checkpoint, save_checkpoint, skip_model_weights_in_state
+from animegamer.training.distill import (
+    ConditionDataset,
+    segment_boundaries,
+    student_rollout,
+    student_timesteps,
+    student_x0,
+    target_x0,
+    teacher_segment,
+)
+from animegamer.training.optim import build_optimizer, build_scheduler
+from animegamer.training.run import build_accelerator, configure_deepspeed, start_run
+
+
+class Plan:
+    """The teacher's timesteps and guidance scales, the segment boundaries, the student's sampler, the noise
+    schedule and the latent shape: everything one step needs besides the models and the batch."""
+
+    def __init__(self, cfg: StageDConfig, decoder: AnimationShotDecoder):
+        from diffusers import CogVideoXDDIMScheduler
+
+        scheduler = CogVideoXDDIMScheduler.from_config(decoder.scheduler_config)
+        scheduler.set_timesteps(cfg.teacher.steps)
+        self.teacher_timesteps = [int(t) for t in scheduler.timesteps]
+        self.scales = guidance_scales(cfg.teacher)
+        self.boundaries = segment_boundaries(cfg.teacher.steps, cfg.student_steps)
+        self.times = student_timesteps(self.teacher_timesteps, self.boundaries) + [-1]  # + the clean end
+        self.alphas, self.final_alpha = alpha_schedule(decoder.scheduler_config)
+        teacher = {k: getattr(cfg.teacher, k) for k in ("steps", "scheduler", "guidance_scale", "dynamic_cfg",
+                                                        "dynamic_cfg_exponent", "guidance_steps_fraction")}
+        self.sampler = FewStepSampler(tuple(self.times[:-1]), teacher={**teacher, "boundaries": self.boundaries})
+        self.latent_shape = latent_shape(cfg, decoder)
+
+    def alpha(self, t: int) -> float:
+        return alpha_at(self.alphas, self.final_alpha, t)
+
+
+def latent_shape(cfg: StageDConfig, decoder: AnimationShotDecoder) -> tuple[int, int, int, int]:
+    """(F, C, h, w) of a ``teacher.num_frames`` x ``teacher.height`` x ``teacher.width`` clip, from the VAE's
+    config alone (training never loads the VAE)."""
+    path = Path(cfg.decoder.pretrained) / "vae" / "config.json"
+    vae = json.loads(path.read_text())
+    temporal, spatial = int(vae["temporal_compression_ratio"]), 2 ** (len(vae["block_out_channels"]) - 1)
+    s = cfg.teacher
+    if (s.num_frames - 1) % temporal or s.height % spatial or s.width % spatial:
+        raise ValueError(f"teacher: {s.num_frames} frames at {s.height}x{s.width}: need frames = {temporal}k + 1 "
+                         f"and sizes divisible by {spatial}")
+    channels = decoder.transformer.config.in_channels
+    return (s.num_frames - 1) // temporal + 1, channels, s.height // spatial, s.width // spatial
+
+
+def build_teacher(cfg: StageDConfig, device) -> AnimationShotDecoder:
+    """The frozen stage (c) decoder, LoRA folded into its weights (it only predicts)."""
+    teacher = load_decoder(cfg.stage_c_checkpoint, cfg.decoder, with_vae=False)
+    teacher.merge_lora()
+    return teacher.requires_grad_(False).to(device).eval()
+
+
+def build_student(cfg: StageDConfig) -> AnimationShotDecoder:
+    """The stage (c) decoder again, its LoRA + motion embedding trainable."""
+    return load_decoder(cfg.stage_c_checkpoint, cfg.decoder, with_vae=False).train()
+
+
+def build_dataset(cfg: StageDConfig) -> tuple[ConditionDataset, list[str]]:
+    """Every s_a of ``conditions`` whose clip the manifest gives a motion level; the others are reported."""
+    records = read_manifest(cfg.data.manifest).by_id()
+    store_dir = Path(cfg.conditions)
+    if not (store_dir / "index.json").is_file():
+        raise FileNotFoundError(f"conditions: no TensorStore at {store_dir} (stage (c)'s predictions cache)")
+    items, left_out = [], []
+    for clip_id in TensorStore(store_dir).clip_ids():
+        if clip_id not in records:
+            left_out.append(f"{clip_id}: not in {cfg.data.manifest}")
+            continue
+        record = records[clip_id]
+        if record.motion_level is None and not record.tags:
+            left_out.append(f"{clip_id}: no motion level (neither measured nor tagged)")
+            continue
+        items.append((clip_id, motion_level_of(record)))
+    return ConditionDataset(store_dir, items), left_out
+
+
+def compute_loss(model, teacher: AnimationShotDecoder, batch: dict, plan: Plan, segment: int) -> torch.Tensor:
+    """The stage (d) loss of one micro-batch on segment ``segment``. ``model`` may be wrapped (DDP ...)."""
+    shots, levels = batch["shot_embeds"], batch["motion_level"]  # (B, N, H), (B,)
+    noise = torch.randn(shots.shape[0], *plan.latent_shape, device=shots.device)  # (B, F, C, h, w)
+    start, end = plan.boundaries[segment], plan.boundaries[segment + 1]
+    t, t_next = plan.times[segment], plan.times[segment + 1]
+    x = student_rollout(model, noise, plan.times, segment, shots, levels, plan.alphas, plan.final_alpha)
+    x_end = teacher_segment(teacher, x, start, end, plan.teacher_timesteps, plan.scales, plan.alphas,
+                            plan.final_alpha, shots, levels)
+    target = target_x0(x, x_end, plan.alpha(t), plan.alpha(t_next))
+    prediction = student_x0(model, x, t, shots, levels, plan.alpha(t))
+    return torch.nn.functional.mse_loss(prediction, target)
+
+
+def fail(message: str) -> NoReturn:
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def main(argv: list[str] | None = None) -> Path:
+    def flags(parser):
+        parser.add_argument("--resume", help="'latest' or a checkpoint path (same as train.resume=...)")
+
+    cfg, args = parse_config(StageDConfig, __doc__, argv, extra=flags)
+    if args.resume:
+        cfg.train.resume = args.resume
+    train = cfg.train
+    if cfg.teacher.scheduler != "ddim":
+        fail(f"teacher.scheduler={cfg.teacher.scheduler!r}: the teacher's ODE is the deterministic DDIM sampler "
+             "(teacher.scheduler=ddim); the student's steps walk the same ODE")
+    if not 1 <= cfg.student_steps <= cfg.teacher.steps:
+        fail(f"student_steps={cfg.student_steps} must be in 1..teacher.steps ({cfg.teacher.steps})")
+
+    accelerator = build_accelerator(cfg.output_dir, train)
+    skip_model_weights_in_state(accelerator)
+    say = accelerator.print
+
+    # ---- data, teacher and student: bad input fails here, before the run writes anything
+    try:
+        dataset, left_out = build_dataset(cfg)
+        set_seed(cfg.seed)
+        student = build_student(cfg)
+        teacher = build_teacher(cfg, accelerator.device)
+        plan = Plan(cfg, student)
+    except (ManifestError, FileNotFoundError, ValueError) as exc:
+        fail(str(exc))
+    tcfg = student.transformer.config
+    want = (student.num_condition_tokens, tcfg.num_attention_heads * tcfg.attention_head_dim)
+    if tuple(dataset[0]["shot_embeds"].shape) != want:
+        fail(f"conditions in {cfg.conditions} are s_a of {tuple(dataset[0]['shot_embeds'].shape)}; the decoder "
+             f"takes {want}")
+    out = start_run(accelerator, cfg, "stage_d")
+    for line in left_out[:20]:
+        say(f"left out {line}")
+    say(
+        f"{len(dataset)} conditions; student {cfg.student_steps} steps at t={plan.times[:-1]} from a "
+        f"{cfg.teacher.steps}-step teacher ({sum(s > 1.0 for s in plan.scales)} guided); "
+        f"{accelerator.num_processes} process(es); batch {train.batch_size} x {train.grad_accum}"
+    )
+
+    # ---- only the student's LoRA + motion embedding are optimised; the teacher is never prepared
+    student.to(accelerator.device)
+    optimizer = build_optimizer(student.trainable_parameters(), train)
+    lr_scheduler = build_scheduler(optimizer, train)
+    configure_deepspeed(accelerator, train)
+    model, optimizer, lr_scheduler = accelerator.prepare(student, optimizer, lr_scheduler)
+    core = accelerator.unwrap_model(model)
+    trained = core.trainable_parameters()  # after prepare: FSDP may have replaced the parameter objects
+
+    def save_weights(path: Path) -> None:
+        core.save_trained(path / DECODER_DIR)
+        plan.sampler.save(path / DECODER_DIR)
+
+    def load_weights(path: Path) -> None:
+        core.load_trained(path / DECODER_DIR)
+
+    # ---- resume: weights, optimizer, lr schedule and every process's RNG; the data order is a function of step
+    step = 0
+    set_seed(cfg.seed + accelerator.process_index)  # noise and segments differ per process
+    resume_from = find_resume(cfg.output_dir, train.resume)
+    if resume_from is not None:
+        step = load_checkpoint(accelerator, resume_from, load_weights)["step"]
+        say(f"resumed from {resume_from} at step {step}")
+    batches = resumable_batches(dataset, accelerator, train, cfg.seed, step, cfg.data.num_workers)
+
+    # ---- loop
+    progress = tqdm(total=train.max_steps, initial=step, desc="stage d", disable=not accelerator.is_main_process)
+    loss_value = float("nan")
+    while step < train.max_steps:
+        step_loss = torch.zeros((), device=accelerator.device)
+        for _ in range(train.grad_accum):
+            batch = {k: v.to(accelerator.device, non_blocking=True) for k, v in next(batches).items()}
+            segment = int(torch.randint(cfg.student_steps, ()))
+            with accelerator.accumulate(model):
+                loss = compute_loss(model, teacher, batch, plan, segment)
+                accelerator.backward(loss)
+            step_loss += loss.detach() / train.grad_accum
+        grad_norm = accelerator.clip_grad_norm_(trained, train.max_grad_norm)
+        lr = lr_scheduler.get_last_lr()[0]  # the rate this step applies
+        optimizer.step()
+        lr_scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+
+        progress.update(1)
+        if step % train.log_every == 0 or step == train.max_steps:
+            loss_value = accelerator.reduce(step_loss, "mean").item()
+            accelerator.log(
+                {
+                    "loss": loss_value,
+                    "grad_norm": float("nan") if grad_norm is None else float(grad_norm),  # None under DeepSpeed
+                    "lr": lr,
+                },
+                step=step,
+            )
+            progress.set_postfix(loss=f"{loss_value:.4f}")
+        if step % train.checkpoint_every == 0 or step == train.max_steps:
+            save_checkpoint(
+                accelerator, cfg.output_dir, step, save_weights,
+                {"loss": loss_value, "sampler_timesteps": list(plan.sampler.timesteps)}, keep=train.keep_checkpoints,
+            )
+    progress.close()
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    say(f"done: {step} steps; checkpoints in {out / 'checkpoints'}")
+    return out
+
+
+if __name__ == "__main__":
+    main()

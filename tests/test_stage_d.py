@@ -1,0 +1,225 @@
+"""Stage (d): the distillation pieces (teacher segments, target, student step), a real tiny run, resume, configs."""
+
+import csv
+import importlib.util
+import json
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+import torch
+
+from animegamer.config import DecoderConfig, SamplingConfig, load_config
+from animegamer.models.decoder import AnimationShotDecoder, guidance_scales
+from animegamer.models.fewstep import SAMPLER_FILE, FewStepSampler, alpha_schedule, ddim_step, fewstep_sample
+from animegamer.models.trained import load_decoder
+from animegamer.models.weights import load_state_dict_file
+from animegamer.training.checkpoint import list_checkpoints
+from animegamer.training.distill import (
+    segment_boundaries,
+    student_timesteps,
+    target_x0,
+    teacher_segment,
+)
+from tests.stage_b_data import clip_id, write_stage_b_data
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_CONFIG = ROOT / "configs" / "tiny" / "stage_d.yaml"
+SLOTS, SHOT_DIM = 226, 32
+UNCAPTIONED = clip_id(0, 3)
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("train_stage_d", ROOT / "scripts" / "train_stage_d.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+train_stage_d = _load_script()
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, tiny_cogvideox_dir):
+    """A stage (c) checkpoint with non-trivial trained parts, and 4 conditions (one clip untagged: left out)."""
+    root = tmp_path_factory.mktemp("stage_d")
+    write_stage_b_data(root, films=1, clips_per_film=4, num_slots=SLOTS, shot_dim=SHOT_DIM, uncaptioned=(UNCAPTIONED,))
+    torch.manual_seed(0)
+    cfg = DecoderConfig(pretrained=str(tiny_cogvideox_dir), lora_rank=4, lora_alpha=4, motion_embed_dim=16,
+                        gradient_checkpointing=False, dtype="fp32")
+    decoder = AnimationShotDecoder.from_config(cfg, with_vae=False)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in decoder.trainable_parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    stage_c = root / "stage_c"
+    decoder.save_trained(stage_c / "checkpoints" / "step_0000003" / "decoder")
+    (stage_c / "checkpoints" / "latest").write_text("step_0000003\n")
+    overrides = [
+        f"decoder.pretrained={tiny_cogvideox_dir}",
+        f"data.manifest={root / 'clips.jsonl'}",
+        f"stage_c_checkpoint={stage_c / 'checkpoints' / 'latest'}",
+        f"conditions={root / 'shot_targets'}",
+        "teacher.num_frames=5",  # 2 latent frames of 8x12
+        "teacher.steps=8",
+        "student_steps=2",
+        "train.log_every=1",
+        "train.lr_warmup_steps=0",
+    ]
+    return {"root": root, "overrides": overrides, "stage_c": stage_c, "decoder_cfg": cfg}
+
+
+def _argv(run, out: Path, *extra: str) -> list[str]:
+    return ["--config", str(TINY_CONFIG), *run["overrides"], f"output_dir={out}", *extra]
+
+
+def _losses(run_dir: Path) -> list[float]:
+    return [float(r["value"]) for r in csv.DictReader(open(run_dir / "metrics.csv")) if r["name"] == "loss"]
+
+
+# ---------------------------------------------------------------- pure pieces
+
+
+def test_segments_and_student_timesteps():
+    assert segment_boundaries(50, 4) == [0, 12, 25, 38, 50]
+    assert segment_boundaries(8, 8) == list(range(9)) and segment_boundaries(8, 1) == [0, 8]
+    with pytest.raises(ValueError, match="student_steps=5"):
+        segment_boundaries(4, 5)
+    teacher = [999, 749, 499, 249]
+    assert student_timesteps(teacher, segment_boundaries(4, 2)) == [999, 499]
+
+
+def test_target_x0_is_what_the_ddim_jump_needs():
+    g = torch.Generator().manual_seed(0)
+    x, x_end = torch.randn(2, 3, 4, generator=g), torch.randn(2, 3, 4, generator=g)
+    for alpha, alpha_next in ((0.0, 0.3), (0.2, 0.9), (0.5, 1.0)):
+        x0 = target_x0(x, x_end, alpha, alpha_next)
+        torch.testing.assert_close(ddim_step(x, x0, alpha, alpha_next), x_end)
+    with pytest.raises(ValueError, match="less noise"):
+        target_x0(x, x_end, 0.5, 0.4)
+
+
+def test_teacher_segment_is_the_decoders_guided_ddim_sampler(run):
+    """The whole teacher trajectory as one segment equals AnimationShotDecoder.sample with the DDIM scheduler."""
+    decoder = load_decoder(run["stage_c"], run["decoder_cfg"])
+    # 4 steps: 1000 is a multiple, so diffusers' DDIM steps walk the grid too (as with the paper's 50)
+    sampling = SamplingConfig(scheduler="ddim", steps=4, height=64, width=96, num_frames=5, guidance_scale=4.0)
+    g = torch.Generator().manual_seed(3)
+    shots, levels = torch.randn(2, SLOTS, SHOT_DIM, generator=g), torch.tensor([2, 5])
+    reference = decoder.sample(shots, levels, sampling, generator=torch.Generator().manual_seed(7), decode=False)
+    scheduler, scales, latents = decoder.start_sampling(2, sampling, torch.Generator().manual_seed(7))
+    alphas, final_alpha = alpha_schedule(decoder.scheduler_config)
+    timesteps = [int(t) for t in scheduler.timesteps]
+    assert scales == guidance_scales(sampling) and scales[0] > 1.0
+    halves = teacher_segment(decoder, latents, 0, 2, timesteps, scales, alphas, final_alpha, shots, levels)
+    whole = teacher_segment(decoder, halves, 2, 4, timesteps, scales, alphas, final_alpha, shots, levels)
+    torch.testing.assert_close(whole, reference, rtol=1e-4, atol=1e-4)
+    # the few-step sampler at all the teacher's timesteps is the same walk without guidance
+    unguided = SamplingConfig(scheduler="ddim", steps=4, height=64, width=96, num_frames=5, guidance_scale=1.0)
+    plain = decoder.sample(shots, levels, unguided, generator=torch.Generator().manual_seed(7), decode=False)
+    fewstep = fewstep_sample(decoder, shots, levels, FewStepSampler(tuple(timesteps)), latents)
+    torch.testing.assert_close(fewstep, plain, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(plain, reference, atol=1e-3)  # guidance does change the teacher's clip
+
+
+def test_sampler_record_round_trip_and_validation(tmp_path):
+    sampler = FewStepSampler((999, 759, 499, 239), teacher={"steps": 50})
+    sampler.save(tmp_path)
+    assert FewStepSampler.load(tmp_path, 1000) == sampler and sampler.steps == 4
+    bad = {"format": "animegamer-fewstep-v1", "timesteps": [499, 999]}
+    (tmp_path / SAMPLER_FILE).write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match="decreasing integers"):
+        FewStepSampler.load(tmp_path, 1000)
+    (tmp_path / SAMPLER_FILE).write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        FewStepSampler.load(tmp_path, 1000)
+    with pytest.raises(FileNotFoundError, match="stage \\(d\\)"):
+        FewStepSampler.load(tmp_path / "none", 1000)
+
+
+# ---------------------------------------------------------------- the script
+
+
+def test_loss_falls_on_a_fixed_batch(run):
+    cfg = load_config(TINY_CONFIG, _argv(run, run["root"] / "unused")[2:])
+    dataset, left_out = train_stage_d.build_dataset(cfg)
+    assert len(dataset) == 3 and left_out == [f"{UNCAPTIONED}: no motion level (neither measured nor tagged)"]
+    batch = {k: torch.stack([dataset[i][k] for i in range(3)]) for k in dataset[0]}
+    student, teacher = train_stage_d.build_student(cfg), train_stage_d.build_teacher(cfg, "cpu")
+    plan = train_stage_d.Plan(cfg, student)
+    assert plan.latent_shape == (2, 4, 8, 12) and plan.boundaries == [0, 4, 8] and plan.times[-1] == -1
+    optimizer = torch.optim.AdamW(student.trainable_parameters(), lr=1e-2)
+    frozen = {n: p.clone() for n, p in student.named_parameters() if not p.requires_grad}
+    losses = []
+    for _ in range(8):
+        torch.manual_seed(1)  # the same noise every step: one fixed batch to fit
+        loss = train_stage_d.compute_loss(student, teacher, batch, plan, segment=0)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    assert all(torch.isfinite(torch.tensor(losses))), losses
+    assert all(b < a for a, b in pairwise(losses)) and losses[-1] < 0.9 * losses[0], losses
+    assert all(torch.equal(p, frozen[n]) for n, p in student.named_parameters() if not p.requires_grad)
+    assert not any(p.requires_grad for p in teacher.parameters())
+
+
+def test_run_writes_a_decoder_checkpoint_and_resumes_exactly(run, tmp_path, capsys):
+    common = ["train.checkpoint_every=1", "train.keep_checkpoints=10"]
+    straight = train_stage_d.main(_argv(run, tmp_path / "a", *common, "train.max_steps=3"))
+    steps = list_checkpoints(straight)
+    assert [p.name for p in steps] == ["step_0000001", "step_0000002", "step_0000003"]
+    for name in ("adapter_model.safetensors", "motion_embedding.safetensors", "decoder_config.json", SAMPLER_FILE):
+        assert (steps[-1] / "decoder" / name).is_file(), name
+    losses = _losses(straight)
+    assert len(losses) == 3 and all(torch.isfinite(torch.tensor(losses)))
+    state = json.loads((steps[-1] / "trainer_state.json").read_text())
+    assert state["step"] == 3 and len(state["sampler_timesteps"]) == 2
+    # the student is a decoder checkpoint like any other, with its sampler recorded
+    cfg = load_config(TINY_CONFIG, _argv(run, straight)[2:])
+    load_decoder(steps[-1], cfg.decoder, with_vae=False)  # the inference loader takes it
+    sampler = FewStepSampler.load(steps[-1] / "decoder", 1000)
+    assert sampler.timesteps == tuple(state["sampler_timesteps"]) and sampler.teacher["steps"] == 8
+    start = load_state_dict_file(run["stage_c"] / "checkpoints/step_0000003/decoder/adapter_model.safetensors")
+    final = load_state_dict_file(steps[-1] / "decoder" / "adapter_model.safetensors")
+    assert start.keys() == final.keys() and any(not torch.equal(start[k], final[k]) for k in start)
+
+    train_stage_d.main(_argv(run, tmp_path / "b", *common, "train.max_steps=2"))
+    resumed = train_stage_d.main(_argv(run, tmp_path / "b", *common, "train.max_steps=3", "--resume", "latest"))
+    assert "resumed from" in capsys.readouterr().out
+    again = load_state_dict_file(list_checkpoints(resumed)[-1] / "decoder" / "adapter_model.safetensors")
+    for k, v in final.items():
+        torch.testing.assert_close(again[k], v, rtol=0, atol=1e-6, msg=k)
+    assert _losses(resumed)[-1] == pytest.approx(losses[-1], abs=1e-6)  # step 3's loss, after the resume
+
+
+def test_user_mistakes_exit_2_with_one_line(run, tmp_path, capsys):
+    cases = {
+        "teacher.scheduler=dpm": "teacher.scheduler='dpm'",
+        "student_steps=9": "student_steps=9",
+        f"conditions={tmp_path / 'none'}": "no TensorStore",
+        f"stage_c_checkpoint={tmp_path / 'nowhere'}": "not found",
+        "teacher.height=60": "divisible",
+        "student_steps=two": "student_steps",
+    }
+    for override, message in cases.items():
+        with pytest.raises(SystemExit) as exc:
+            train_stage_d.main(_argv(run, tmp_path / "bad", override))
+        err = capsys.readouterr().err.strip().splitlines()
+        assert exc.value.code == 2 and err[-1].startswith("error: ") and message in err[-1], (override, err)
+    assert not (tmp_path / "bad").exists()  # nothing written before the checks pass
+    with pytest.raises(SystemExit) as exc:
+        train_stage_d.main(["--help"])
+    assert exc.value.code == 0 and "student_steps" in capsys.readouterr().out
+
+
+def test_configs_line_up_with_stage_c():
+    for stage_d, stage_c in (("stage_d.yaml", "stage_c.yaml"), ("tiny/stage_d.yaml", "tiny/stage_c.yaml")):
+        d, c = load_config(ROOT / "configs" / stage_d), load_config(ROOT / "configs" / stage_c)
+        assert d.decoder == c.decoder and d.data.manifest == c.data.manifest
+        assert d.stage_c_checkpoint == f"{c.output_dir}/checkpoints/latest"
+        assert d.conditions == f"{c.output_dir}/predictions"
+        assert d.student_steps == 4 and d.teacher.scheduler == "ddim"
+    paper = load_config(ROOT / "configs" / "stage_d.yaml")
+    assert (paper.teacher.steps, paper.teacher.guidance_scale, paper.teacher.num_frames) == (50, 6.0, 17)
