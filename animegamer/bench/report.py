@@ -19,8 +19,24 @@ def _rate(x: float) -> str:
     return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
 
 
-def _pct(x: float | None) -> str:
-    return "—" if x is None else f"{100 * x:.1f}%"
+def _mfu(x: float | None) -> str:
+    """An MFU as a percentage; one above 100% is marked (see :func:`mfus_above_peak`)."""
+    return "—" if x is None else f"{100 * x:.1f}%" + (" †" if x > 1 else "")
+
+
+def mfus_above_peak(result: dict[str, Any]) -> list[str]:
+    """The MFUs of a run that exceed 1. The peak is a matmul timed in the same run; on a busy device (shared CPU
+    cores) it can be timed slower than the model's own matmuls ran, and such an MFU says nothing."""
+    found = []
+    turn = result.get("turn") or {}
+    for path in ("plain", "ours"):
+        if (turn.get(path) or {}).get("denoise_mfu", 0) > 1:
+            found.append(f"turn.{path}.denoise_mfu")
+    for stage, parts in (result.get("training") or {}).items():
+        for path in ("plain", "ours"):
+            if (parts.get(path) or {}).get("mfu", 0) > 1:
+                found.append(f"training.{stage}.{path}.mfu")
+    return found
 
 
 def _gb(x: float | None) -> str:
@@ -65,8 +81,8 @@ def markdown(result: dict[str, Any]) -> str:
             f"{_ratio(speed['mllm_prefill'])} | {_gb(ours['peak_memory_gb']['mllm'])} |",
             f"| state decoding | {_s(plain['mllm_states_s'])} | {_s(ours['mllm_states_s'])} | "
             f"{_ratio(speed['mllm_states'])} | |",
-            f"| denoising ({s['steps']} steps; MFU plain / ours {_pct(plain['denoise_mfu'])} / "
-            f"{_pct(ours['denoise_mfu'])}) | {_s(plain['denoise_s'])} | {_s(ours['denoise_s'])} | "
+            f"| denoising ({s['steps']} steps; MFU plain / ours {_mfu(plain['denoise_mfu'])} / "
+            f"{_mfu(ours['denoise_mfu'])}) | {_s(plain['denoise_s'])} | {_s(ours['denoise_s'])} | "
             f"{_ratio(speed['denoise'])} | {_gb(ours['peak_memory_gb']['denoise'])} |",
             f"| VAE decode | {_s(plain['vae_decode_s'])} | {_s(ours['vae_decode_s'])} | {_ratio(speed['vae_decode'])} "
             f"| {_gb(ours['peak_memory_gb']['vae_decode'])} |",
@@ -112,8 +128,8 @@ def markdown(result: dict[str, Any]) -> str:
                 f"| (a) clips/s | batch {st['batch_size']}, {st['clip']}, LoRA r={st['lora_rank']}, "
                 f"{'checkpointing' if st['gradient_checkpointing'] else 'no checkpointing'}, {_precision(st)}"
                 f"{', compiled' if st['compile'] else ''} | {_rate(a['plain']['clips_per_s'])} | "
-                f"{_rate(a['ours']['clips_per_s'])} | {_ratio(a['speedup'])} | {_pct(a['plain']['mfu'])} / "
-                f"{_pct(a['ours']['mfu'])} | {_gb(a['plain']['peak_memory_gb'])} / "
+                f"{_rate(a['ours']['clips_per_s'])} | {_ratio(a['speedup'])} | {_mfu(a['plain']['mfu'])} / "
+                f"{_mfu(a['ours']['mfu'])} | {_gb(a['plain']['peak_memory_gb'])} / "
                 f"{_gb(a['ours']['peak_memory_gb'])} |"
             )
         b = train.get("stage_b")
@@ -124,12 +140,19 @@ def markdown(result: dict[str, Any]) -> str:
                 f"({st['tokens_per_step']} tokens), LoRA r={st['lora_rank']}, "
                 f"{'checkpointing' if st['gradient_checkpointing'] else 'no checkpointing'}, {_precision(st)}"
                 f"{', compiled' if st['compile'] else ''} | {_rate(b['plain']['tokens_per_s'])} | "
-                f"{_rate(b['ours']['tokens_per_s'])} | {_ratio(b['speedup'])} | {_pct(b['plain']['mfu'])} / "
-                f"{_pct(b['ours']['mfu'])} | {_gb(b['plain']['peak_memory_gb'])} / "
+                f"{_rate(b['ours']['tokens_per_s'])} | {_ratio(b['speedup'])} | {_mfu(b['plain']['mfu'])} / "
+                f"{_mfu(b['ours']['mfu'])} | {_gb(b['plain']['peak_memory_gb'])} / "
                 f"{_gb(b['ours']['peak_memory_gb'])} |"
             )
         if not result["settings"]["compile"]:
             lines += ["", "With compile off, plain and ours run the same training code: the ratio is noise."]
         lines.append("")
+    above = mfus_above_peak(result)
+    if above:
+        lines += [
+            f"† MFU above 100% ({', '.join(above)}): the matmul peak of this run was measured slower than the model "
+            "ran, so the device was busy while it was timed; these MFUs are not a measurement.",
+            "",
+        ]
     lines += ["Conventions: " + " ".join(result["conventions"].values()), ""]
     return "\n".join(lines)
