@@ -5,6 +5,7 @@ import importlib.util
 import io
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -327,3 +328,15 @@ def test_bad_setting_is_one_line_before_any_model(entry, setting, needle, tiny_m
     err = capsys.readouterr().err
     assert info.value.code == 2
     assert err.startswith("error: ") and err.count("\n") == 1 and needle in err
+
+
+def test_save_file_is_atomic_with_the_umask_mode(played, tmp_path):
+    session, save = played
+    before = os.umask(0o022)
+    try:
+        path = session.save(tmp_path / "mine.save")
+    finally:
+        os.umask(before)
+    assert path.stat().st_mode & 0o777 == 0o644  # was 0600 whatever the umask
+    assert [p.name for p in tmp_path.iterdir()] == ["mine.save"]  # no temp file left beside it
+    assert path.read_bytes() == save.read_bytes()
