@@ -6,7 +6,9 @@ One turn of the game, as the MLLM sees it (paper vocabulary)::
            <MS> <level_3> </MS> <SC> <social_0> </SC> <ET> <ent_1> </ET> <ST> <stamina_-1> </ST> </TURN>
 
 The released checkpoint spells the same layout ``<img><frame><frame_00000>…</frame></img>``, ``<ML>`` and
-``<Strength_k>``; both spellings are :class:`Vocabulary` instances of one layout.
+``<Strength_k>`` (one value spelling for every field: ``<SC><Strength_1></SC>``); both spellings are
+:class:`Vocabulary` instances of one layout. The ids of the released tokens come from the release's tokenizer
+directory (``<frame_00000>`` = 32000 … ``</TURN>`` = 32283 there), never from the order of this list.
 
 Earlier turns carry ``input_resampler(s_a)`` in their slots and their true state values; the current
 turn carries learnable query embeddings in its slots and its state values are predicted, one token
@@ -82,7 +84,7 @@ RELEASED = Vocabulary(
     shot_close=("</frame>", "</img>"),
     slot_format="<frame_{i:05d}>",
     field_tags={"motion_level": "ML", "social": "SC", "entertainment": "ET", "stamina": "ST"},
-    value_formats={"motion_level": "<Strength_{v}>", **_VALUE_FORMATS},
+    value_formats={name: "<Strength_{v}>" for name in STATE_FIELDS},
 )
 
 VOCABULARIES = {v.name: v for v in (PAPER, RELEASED)}
@@ -108,6 +110,7 @@ class TurnSpec:
     instruction: str
     values: StateValues | None = None  # None: the values are to be predicted (current turn, inference)
     is_current: bool = False  # current turn: query slots, its values are the targets
+    text_ids: list[int] | None = None  # the instruction's token ids when already known (else encode_text)
 
 
 @dataclass
@@ -157,6 +160,12 @@ class TurnLayout:
         return int(self.tokenizer.convert_tokens_to_ids(token))
 
     def encode_text(self, text: str) -> list[int]:
+        """The instruction's ids as they follow ``<TURN>``: the release tokenizes ``<TURN>`` + text in one string, so
+        a sentencepiece tokenizer adds no word-start piece (``Character``, not ``▁Character``) after the tag."""
+        if self.vocab.name == RELEASED.name:
+            ids = list(self.tokenizer.encode(self.vocab.turn_open + text, add_special_tokens=False))
+            if ids and ids[0] == self.turn_open_id:
+                return ids[1:]
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def value_id(self, field_name: str, value: int) -> int:
@@ -168,11 +177,24 @@ class TurnLayout:
             out += [self.open_ids[f], self.value_id(f, getattr(values, f)), self.close_ids[f]]
         return out
 
-    def build_sequence(self, turns: list[TurnSpec], add_bos: bool = True) -> SequenceLayout:
+    def release_history_state_tokens(self) -> list[int]:
+        """A history turn's state tokens as the release's loop writes them (its quirk B5): every value is
+        ``<Strength_0>`` (it formats them from the current turn's still-empty entry) and ``</ST>`` comes twice."""
+        zero = self._ids(self.vocab.value_formats["motion_level"].format(v=0))
+        out = []
+        for f in STATE_FIELDS:
+            out += [self.open_ids[f], zero, self.close_ids[f]]
+        return [*out, self.close_ids[STATE_FIELDS[-1]]]
+
+    def build_sequence(
+        self, turns: list[TurnSpec], add_bos: bool = True, release_history_states: bool = False
+    ) -> SequenceLayout:
         """Lay out turns one after another. At most one turn is current and it must be the last.
 
         A current turn with values (training) ends with its state tokens and ``</TURN>``; without values
         (inference) the sequence stops after its first open tag (``<MS>``), ready for constrained decoding.
+        ``release_history_states``: history turns carry :meth:`release_history_state_tokens` instead of their values
+        (``compat: released``).
         """
         if not turns:
             raise ValueError("a sequence needs at least one turn")
@@ -188,12 +210,16 @@ class TurnLayout:
         state_prompt_end = -1
         for index, turn in enumerate(turns):
             start = len(ids)
-            ids += [self.turn_open_id, *self.encode_text(turn.instruction), *self.shot_open_ids]
+            text_ids = turn.text_ids if turn.text_ids is not None else self.encode_text(turn.instruction)
+            ids += [self.turn_open_id, *text_ids, *self.shot_open_ids]
             slot_positions.append(list(range(len(ids), len(ids) + self.num_slots)))
             ids += self.slot_ids
             ids += self.shot_close_ids
             positions: dict[str, int] = {}
-            if turn.values is None:
+            if release_history_states and not turn.is_current:
+                ids += self.release_history_state_tokens()
+                ids.append(self.turn_close_id)
+            elif turn.values is None:
                 if not turn.is_current:
                     raise ValueError(f"history turn {index} needs its state values")
                 ids.append(self.open_ids[STATE_FIELDS[0]])

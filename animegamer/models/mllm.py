@@ -44,11 +44,14 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 TRAINED_FILE = "mllm_trained.safetensors"
 LAYOUT_FILE = "mllm_layout.json"
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+LAYOUT_DEFAULTS = {"resampler_gelu": "tanh"}  # layout keys that checkpoints written before them lack
 
 
 def load_tokenizer(pretrained: str, vocabulary: str = "paper", num_slots: int = 226) -> tuple[Any, int]:
     """The base tokenizer with the layout's special tokens added; returns (tokenizer, base vocabulary size).
 
+    A tokenizer that already holds every token of the layout (the release's ``animegamer_tokenizer``, copied into a
+    converted checkpoint) is taken as it is: its added tokens keep their ids, which the converted rows follow.
     Cheap (no weights), so entry points use it to validate instructions before any model is loaded.
     """
     from transformers import AutoTokenizer
@@ -56,9 +59,12 @@ def load_tokenizer(pretrained: str, vocabulary: str = "paper", num_slots: int = 
     if not Path(pretrained).is_dir():
         raise FileNotFoundError(f"MLLM base model directory not found: {pretrained} (mllm.pretrained)")
     tokenizer = AutoTokenizer.from_pretrained(pretrained)
-    base_vocab = len(tokenizer)
     vocab = get_vocabulary(vocabulary)
     tokens = vocab.special_tokens(num_slots)
+    shipped = shipped_layout_base(tokenizer, tokens)
+    if shipped is not None:
+        return tokenizer, shipped
+    base_vocab = len(tokenizer)
     add_special_tokens(tokenizer, vocab, num_slots)
     ids = tokenizer.convert_tokens_to_ids(tokens)
     # The new rows are indexed as id - base_vocab; a base tokenizer that already knew one of these tokens would
@@ -71,6 +77,22 @@ def load_tokenizer(pretrained: str, vocabulary: str = "paper", num_slots: int = 
     return tokenizer, base_vocab
 
 
+def shipped_layout_base(tokenizer: Any, tokens: list[str]) -> int | None:
+    """The base vocabulary size of a tokenizer that already holds all of ``tokens`` as added tokens placed after
+    its base vocabulary (ids ``vocab_size`` .. ``len - 1``, every one of them added); None for any other tokenizer."""
+    base = int(tokenizer.vocab_size)
+    added = tokenizer.get_added_vocab()
+    if not all(t in added and added[t] >= base for t in tokens):
+        return None
+    new_ids = sorted(i for i in added.values() if i >= base)
+    if new_ids != list(range(base, len(tokenizer))):
+        raise ValueError(
+            f"the tokenizer's added tokens do not follow its base vocabulary of {base} contiguously "
+            f"(ids {new_ids[:2]}..{new_ids[-1:]}, length {len(tokenizer)})"
+        )
+    return base
+
+
 class AnimeGamerMLLM(nn.Module):
     def __init__(
         self,
@@ -81,6 +103,7 @@ class AnimeGamerMLLM(nn.Module):
         num_slots: int = 226,
         shot_dim: int = 1920,
         resampler_layers: int = 2,
+        resampler_gelu: str = "tanh",
         lora_rank: int = 32,
         lora_alpha: int = 32,
         lora_dropout: float = 0.05,
@@ -101,6 +124,7 @@ class AnimeGamerMLLM(nn.Module):
         num_new = len(tokenizer) - base_vocab
         hidden = llm.config.hidden_size
         self.hidden_size = hidden
+        self.official = False  # set by load_trained for converted official weights
 
         llm.requires_grad_(False)
         if gradient_checkpointing:
@@ -130,8 +154,9 @@ class AnimeGamerMLLM(nn.Module):
         with torch.no_grad():
             self.new_token_embed.weight.copy_(base_in.mean(0) + base_in.std(0) * torch.randn(num_new, hidden))
             self.new_token_head.weight.copy_(base_out.mean(0) + base_out.std(0) * torch.randn(num_new, hidden))
-        self.input_resampler = ShotResampler(shot_dim, hidden, resampler_layers)
-        self.output_resampler = ShotResampler(hidden, shot_dim, resampler_layers)
+        self.resampler_gelu = resampler_gelu
+        self.input_resampler = ShotResampler(shot_dim, hidden, resampler_layers, resampler_gelu)
+        self.output_resampler = ShotResampler(hidden, shot_dim, resampler_layers, resampler_gelu)
         self._value_columns = {
             f: torch.tensor([i - base_vocab for i in self.layout.value_ids[f]]) for f in STATE_FIELDS
         }
@@ -168,6 +193,7 @@ class AnimeGamerMLLM(nn.Module):
             num_slots=cfg.num_slots,
             shot_dim=shot_dim if shot_dim is not None else cfg.shot_dim,
             resampler_layers=cfg.resampler_layers,
+            resampler_gelu=cfg.resampler_gelu,
             lora_rank=cfg.lora_rank,
             lora_alpha=cfg.lora_alpha,
             lora_dropout=cfg.lora_dropout,
@@ -316,6 +342,7 @@ class AnimeGamerMLLM(nn.Module):
             "num_new_tokens": self.new_token_embed.num_embeddings,
             "hidden_size": self.hidden_size,
             "shot_dim": self.shot_dim,
+            "resampler_gelu": self.resampler_gelu,
         }
 
     def save_trained(self, out_dir: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> Path:
@@ -351,6 +378,7 @@ class AnimeGamerMLLM(nn.Module):
                 raise FileNotFoundError(f"{path} is not an MLLM checkpoint: {name} is missing")
         saved = json.loads((path / LAYOUT_FILE).read_text())
         mine = self._layout_meta()
+        saved = {**LAYOUT_DEFAULTS, **saved}
         diff = {k: (saved.get(k), v) for k, v in mine.items() if saved.get(k) != v}
         if diff:
             detail = ", ".join(f"{k}: checkpoint {a!r} vs model {b!r}" for k, (a, b) in diff.items())
@@ -375,4 +403,6 @@ class AnimeGamerMLLM(nn.Module):
         if set(extras) != expected:
             raise ValueError(f"{path}: {TRAINED_FILE} holds {sorted(set(extras) ^ expected)[:4]} unexpectedly")
         self.load_state_dict(extras, strict=False)
+        # converted official weights (animegamer/official/mllm.py): the runner replays the release's attention
+        self.official = bool(saved.get("official", False))
         return path

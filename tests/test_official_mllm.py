@@ -1,0 +1,222 @@
+"""Parity of the converted official agent with the official code's outputs (tests/data/official_ref, or the set named
+by $ANIMEGAMER_OFFICIAL_REF): every size, the window, the turn count and the LoRA settings come from the set itself.
+
+Per turn N the official loop's history is the previous ``max_window - 1`` turns with their stored s_a (turn N uses
+turn N-1's ``s_a``); captions are the reference ids between ``<TURN>`` and ``<img>`` (the set has no tokenizer).
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+import yaml
+from official_ref_data import REF_DIR, build_release_tokenizer, mllm_reference
+from safetensors.torch import load_file
+
+from animegamer.config import MLLMConfig
+from animegamer.models.mllm import AnimeGamerMLLM
+from animegamer.official import agent
+from animegamer.official.mllm import convert_agent
+from animegamer.official.release_io import ReleaseFileError
+
+TOL = 1e-4  # relative L2; the README: ~1e-6 is reachable in float32
+AGENT_BIN = REF_DIR / "mllm_agent" / "pytorch_model.bin"
+BASE_CONFIG = REF_DIR / "mllm_agent" / "tiny_mistral_config.json"
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+@pytest.fixture(autouse=True)
+def no_grad():
+    with torch.no_grad():
+        yield
+
+
+@pytest.fixture(scope="module")
+def release_inputs(tmp_path_factory):
+    """The release-side inputs of a conversion: tokenizer dir and the two YAMLs, written from the set's JSON."""
+    meta, _ = mllm_reference()
+    root = tmp_path_factory.mktemp("release")
+    tokenizer = build_release_tokenizer(root / "animegamer_tokenizer", meta["tiny_mistral_config"]["vocab_size"])
+    (root / "llm.yaml").write_text(yaml.safe_dump(meta["tiny_llm_yaml"]))
+    (root / "agent.yaml").write_text(yaml.safe_dump(meta["tiny_agent_yaml"]))
+    return {"tokenizer_dir": tokenizer, "llm_yaml": root / "llm.yaml", "agent_yaml": root / "agent.yaml"}
+
+
+def convert(release_inputs, out, agent_bin=AGENT_BIN, **kwargs):
+    args = {"base_config": BASE_CONFIG, **release_inputs, **kwargs}
+    return convert_agent(agent_bin, args.pop("tokenizer_dir"), out, **args)
+
+
+@pytest.fixture(scope="module")
+def converted(release_inputs, tmp_path_factory):
+    out = tmp_path_factory.mktemp("converted")
+    info = convert(release_inputs, out)
+    cfg = MLLMConfig(pretrained=info["mistral_dir"], dtype="fp32", gradient_checkpointing=False, **info["mllm_config"])
+    model = AnimeGamerMLLM.from_config(cfg)
+    model.load_trained(info["mllm_dir"])
+    return {"info": info, "model": model.eval(), "cfg": cfg, "out": out}
+
+
+def reference_turns(model):
+    """Per turn: (N, reference tensors of the turn, history list, caption ids of the current turn)."""
+    meta, ref = mllm_reference()
+    window = meta["max_window"] - 1
+    turn_open, img = model.layout.turn_open_id, model.layout.shot_open_ids[0]
+    past: list[agent.ReleaseHistory] = []
+    for entry in meta["turns"]:
+        n = entry["turn"]
+        ids = ref[f"turn{n}.input_ids"][0].tolist()
+        starts = [i for i, token in enumerate(ids) if token == turn_open]
+        captions = [ids[s + 1 : ids.index(img, s)] for s in starts]
+        history = past[-window:] if window > 0 else []
+        assert len(captions) == len(history) + 1
+        history = [agent.ReleaseHistory(h.instruction, h.shot_embeds, captions[i]) for i, h in enumerate(history)]
+        yield n, {k.split(".", 1)[1]: v for k, v in ref.items() if k.startswith(f"turn{n}.")}, history, captions[-1]
+        past.append(agent.ReleaseHistory(entry["instruction"], ref[f"turn{n}.s_a"][0]))
+
+
+def test_conversion_layout(converted):
+    meta, _ = mllm_reference()
+    info, model = converted["info"], converted["model"]
+    assert info["lora"]["r"] == meta["tiny_llm_yaml"]["peft_config"]["r"]
+    assert info["lora"]["lora_alpha"] == meta["tiny_llm_yaml"]["peft_config"]["lora_alpha"]
+    assert info["base_vocab"] + info["num_new_tokens"] == meta["tokenizer_len"] == len(model.tokenizer)
+    assert model.official and model.resampler_gelu == "erf"
+    assert sorted(p.name for p in (converted["out"] / "mllm").iterdir()) == sorted(
+        ["adapter_config.json", "adapter_model.safetensors", "mllm_layout.json", "mllm_trained.safetensors"]
+    )
+    # the modules_to_save copy of each norm is the one converted (B14), not original_module
+    state = torch.load(AGENT_BIN, weights_only=True)
+    weights = load_file(str(converted["out"] / "Mistral" / "model.safetensors"))
+    prefix = "llm.base_model.model."
+    used = state[f"{prefix}model.norm.modules_to_save.default.weight"]
+    assert torch.equal(weights["model.norm.weight"], used)
+    assert not torch.equal(weights["model.norm.weight"], state[f"{prefix}model.norm.original_module.weight"])
+
+
+def test_layout_ids_equal_reference(converted):
+    model = converted["model"]
+    for n, ref, history, caption in reference_turns(model):
+        seq = agent.release_sequence(model, history, "", caption)
+        assert seq.input_ids == ref["input_ids"][0].tolist(), f"turn {n}"
+        assert seq.slot_positions[-1] == ref["ids_gen_mask"][0].nonzero().squeeze(-1).tolist()
+        if history:
+            assert seq.slot_positions[0] == ref["ids_cmp_mask"][0].nonzero().squeeze(-1).tolist()
+        assert len(history) == int(ref["gen_turn_id"])
+
+
+def test_logits_hidden_and_shot_match(converted):
+    model = converted["model"]
+    for n, ref, history, caption in reference_turns(model):
+        seq = agent.release_sequence(model, history, "", caption)
+        shots = torch.stack([h.shot_embeds for h in history]) if history else None
+        shot = agent.shot_pass(model, seq, shots, last_positions=True)
+        assert rel(shot["hidden"], ref["bi_last_hidden_last226"][0]) < TOL, f"turn {n}"
+        assert rel(shot["shot_embeds"], ref["s_a"][0]) < TOL, f"turn {n}"
+        hidden, _ = model.transformer(model.embed(torch.tensor([seq.input_ids])))
+        logits = model.token_logits(hidden[0, -1])
+        assert rel(logits, ref["first_step_logits"][0]) < TOL, f"turn {n}"
+        # B4: the processed first-step scores are the raw ones with the first 100 frame ids and </frame> at 0.0
+        processed = agent.release_process_scores(logits.clone(), seq.input_ids[-1], agent.release_chain(model))
+        changed = (processed != logits).nonzero().squeeze(-1).tolist()
+        zeroed = [*model.layout.slot_ids[: agent.RELEASE_VIDEO_GEN_TOKENS], model.layout.shot_close_ids[0]]
+        assert set(changed) <= set(zeroed) and bool((processed[zeroed] == 0).all())
+
+
+def test_greedy_ids_teacher_forced(converted):
+    model = converted["model"]
+    chain = agent.release_chain(model)
+    for n, ref, history, caption in reference_turns(model):
+        prompt = agent.release_sequence(model, history, "", caption).input_ids
+        generated = ref["generated_ids"].tolist()
+        ids = torch.tensor([prompt + generated[:-1]])
+        hidden, _ = model.transformer(model.embed(ids))  # B3: plain token embeddings, causal
+        logits = model.token_logits(hidden[0, len(prompt) - 1 :])  # (steps, V)
+        previous = [prompt[-1], *generated[:-1]]
+        picked = [int(agent.release_process_scores(row, last, chain).argmax()) for row, last in zip(logits, previous,
+                                                                                                     strict=True)]
+        assert picked == generated, f"turn {n}"
+
+
+def test_chain_to_decoder(converted):
+    """bf16 of the last turn's s_a is the decoder reference's conditioning."""
+    decoder_s_a = load_file(str(REF_DIR / "decoder_ref.safetensors"))["s_a"][0]
+    *_, (n, ref, history, caption) = reference_turns(converted["model"])
+    seq = agent.release_sequence(converted["model"], history, "", caption)
+    shots = torch.stack([h.shot_embeds for h in history]) if history else None
+    ours = agent.shot_pass(converted["model"], seq, shots, last_positions=True)["shot_embeds"]
+    assert rel(ours.bfloat16().float(), decoder_s_a) < 1e-3
+    assert float((ours.bfloat16().float() == decoder_s_a).float().mean()) > 0.99
+
+
+def test_release_parse():
+    assert agent.release_parse("<Strength_3> </ML> <SC> <Strength_0> </SC> <ET> <Strength_1> </ET> <ST> "
+                               "<Strength_-1> </ST>") == [3, 0, 1, -1]
+    assert agent.release_parse("random words") == [0, 0, 0, 0]
+    assert agent.clamp_values([0, 0, 0, 0]).motion_level == 1
+
+
+# ---------------------------------------------------------------------- refused inputs: one line, nothing written
+
+
+class _Hostile:
+    def __reduce__(self):
+        return (print, ("this must never run",))
+
+
+def _refused(release_inputs, tmp_path, agent_bin, match, **kwargs):
+    out = tmp_path / "out"
+    with pytest.raises(ReleaseFileError, match=match) as info:
+        convert(release_inputs, out, agent_bin=agent_bin, **kwargs)
+    assert "\n" not in str(info.value)
+    assert not (out / "Mistral").exists() and not (out / "mllm").exists()
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_hostile_and_malformed_files_refused(release_inputs, tmp_path, capsys):
+    hostile = tmp_path / "hostile.bin"
+    with open(hostile, "wb") as fh:
+        pickle.dump({"llm.base_model.model.lm_head.weight": _Hostile()}, fh)
+    _refused(release_inputs, tmp_path, hostile, "refused|not a readable")
+    torch.save({"w": _Hostile()}, tmp_path / "hostile_zip.bin")
+    _refused(release_inputs, tmp_path, tmp_path / "hostile_zip.bin", "refused")
+    assert "must never run" not in capsys.readouterr().out
+    garbage = tmp_path / "garbage.bin"
+    garbage.write_bytes(b"PK\x03\x04 not really a zip" * 10)
+    _refused(release_inputs, tmp_path, garbage, "not a readable")
+    torch.save([torch.zeros(2)], tmp_path / "list.bin")
+    _refused(release_inputs, tmp_path, tmp_path / "list.bin", "expected the agent state dict")
+
+
+def test_wrong_shape_missing_key_and_rank_refused(release_inputs, tmp_path):
+    state = torch.load(AGENT_BIN, weights_only=True)
+    key = next(k for k in state if k.endswith("self_attn.k_proj.base_layer.weight"))
+    bad = dict(state)
+    bad[key] = torch.zeros(bad[key].shape[0] + 1, bad[key].shape[1], dtype=bad[key].dtype)
+    torch.save(bad, tmp_path / "shape.bin")
+    _refused(release_inputs, tmp_path, tmp_path / "shape.bin", "k_proj.weight has shape")
+    missing = {k: v for k, v in state.items() if k != key}
+    torch.save(missing, tmp_path / "missing.bin")
+    _refused(release_inputs, tmp_path, tmp_path / "missing.bin", "neither in the agent file")
+    lora = next(k for k in state if k.endswith("lora_B.default.weight"))
+    torch.save({k: v for k, v in state.items() if k != lora}, tmp_path / "nolora.bin")
+    _refused(release_inputs, tmp_path, tmp_path / "nolora.bin", "lora_B.default.weight is missing")
+    # without the LLM YAML the released r=32 is assumed: the tiny set's rank is then refused, not misread
+    _refused(release_inputs, tmp_path, AGENT_BIN, "LoRA rank", llm_yaml=None)
+
+
+def test_base_weights_taken_from_base_dir(release_inputs, converted, tmp_path):
+    """Base weights the agent file lacks come from the base model directory (here: the converted one)."""
+    state = torch.load(AGENT_BIN, weights_only=True)
+    dropped = {k: v for k, v in state.items() if not k.endswith("base_layer.weight")}
+    torch.save(dropped, tmp_path / "lean.bin")
+    out = tmp_path / "out"
+    convert(release_inputs, out, agent_bin=tmp_path / "lean.bin", base_dir=converted["info"]["mistral_dir"])
+    fresh = load_file(str(out / "Mistral" / "model.safetensors"))
+    before = load_file(str(converted["out"] / "Mistral" / "model.safetensors"))
+    assert fresh.keys() == before.keys() and all(torch.equal(fresh[k], before[k]) for k in fresh)
