@@ -1,13 +1,19 @@
-# Two commands on a fresh machine: `make test` and `make demo`.
+# On a fresh machine: `make test`, `make demo`, then `make play` (terminal) or `make app` (browser).
 PYTHON ?= python3.11
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TINY := checkpoints/tiny
 
-.PHONY: install test demo lint tiny clean
+# the shipped SpriteWorld world: the one inference config whose weights come with the repository
+PLAY_CONFIG := configs/spriteworld/inference.yaml
+# apt-get needs root: sudo (without a password prompt) when not root
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
+
+.PHONY: install test test-fast browser demo play app lint tiny clean
 
 $(STAMP): pyproject.toml
+	@echo "installing the pinned dependencies into $(VENV) (the first time takes several minutes)"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
@@ -15,8 +21,19 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-test: $(STAMP)
+# Chromium + its WebDriver from the distribution's packages, for tests/test_browser.py (Debian/Ubuntu; skipped with
+# a reason where they cannot be installed)
+browser:
+	@command -v chromedriver >/dev/null 2>&1 || { echo "installing chromium + chromium-driver (apt) for the browser test"; \
+	  $(SUDO) sh -c 'apt-get update -qq && apt-get install -y -qq chromium chromium-driver' >/dev/null 2>&1 || \
+	  echo "could not install chromium + chromium-driver: tests/test_browser.py will be skipped"; }
+
+test: $(STAMP) browser
 	$(PY) -m pytest -q -n 2
+
+# quick iteration: everything but the end-to-end runs marked slow (tests/conftest.py), under 2 minutes on 2 cores
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -n 2 -m "not slow"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check animegamer scripts tests *.py
@@ -32,6 +49,13 @@ tiny: $(TINY)/.built
 demo: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) inference_MLLM.py --config configs/spriteworld/inference.yaml output_dir=outputs/demo
 	OMP_NUM_THREADS=1 $(PY) inference_Decoder.py --config configs/spriteworld/inference.yaml output_dir=outputs/demo
+
+# Play the shipped SpriteWorld world on CPU: in the terminal, or in the browser at http://127.0.0.1:7860
+play: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) -m animegamer.play --config $(PLAY_CONFIG)
+
+app: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) app.py --config $(PLAY_CONFIG)
 
 clean:
 	rm -rf outputs $(TINY)
