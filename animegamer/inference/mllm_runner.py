@@ -15,6 +15,10 @@
 
 The two steps are also callable apart (:func:`prefill_turn`, :func:`decode_states`); the benchmark times them.
 
+Converted official weights (``model.official``, scripts/convert_official.py) read their shot from a second pass in
+which the current turn's frame tokens attend to each other, as the release trained them; ``compat: released``
+replays the release's whole turn instead, its quirks included (animegamer/official/agent.py lists both modes).
+
 Results directory written by ``inference_MLLM.py`` (:func:`write_turn`, :func:`write_game`), read by
 ``inference_Decoder.py`` (:func:`load_results`)::
 
@@ -27,7 +31,9 @@ Results directory written by ``inference_MLLM.py`` (:func:`write_turn`, :func:`w
                                                 "values": {motion_level, social, entertainment, stamina},
                                                 "character_state": {stamina, social, entertainment},  (after the turn)
                                                 "prompt_tokens": int,
-                                                "value_probs": {field: {value: probability}}}
+                                                "value_probs": {field: {value: probability}},
+                                                "release_values": [ML, SC, ET, ST]}  (compat released only:
+                                                the values as the release parsed them, 0s on a failed parse)
 
 Every file is written atomically; ``game.json`` is rewritten after each turn (``complete`` turns true at the end),
 so it always lists exactly the turns whose files are complete.
@@ -80,6 +86,7 @@ class TurnPrediction:
     values: StateValues
     prompt_tokens: int  # length of the prefilled prompt
     value_probs: dict[str, dict[int, float]] = field(default_factory=dict)  # field -> value -> p over valid values
+    release_values: list[int] | None = None  # compat released: [ML, SC, ET, ST] as parsed (values: clamped)
 
 
 def validate_instruction(text: str, tokenizer: Any, base_vocab: int, max_tokens: int, where: str = "") -> list[int]:
@@ -157,17 +164,34 @@ def decode_states(model, prefilled: PrefilledTurn) -> tuple[dict[str, int], dict
 
 
 @torch.no_grad()
-def predict_turn(model, history: list[HistoryTurn], instruction: str) -> TurnPrediction:
-    """Predict the next turn from ``history`` (used as given: window it first) and the instruction."""
+def predict_turn(model, history: list[HistoryTurn], instruction: str, compat: str = "fixed") -> TurnPrediction:
+    """Predict the next turn from ``history`` (used as given: window it first) and the instruction.
+
+    ``compat`` matters for converted official weights only: ``released`` replays the release's turn
+    (:func:`animegamer.official.agent.released_turn`), ``fixed`` is this path with the frame-block shot pass.
+    """
+    from animegamer.official import agent
+
+    official = getattr(model, "official", False)
     was_training = model.training
     model.eval()
     try:
+        if official and compat == "released":
+            past = [agent.ReleaseHistory(h.instruction, h.shot_embeds) for h in history]
+            turn = agent.released_turn(model, past, instruction)
+            return TurnPrediction(
+                turn.shot_embeds.float().cpu(), turn.values, turn.prompt_tokens, release_values=turn.release_values
+            )
         prefilled = prefill_turn(model, history, instruction)
         chosen, probs = decode_states(model, prefilled)
+        shot_embeds = prefilled.shot_embeds
+        if official:
+            shots = torch.stack([h.shot_embeds for h in history]) if history else None  # (M, N, shot_dim)
+            shot_embeds = agent.shot_pass(model, prefilled.sequence, shots, last_positions=False)["shot_embeds"]
     finally:
         model.train(was_training)
     return TurnPrediction(
-        shot_embeds=prefilled.shot_embeds.float().cpu(),
+        shot_embeds=shot_embeds.float().cpu(),
         values=model.layout.decode_values(chosen),
         prompt_tokens=len(prefilled.sequence),
         value_probs=probs,
@@ -185,9 +209,12 @@ class PlayedTurn:
 class MLLMRunner:
     """Plays instructions with a sliding window of the last ``history_turns`` turns (the prompt never grows)."""
 
-    def __init__(self, model, history_turns: int = 1, max_instruction_tokens: int = 96):
+    def __init__(self, model, history_turns: int = 1, max_instruction_tokens: int = 96, compat: str = "fixed"):
         if history_turns < 0:
             raise ValueError(f"history_turns={history_turns} must be >= 0")
+        if compat not in ("released", "fixed"):
+            raise ValueError(f"compat must be released or fixed, got {compat!r}")
+        self.compat = compat
         self.model = model.eval()
         self.history_turns = history_turns
         self.max_instruction_tokens = max_instruction_tokens
@@ -203,7 +230,7 @@ class MLLMRunner:
     def predict_turn(self, history: list[HistoryTurn], instruction: str) -> TurnPrediction:
         """Validate the instruction, keep the last ``history_turns`` of ``history``, predict."""
         self.validate(instruction)
-        return predict_turn(self.model, self.window(history), instruction)
+        return predict_turn(self.model, self.window(history), instruction, self.compat)
 
     def play(self, instructions: list[str], state: CharacterState | None = None) -> Iterator[PlayedTurn]:
         """Play instructions in order, feeding each prediction back as history; yields every turn."""
@@ -212,7 +239,7 @@ class MLLMRunner:
         state = state or CharacterState()
         history: list[HistoryTurn] = []
         for index, text in enumerate(instructions):
-            prediction = predict_turn(self.model, self.window(history), text)
+            prediction = predict_turn(self.model, self.window(history), text, self.compat)
             state = state.update(prediction.values)
             history = self.window([*history, HistoryTurn(text, prediction.shot_embeds, prediction.values)])
             yield PlayedTurn(index, text, prediction, state)
@@ -244,6 +271,7 @@ def turn_record(turn: PlayedTurn) -> dict[str, Any]:
         "character_state": turn.state.to_dict(),
         "prompt_tokens": turn.prediction.prompt_tokens,
         "value_probs": {k: {str(v): p for v, p in d.items()} for k, d in turn.prediction.value_probs.items()},
+        **({"release_values": turn.prediction.release_values} if turn.prediction.release_values is not None else {}),
     }
 
 
@@ -305,8 +333,8 @@ def _read_json(path: Path) -> dict[str, Any]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path}: not readable JSON ({exc})") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise ValueError(f"{path}: not readable JSON ({type(exc).__name__}: {exc})") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object")
     return data
