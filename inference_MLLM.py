@@ -90,7 +90,12 @@ def main(argv: list[str] | None = None) -> None:
     model = AnimeGamerMLLM.from_config(cfg.mllm, device=device)
     if checkpoint is not None:
         model.load_trained(checkpoint)
-    runner = MLLMRunner(model, history_turns=cfg.history_turns, max_instruction_tokens=cfg.mllm.max_instruction_tokens)
+    runner = MLLMRunner(
+        model,
+        history_turns=cfg.history_turns,
+        max_instruction_tokens=cfg.mllm.max_instruction_tokens,
+        compat=cfg.compat,
+    )
 
     # 3. play, writing each turn as soon as it exists
     summary = {

@@ -121,7 +121,12 @@ def load_mllm_predictor(cfg: InferenceConfig, device: str, offload: bool) -> MLL
         print("warning: mllm_checkpoint is empty: the MLLM runs with untrained LoRA/resamplers", file=sys.stderr)
     if cfg.merge_lora:
         model.merge_lora()
-    runner = MLLMRunner(model, history_turns=cfg.history_turns, max_instruction_tokens=cfg.mllm.max_instruction_tokens)
+    runner = MLLMRunner(
+        model,
+        history_turns=cfg.history_turns,
+        max_instruction_tokens=cfg.mllm.max_instruction_tokens,
+        compat=cfg.compat,
+    )
     return MLLMPredictor(runner, device, offload)
 
 
