@@ -82,6 +82,7 @@ BAD_SAVES = {
     "unknown-key": (put(extra=1), None, r"game: unknown key\(s\) \['extra'\]"),
     "not-json": (lambda m: "{not json", None, "metadata 'game' is not valid JSON"),
     "not-a-mapping": (lambda m: [1, 2], None, "game: expected a mapping"),
+    "deep-json": (lambda m: "[" * 100_000 + "]" * 100_000, None, "metadata 'game' is nested too deeply"),
     "format": (put(format="other"), None, "format: 'other'"),
     "seed-type": (put(seed="42"), None, "seed: expected an integer, got str"),
     "seed-bool": (put(seed=True), None, "seed: expected an integer, got bool"),
@@ -225,9 +226,10 @@ def test_load_results_checks_records_and_shots(tmp_path):
     (out / "turn_000" / "state.json").write_text(json.dumps(state))
     with pytest.raises(ValueError, match="turn_000: not a turn written by inference_MLLM.py .*motion_level"):
         load_results(out)
-    (out / "game.json").write_text("{broken")
-    with pytest.raises(ValueError, match="game.json: not readable JSON"):
-        load_results(out)
+    for broken in ("{broken", "[" * 100_000):
+        (out / "game.json").write_text(broken)
+        with pytest.raises(ValueError, match="game.json: not readable JSON"):
+            load_results(out)
 
 
 def test_terminal_load_of_a_bad_save_keeps_the_game(played, tmp_path):

@@ -137,6 +137,8 @@ def _read_file(path: Path) -> tuple[Any, set[str], dict[str, torch.Tensor]]:
         return json.loads(raw), keys, shots
     except json.JSONDecodeError as exc:
         raise SaveError(f"metadata 'game' is not valid JSON ({exc.msg})") from None
+    except RecursionError:
+        raise SaveError("metadata 'game' is nested too deeply") from None
 
 
 def read_save(
