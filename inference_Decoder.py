@@ -9,7 +9,9 @@ writes beside them::
 
     output_dir/turn_000/clip.mp4, clip.gif     each turn's clip (decoder seed derived from the game seed and turn)
     output_dir/game.mp4                        all turns one after another
-    output_dir/contact_sheet.png               a row per turn: frames and the predicted values / character state
+    output_dir/contact_sheet.png               a row per turn: frames, the whole instruction, values and state
+    output_dir/turn_000/clip_x4.mp4, game_x4.mp4   the same enlarged by nearest neighbour (clips under 256 rows;
+                                               the factor is in the name) for people to look at
 
 ``decoder_checkpoint`` is a stage (c) or (a) checkpoint; ``fast=true`` uses the fast sampling preset.
 The results are untrusted input: every turn directory must lie inside ``output_dir`` (symlinks followed) and every
@@ -27,7 +29,7 @@ from tqdm.auto import tqdm
 from animegamer.cli import fail, parse_config
 from animegamer.config import InferenceConfig
 from animegamer.data.video import write_gif, write_mp4
-from animegamer.inference.contact_sheet import contact_sheet, state_bar
+from animegamer.inference.contact_sheet import contact_sheet, readable_factor, state_bar, upscale
 from animegamer.inference.game import turn_seed
 from animegamer.inference.mllm_runner import load_results
 from animegamer.inference.session import check_checkpoints, load_renderer, resolve_device
@@ -46,6 +48,7 @@ def main(argv: list[str] | None = None) -> dict[str, Path]:
     device = resolve_device(cfg.device)
     renderer = load_renderer(cfg, device, offload=cfg.offload == "sequential" and device != "cpu")
     seed = int(game.get("seed", cfg.seed))
+    factor = readable_factor(cfg.sampling.height)
 
     all_frames, rows = [], []
     for state, shot_embeds in tqdm(turns, desc="render turns"):
@@ -54,10 +57,12 @@ def main(argv: list[str] | None = None) -> dict[str, Path]:
         folder = out / f"turn_{index:03d}"
         write_mp4(folder / "clip.mp4", frames, fps=renderer.fps)
         write_gif(folder / "clip.gif", frames, fps=renderer.fps)
+        if factor > 1:
+            write_mp4(folder / f"clip_x{factor}.mp4", upscale(frames, factor), fps=renderer.fps)
         all_frames.append(frames)
         v, s = state["values"], state["character_state"]
         rows.append((frames, [
-            f"turn {index}: {state['instruction'][:40]}",
+            f"turn {index}: {state['instruction']}",
             f"level {v['motion_level']}  social {v['social']}  ent {v['entertainment']}  stamina {v['stamina']:+d}",
             state_bar("stamina", s["stamina"], 12),
             state_bar("social", s["social"], 12),
@@ -66,10 +71,13 @@ def main(argv: list[str] | None = None) -> dict[str, Path]:
     written = {
         "clips": out / "turn_000" / "clip.mp4",
         "game": write_mp4(out / "game.mp4", np.concatenate(all_frames), fps=renderer.fps),
-        "contact_sheet": contact_sheet(rows, out / "contact_sheet.png"),
+        "contact_sheet": contact_sheet(rows, out / "contact_sheet.png", scale=min(factor, 2)),
     }
+    if factor > 1:
+        written["game_upscaled"] = write_mp4(out / f"game_x{factor}.mp4", upscale(np.concatenate(all_frames), factor),
+                                             fps=renderer.fps)
     print(f"wrote {len(turns)} clips: {out}/turn_XXX/clip.mp4 (+ .gif)")
-    print(f"game video:     {written['game']}")
+    print(f"game video:     {written['game']}" + (f" (x{factor}: {written['game_upscaled']})" if factor > 1 else ""))
     print(f"contact sheet:  {written['contact_sheet']}")
     return written
 
