@@ -46,6 +46,7 @@ ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 MOTION_WEIGHTS = "motion_embedding.safetensors"
 DECODER_CONFIG = "decoder_config.json"
+NULL_SHOT_WEIGHTS = "null_shot_embeds.safetensors"  # converted release: its unconditional tokens (N, H)
 NULL_MOTION_LEVEL = 0  # the unconditional level of ``motion_guidance`` decoders (real levels are 1..5)
 
 
@@ -122,6 +123,14 @@ class AnimationShotDecoder(nn.Module):
         self.vae = vae
         self.scheduler_config = dict(scheduler_config)
         self.noise_scheduler = build_scheduler("ddim", self.scheduler_config)  # add_noise / velocity for training
+        # Settings a converted official checkpoint carries (animegamer.official.decoder); None for our own:
+        # the value the motion embedding sees per level (the release's flow values), LayerNorm eps diffusers'
+        # config cannot express, the release sampler's settings, and its unconditional shot tokens.
+        self.motion_values: list[float] | None = None
+        self.layernorm_eps: dict[str, float] = {}
+        self.release_sampler: dict | None = None
+        self.compat = "fixed"  # released: sample() runs the release's own sampler (animegamer.official.sampler)
+        self.register_buffer("null_shot", None, persistent=False)
 
     # ------------------------------------------------------------------ building and saving
 
@@ -210,6 +219,14 @@ class AnimationShotDecoder(nn.Module):
             "num_motion_levels": self.num_motion_levels,
             "motion_guidance": self.motion_guidance,
         }
+        if self.motion_values is not None:
+            settings["motion_values"] = self.motion_values
+        if self.layernorm_eps:
+            settings["layernorm_eps"] = self.layernorm_eps
+        if self.release_sampler is not None:
+            settings["release_sampler"] = self.release_sampler
+        if self.null_shot is not None:
+            save_state_dict_file({"null_shot_embeds": self.null_shot}, out / NULL_SHOT_WEIGHTS)
         from animegamer.io import atomic_write_json
 
         atomic_write_json(out / DECODER_CONFIG, settings)
@@ -241,6 +258,29 @@ class AnimationShotDecoder(nn.Module):
         if self.motion_scope:
             self.transformer.ofs_embedding.load_state_dict(load_state_dict_file(src / MOTION_WEIGHTS))
         self.motion_guidance = bool(saved.get("motion_guidance", False))
+        self._load_release_settings(src, saved)
+
+    def _load_release_settings(self, src: Path, saved: dict) -> None:
+        """Adopt what a converted official checkpoint records (absent keys: our own decoder's behaviour)."""
+        values = saved.get("motion_values")
+        if values is not None and len(values) != self.num_motion_levels:
+            raise ValueError(f"{src}: motion_values has {len(values)} entries for {self.num_motion_levels} levels")
+        self.motion_values = [float(v) for v in values] if values is not None else None
+        self.layernorm_eps = {str(k): float(v) for k, v in saved.get("layernorm_eps", {}).items()}
+        modules = dict(self.transformer.named_modules())
+        for name, eps in self.layernorm_eps.items():
+            if not isinstance(modules.get(name), nn.LayerNorm):
+                raise ValueError(f"{src}: layernorm_eps names {name!r}, not a LayerNorm of the transformer")
+            modules[name].eps = eps
+        self.release_sampler = saved.get("release_sampler")
+        null = None
+        if (src / NULL_SHOT_WEIGHTS).is_file():
+            null = load_state_dict_file(src / NULL_SHOT_WEIGHTS)["null_shot_embeds"]
+            expected = (self.num_condition_tokens, self.hidden_size)
+            if tuple(null.shape) != expected:
+                raise ValueError(f"{src / NULL_SHOT_WEIGHTS}: shape {tuple(null.shape)}, the decoder needs {expected}")
+            null = null.float().to(self.device)
+        self.null_shot = null
 
     # ------------------------------------------------------------------ inference fast path
 
@@ -296,11 +336,25 @@ class AnimationShotDecoder(nn.Module):
     def prediction_type(self) -> str:
         return self.scheduler_config.get("prediction_type", "epsilon")
 
-    def null_shot_embeds(self, batch_size: int, device=None, dtype=torch.float32) -> torch.Tensor:
-        """The unconditional shot representation used by CFG and condition dropout: zeros (B, N, H)."""
+    @property
+    def hidden_size(self) -> int:
         tcfg = self.transformer.config
-        hidden = tcfg.num_attention_heads * tcfg.attention_head_dim
-        return torch.zeros(batch_size, self.num_condition_tokens, hidden, device=device or self.device, dtype=dtype)
+        return tcfg.num_attention_heads * tcfg.attention_head_dim
+
+    def null_shot_embeds(self, batch_size: int, device=None, dtype=torch.float32) -> torch.Tensor:
+        """The unconditional shot representation used by CFG and condition dropout (B, N, H): zeros, or for a
+        converted official checkpoint the release's own unconditional tokens (its fusion of zero T5 and CLIP)."""
+        device = device or self.device
+        if self.null_shot is not None:
+            return self.null_shot.to(device=device, dtype=dtype).expand(batch_size, -1, -1)
+        return torch.zeros(batch_size, self.num_condition_tokens, self.hidden_size, device=device, dtype=dtype)
+
+    def motion_inputs(self, motion_level: torch.Tensor) -> torch.Tensor:
+        """What the motion embedding sees for levels (B,): the level itself, or a converted release's flow value."""
+        if self.motion_values is None:
+            return motion_level
+        table = torch.tensor(self.motion_values, device=motion_level.device)
+        return table[(motion_level.long() - 1).clamp(0, len(self.motion_values) - 1)]
 
     def drop_conditions(
         self, shot_embeds: torch.Tensor, motion_level: torch.Tensor | None, dropped: torch.Tensor
@@ -325,17 +379,22 @@ class AnimationShotDecoder(nn.Module):
         timesteps: torch.Tensor,
         shot_embeds: torch.Tensor,
         motion_level: torch.Tensor | None = None,
+        motion_value: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """(B, F, C, h, w) noisy latents at ``timesteps`` (B,), s_a (B, N, H), levels (B,) -> model output."""
+        """(B, F, C, h, w) noisy latents at ``timesteps`` (B,), s_a (B, N, H), levels (B,) -> model output.
+
+        ``motion_value`` (B,) feeds the motion embedding directly instead of the levels (e.g. a release flow value).
+        """
         if shot_embeds.shape[1] != self.num_condition_tokens:
             raise ValueError(
                 f"shot_embeds has {shot_embeds.shape[1]} tokens; the decoder expects {self.num_condition_tokens}"
             )
         ofs = None
         if self.motion_scope:
-            if motion_level is None:
+            if motion_value is None and motion_level is None:
                 raise ValueError("this decoder injects the motion level; pass motion_level (B,) in 1..5 (0: null)")
-            ofs = motion_level.to(noisy_latents.device)
+            ofs = motion_value if motion_value is not None else self.motion_inputs(motion_level)
+            ofs = ofs.to(noisy_latents.device)
         out = self.transformer(
             hidden_states=noisy_latents.to(self.dtype),
             encoder_hidden_states=shot_embeds.to(self.dtype),

@@ -1,0 +1,204 @@
+"""The converted official decoder against the official code's own outputs (tests/data/official_ref).
+
+The reference directory comes from ``ANIMEGAMER_OFFICIAL_REF`` when set: every size, seed, step count, flow value
+and timestep is read from its JSON and tensors, so the same tests check any reference set of this layout.
+Conversion -> our loading path (load_decoder) -> forward cases, the release sampler from the recorded noise,
+schedules, eps; then malformed / hostile checkpoints, and random SAT checkpoints of other sizes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from animegamer.config import DecoderConfig
+from animegamer.models.trained import load_decoder
+from animegamer.official.decoder import convert_decoder
+from animegamer.official.sampler import (
+    RELEASED,
+    denoise,
+    denoiser_table,
+    dynamic_cfg_scale,
+    sample_released,
+    sampler_schedule,
+    snap_to_table,
+)
+
+REF = Path(os.environ.get("ANIMEGAMER_OFFICIAL_REF", Path(__file__).parent / "data" / "official_ref"))
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+@pytest.fixture(scope="module")
+def ref():
+    meta = json.loads((REF / "decoder_ref.json").read_text())
+    return meta, load_file(str(REF / "decoder_ref.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def base_dir(tmp_path_factory, ref):
+    """A diffusers CogVideoX-2b look-alike for vae/ + scheduler/: a tiny random VAE with the set's latent channels."""
+    from diffusers import AutoencoderKLCogVideoX, CogVideoXDDIMScheduler
+
+    from animegamer.tiny import COGVIDEOX_2B_SCHEDULER
+
+    out = tmp_path_factory.mktemp("cogvideox_base")
+    torch.manual_seed(0)
+    channels = ref[0]["derived"]["latent_c"]
+    vae = AutoencoderKLCogVideoX(
+        block_out_channels=(8, 8, 16, 16), latent_channels=channels, layers_per_block=1, norm_num_groups=4
+    )
+    vae.save_pretrained(str(out / "vae"))
+    CogVideoXDDIMScheduler(**COGVIDEOX_2B_SCHEDULER).save_pretrained(str(out / "scheduler"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory, ref, base_dir):
+    out = tmp_path_factory.mktemp("converted")
+    (out / "model.yaml").write_text(yaml.safe_dump(ref[0]["tiny_model_yaml"]))
+    summary = convert_decoder(REF / "decoder_ckpt", out / "ckpt", model_yaml=out / "model.yaml", base_dir=base_dir)
+    return out / "ckpt", summary
+
+
+@pytest.fixture(scope="module")
+def decoder(converted):
+    ckpt, summary = converted
+    cfg = DecoderConfig(**summary["decoder_config"], dtype="fp32", gradient_checkpointing=False)
+    return load_decoder(summary["decoder_checkpoint"], cfg, with_vae=False)
+
+
+def _settings(decoder) -> dict:
+    return decoder.release_sampler
+
+
+def _forward_case(decoder, ref, case):
+    """Our CFG forward of one reference case; returns what the reference records."""
+    meta, t = ref
+    tag = case["tag"]
+    x, s_a = t[f"fwd_{tag}.x"], t["s_a"]
+    captured = {}
+    tr = decoder.transformer
+    def keep(name, value):
+        captured.setdefault(name, value)  # the first call is the forward under test (denoise runs it again)
+
+    hooks = [
+        tr.patch_embed.register_forward_hook(lambda m, a, o: keep("embed", o)),
+        tr.norm_out.register_forward_pre_hook(lambda m, a, k: keep("emb", k["temb"]), with_kwargs=True),
+    ]
+    try:
+        shots2 = torch.cat([decoder.null_shot_embeds(1), s_a])
+        model_in = torch.cat([x, x])
+        flow = torch.full((2,), case["flow_value"])
+        with torch.no_grad():
+            dit_out = decoder(model_in, torch.full((2,), float(case["timestep_idx"])), shots2, motion_value=flow)
+            table = denoiser_table(_settings(decoder))
+            rows = denoise(decoder, x, case["timestep_idx"], case["alpha_cumprod_sqrt"], shots2, flow, table, RELEASED)
+    finally:
+        for h in hooks:
+            h.remove()
+    steps = len(t["schedule50.timesteps"]) if "schedule50.timesteps" in t else _settings(decoder)["steps"]
+    w = dynamic_cfg_scale(case["timestep_idx"], steps, _settings(decoder)["guidance_scale"],
+                          _settings(decoder)["guidance_exponent"])
+    uncond, cond = rows.chunk(2)
+    embed = captured["embed"] - tr.patch_embed.pos_embedding[:, : captured["embed"].shape[1]]
+    return {"embed_tokens": embed, "time_flow_emb": captured["emb"], "dit_out": dit_out, "denoised": rows,
+            "cfg_denoised": uncond + w * (cond - uncond), "w": w}
+
+
+def test_conversion_writes_both_parts(converted, ref):
+    ckpt, summary = converted
+    meta = ref[0]
+    assert summary["tensors_converted"] == len(meta["state_dict"])
+    assert summary["lora_scale"] == pytest.approx(meta["derived"]["lora_scaling"])
+    assert sorted(p.name for p in (ckpt / "CogVideoX").iterdir()) == ["scheduler", "transformer", "vae"]
+    assert sorted(p.name for p in (ckpt / "decoder").iterdir()) == [
+        "adapter_config.json", "adapter_model.safetensors", "decoder_config.json", "motion_embedding.safetensors",
+        "null_shot_embeds.safetensors",
+    ]
+    assert not [p for p in ckpt.iterdir() if p.name.startswith(".")]  # no temp dir left
+    config = json.loads((ckpt / "CogVideoX" / "transformer" / "config.json").read_text())
+    assert config["num_layers"] == meta["tiny_model_yaml"]["model"]["network_config"]["params"]["num_layers"]
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_forward_cases_match_the_official_code(decoder, ref, index):
+    meta, t = ref
+    if index >= len(meta["forward_cases"]):
+        pytest.skip("this reference set has fewer forward cases")
+    case = meta["forward_cases"][index]
+    ours = _forward_case(decoder, ref, case)
+    tag = case["tag"]
+    cond_tokens = ours["embed_tokens"].shape[1] - t[f"fwd_{tag}.embed_tokens"].shape[1]
+    assert cond_tokens == 0
+    assert torch.equal(ours["embed_tokens"][1, : t["s_a"].shape[1]], t["s_a"][0])  # the cond row is s_a exactly
+    for key in ("embed_tokens", "time_flow_emb", "dit_out", "denoised", "cfg_denoised"):
+        assert rel(ours[key], t[f"fwd_{tag}.{key}"]) < 1e-5, key
+    assert ours["w"] == pytest.approx(case["dynamic_cfg_scale"], rel=1e-7)
+    table = denoiser_table(_settings(decoder))
+    assert float(snap_to_table(case["alpha_cumprod_sqrt"], table)) == pytest.approx(
+        case["alpha_quantised_by_denoiser"], abs=1e-7
+    )
+
+
+def _sample_run(ref):
+    """(steps, prefix) of the recorded full sampler run, found by name (sample_<N>step)."""
+    meta, t = ref
+    names = {m.group(1) for k in t for m in [re.match(r"sample_(\d+)step\.", k)] if m}
+    assert len(names) == 1, names
+    steps = int(names.pop())
+    return steps, f"sample_{steps}step"
+
+
+def test_schedules_match_the_official_discretization(decoder, ref):
+    meta, t = ref
+    settings = _settings(decoder)
+    found = sorted(int(m.group(1)) for k in t for m in [re.match(r"schedule(\d+)\.alpha_cumprod_sqrt$", k)] if m)
+    assert found
+    for n in found:
+        alphas, timesteps = sampler_schedule(n, settings)
+        assert torch.equal(timesteps, t[f"schedule{n}.timesteps"])
+        torch.testing.assert_close(alphas, t[f"schedule{n}.alpha_cumprod_sqrt"], rtol=0, atol=2e-7)
+    steps, prefix = _sample_run(ref)
+    run = meta[prefix]
+    table = denoiser_table(settings)
+    alphas, timesteps = sampler_schedule(steps, settings)
+    assert timesteps.flip(0).tolist() == run["timesteps_per_step"]
+    for i, (position, w) in enumerate(run["dynamic_cfg_step_index_and_scale_per_step"]):
+        t_i = run["timesteps_per_step"][i]
+        assert position == steps - t_i  # the release's DynamicCFG reads the raw timestep
+        assert dynamic_cfg_scale(t_i, steps, settings["guidance_scale"], settings["guidance_exponent"]) == (
+            pytest.approx(w, rel=1e-9)
+        )
+        assert float(alphas[i]) == pytest.approx(run["alpha_cumprod_sqrt_per_step"][i], abs=1e-7)
+        q = float(snap_to_table(alphas[i], table))
+        assert q == pytest.approx(run["alpha_quantised_by_denoiser_per_step"][i], abs=1e-7)
+
+
+def test_release_sampler_reproduces_the_official_run(decoder, ref):
+    meta, t = ref
+    steps, prefix = _sample_run(ref)
+    run = meta[prefix]
+    init = t[f"{prefix}.init_noise"]
+    noises = t[f"{prefix}.step_noises"]
+    trace, draws = {}, iter(noises)
+    settings = _settings(decoder)
+    samples = sample_released(
+        decoder, t["s_a"], torch.tensor([float(run["flow_value"])]), tuple(init.shape[1:]), settings, steps,
+        settings["guidance_scale"], settings["guidance_exponent"], noises=draws, init_noise=init, trace=trace,
+    )
+    assert next(draws, None) is None  # every recorded draw used, in order (the discarded ones included)
+    assert len(trace["x_in"]) == steps
+    for i in range(steps):
+        assert rel(trace["x_in"][i], t[f"{prefix}.x_in_per_step"][i]) < 1e-4, i
+        assert rel(trace["denoised"][i], t[f"{prefix}.denoised_per_step"][i]) < 1e-4, i
+    assert rel(samples, t[f"{prefix}.samples"]) < 5e-5
