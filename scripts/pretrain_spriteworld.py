@@ -23,7 +23,8 @@ random tiny CogVideoX draws noise, so this script plays the part of the pretrain
    scenery (the per-place median of the training frames, :func:`static_backgrounds`) weigh ``1 +
    foreground_weight``. Its ``scaling_factor`` is then set to 1 / std of the posterior means, as CogVideoX-2B's
    1.15. ``resume_vae=true`` keeps the VAE (and the features of step 3) of an earlier run and trains the
-   transformer only;
+   transformer only, provided that run finished both (``report_dir/summary.json`` vouches for the pair only then;
+   model folders are written to a temp folder and renamed in, never left half-saved);
 3. the stage (a) features (scaled VAE latents, CLIP tokens of the first frames, T5 tokens of the motion text) of
    every clip of ``data.manifest``, written in batches to ``data.features_dir`` with exactly the fields and settings
    of ``animegamer.data.features.precompute_features``, so stage (a) finds them all present;
@@ -76,6 +77,7 @@ from animegamer.data.video import read_video
 from animegamer.inference.contact_sheet import contact_sheet
 from animegamer.io import atomic_write_json, atomic_write_jsonl, atomic_write_text
 from animegamer.tiny import COGVIDEOX_2B_SCHEDULER, build_tiny_t5, write_model_index
+from animegamer.training.checkpoint import write_dir_atomically
 from animegamer.training.optim import build_scheduler
 
 PREVIEW_CLIPS = 6
@@ -482,9 +484,11 @@ def main(argv: list[str] | None = None) -> Path:
         vae = train_vae(cfg, clips, log, backgrounds[place_of])
         scenery = {places[i]: backgrounds[place_of[i]] for i in range(len(places))}
         scale = set_scaling_factor(vae, clips, cfg.feature_batch)
-        if (out / "vae").exists():
-            shutil.rmtree(out / "vae")
-        vae.save_pretrained(str(out / "vae"))
+        # resume_vae keeps a VAE and its features only as a pair that summary.json vouches for: forget the old pair
+        # before replacing either, vouch for the new one once both are complete
+        kept = {k: v for k, v in earlier.items() if k not in ("vae_psnr_db", "vae_scaling_factor")}
+        atomic_write_json(report / "summary.json", kept)
+        write_dir_atomically(out / "vae", lambda tmp: vae.save_pretrained(str(tmp)))  # never a partial model
         rng = np.random.default_rng(cfg.seed)
         preview = clips[rng.choice(len(clips), min(PREVIEW_CLIPS, len(clips)), replace=False)]
         vae_sheet, psnr = vae_preview(vae, preview, report / "vae_reconstruction.png")
@@ -492,12 +496,14 @@ def main(argv: list[str] | None = None) -> Path:
         del clips
         store = fill_features(cfg, vae, manifest, t5, scenery)
         print(f"features: {len(store)} clips in {cfg.data.features_dir}")
+        atomic_write_json(report / "summary.json", {**kept, "vae_psnr_db": psnr, "vae_scaling_factor": scale})
 
     # 4. base text-to-video transformer
     empty = t5([""])[0]  # (Nt, Dt): the unconditional prompt
     transformer = train_transformer(cfg, store, [r.clip_id for r in train_records], empty, log)
-    transformer.save_pretrained(str(out / "transformer"))
-    CogVideoXDDIMScheduler(**COGVIDEOX_2B_SCHEDULER).save_pretrained(str(out / "scheduler"))
+    write_dir_atomically(out / "transformer", lambda tmp: transformer.save_pretrained(str(tmp)))
+    scheduler = CogVideoXDDIMScheduler(**COGVIDEOX_2B_SCHEDULER)
+    write_dir_atomically(out / "scheduler", lambda tmp: scheduler.save_pretrained(str(tmp)))
     write_model_index(out)
     picks = np.random.default_rng(cfg.seed).choice(len(held_out), min(PREVIEW_CLIPS, len(held_out)), replace=False)
     sheet = sample_preview(cfg, store, manifest, [held_out[i] for i in sorted(picks)], report / "samples.png")
