@@ -18,7 +18,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from animegamer.config import DecoderConfig
+from animegamer.config import DecoderConfig, SamplingConfig
 from animegamer.models.trained import load_decoder
 from animegamer.official.decoder import convert_decoder
 from animegamer.official.sampler import (
@@ -202,3 +202,54 @@ def test_release_sampler_reproduces_the_official_run(decoder, ref):
         assert rel(trace["x_in"][i], t[f"{prefix}.x_in_per_step"][i]) < 1e-4, i
         assert rel(trace["denoised"][i], t[f"{prefix}.denoised_per_step"][i]) < 1e-4, i
     assert rel(samples, t[f"{prefix}.samples"]) < 5e-5
+
+
+@pytest.fixture
+def fresh_decoder(converted):
+    """A converted decoder of its own (with the VAE), for tests that change its dtype or merge its LoRA."""
+    ckpt, summary = converted
+    cfg = DecoderConfig(**summary["decoder_config"], dtype="fp32", gradient_checkpointing=False)
+    return load_decoder(summary["decoder_checkpoint"], cfg)
+
+
+def _clip_sampling(summary, **kw) -> SamplingConfig:
+    s = summary["sampling"]
+    base = dict(steps=3, height=s["height"], width=s["width"], num_frames=s["num_frames"], seed=7)
+    return SamplingConfig(**{**base, **kw})
+
+
+def test_released_compat_samples_with_the_release_sampler(fresh_decoder, converted, ref):
+    _, summary = converted
+    meta, t = ref
+    decoder = fresh_decoder
+    assert decoder.motion_values == [0.5, 2.5, 10.0, 15.0, 40.0]  # inference_Decoder.py's level -> flow table
+    sampling = _clip_sampling(summary)
+    level = torch.tensor([4])
+    fixed = decoder.sample(t["s_a"], level, sampling, decode=False)
+    decoder.use_compat("released")
+    assert decoder.dtype == torch.float16  # the release's fp16 decoder
+    released = decoder.sample(t["s_a"], level, sampling, decode=False)
+    settings = decoder.release_sampler
+    expected = sample_released(
+        decoder, t["s_a"], torch.tensor([15.0]), tuple(released.shape[1:]), settings, sampling.steps,
+        sampling.guidance_scale, sampling.dynamic_cfg_exponent, generator=torch.Generator().manual_seed(7),
+    )
+    assert torch.equal(released, expected)  # the level went through the table, the seed through the generator
+    assert torch.isfinite(released).all() and rel(fixed, released) > 1e-2  # two different samplers
+    frames = decoder.sample(t["s_a"], level, sampling)
+    assert frames.shape == (1, sampling.num_frames, sampling.height, sampling.width, 3)
+    with pytest.raises(ValueError, match="compat"):
+        decoder.use_compat("official")
+
+
+def test_merged_lora_samples_like_unmerged(fresh_decoder, converted, ref):
+    _, summary = converted
+    s_a = ref[1]["s_a"]
+    sampling = _clip_sampling(summary, guidance_steps_fraction=0.67)
+    plain = fresh_decoder.sample(s_a, torch.tensor([2]), sampling, decode=False)
+    fresh_decoder.merge_lora()
+    merged = fresh_decoder.sample(s_a, torch.tensor([2]), sampling, decode=False)
+    assert rel(merged, plain) < 1e-5
+    fresh_decoder.unmerge_lora()
+    fresh_decoder.transformer.disable_adapters()  # the LoRA matters: without it the clip changes
+    assert rel(fresh_decoder.sample(s_a, torch.tensor([2]), sampling, decode=False), plain) > 1e-3

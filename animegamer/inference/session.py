@@ -99,16 +99,37 @@ class DecoderRenderer:
         return frames[0].numpy()
 
 
+def weights_hint(key: str, path: str) -> str:
+    """What to do about a missing weights path: the tiny models are built, trained parts trained, base weights
+    converted from the release, and the shipped SpriteWorld world plays without any of them."""
+    if Path(path).parts[:2] == ("checkpoints", "tiny"):
+        return "build the tiny random models with `make tiny`"
+    if key.endswith("_checkpoint"):
+        return (f"train it first, point {key}= at a trained checkpoint or set {key}='' to run untrained parts; "
+                "to play now: make play (the shipped SpriteWorld world)")
+    return ("convert the released AnimeGamer weights with scripts/convert_official.py (checkpoints/README.md), "
+            "or play the shipped SpriteWorld world: make play (--config configs/spriteworld/inference.yaml)")
+
+
 def check_checkpoints(cfg: InferenceConfig, mllm: bool = True, decoder: bool = True) -> None:
-    """Resolve the configured checkpoints before any model loads, so a wrong path costs no loading time:
-    FileNotFoundError naming the key. An empty string means "no checkpoint" (untrained parts, with a warning)."""
-    for key, wanted in (("mllm_checkpoint", mllm), ("decoder_checkpoint", decoder)):
-        value = getattr(cfg, key)
-        if wanted and value:
-            try:
-                resolve_checkpoint(value)
-            except FileNotFoundError as exc:
-                raise FileNotFoundError(f"{key}={value}: {exc} (set {key}='' to run untrained parts)") from None
+    """Every weights folder the config names, before any model loads, so a wrong path costs no loading time:
+    FileNotFoundError with one line naming the key, the path and what to do (:func:`weights_hint`). An empty
+    checkpoint means "none" (untrained parts, with a warning); the base folders are always needed."""
+    needed = []
+    if mllm:
+        needed += [("mllm_checkpoint", cfg.mllm_checkpoint), ("mllm.pretrained", cfg.mllm.pretrained)]
+    if decoder:
+        needed += [("decoder_checkpoint", cfg.decoder_checkpoint), ("decoder.pretrained", cfg.decoder.pretrained)]
+    for key, value in needed:
+        trained = key.endswith("_checkpoint")
+        if trained and not value:
+            continue
+        try:
+            found = resolve_checkpoint(value) if trained else Path(value)
+        except FileNotFoundError:
+            found = None
+        if found is None or not found.is_dir():
+            raise FileNotFoundError(f"{key}={value} not found: {weights_hint(key, value)}")
 
 
 def load_mllm_predictor(cfg: InferenceConfig, device: str, offload: bool) -> MLLMPredictor:
@@ -140,6 +161,7 @@ def load_renderer(cfg: InferenceConfig, device: str, offload: bool) -> DecoderRe
     else:
         print("warning: decoder_checkpoint is empty: the decoder runs without trained LoRA", file=sys.stderr)
         decoder = AnimationShotDecoder.from_config(cfg.decoder, device=target).eval()
+    decoder.use_compat(cfg.compat)  # a converted official decoder samples with the release's sampler if released
     if cfg.decoder.vae_slicing and hasattr(decoder.vae, "enable_slicing"):
         decoder.vae.enable_slicing()
     if cfg.decoder.vae_tiling and hasattr(decoder.vae, "enable_tiling"):

@@ -284,6 +284,16 @@ class AnimationShotDecoder(nn.Module):
 
     # ------------------------------------------------------------------ inference fast path
 
+    def use_compat(self, compat: str) -> None:
+        """``released``: for a converted official checkpoint (one that carries ``release_sampler``), sample() runs
+        the release's own sampler (animegamer.official.sampler, its quirks included) with the transformer in the
+        release's dtype (fp16); our own checkpoints are unaffected. ``fixed``: our sampling path."""
+        if compat not in ("released", "fixed"):
+            raise ValueError(f"compat={compat!r} is not one of ['fixed', 'released']")
+        self.compat = compat
+        if compat == "released" and self.release_sampler is not None:
+            self.transformer.to(DTYPES[self.release_sampler.get("dtype", "fp32")])
+
     def merge_lora(self) -> None:
         """Fold the LoRA into the base weights (inference): the same outputs up to the weights' rounding, and no
         extra LoRA matmuls in any denoising step. :meth:`unmerge_lora` undoes it; train and save unmerged."""
@@ -475,9 +485,10 @@ class AnimationShotDecoder(nn.Module):
         (the benchmark times the two apart).
 
         The denoising loop, written out: start from Gaussian latents; at each step run the conditional and the
-        unconditional (zero s_a) branch in one batch while guidance is on, combine them with that step's scale,
+        unconditional (null s_a) branch in one batch while guidance is on, combine them with that step's scale,
         and let the scheduler step (DPM-Solver++ keeps the previous x0 prediction for its second order). The
-        unconditional branch keeps the levels, or gets the null level with ``motion_guidance``.
+        unconditional branch keeps the levels, or gets the null level with ``motion_guidance``. A converted
+        official decoder under ``use_compat("released")`` runs the release's sampler instead.
         """
         from tqdm.auto import tqdm
 
@@ -487,6 +498,23 @@ class AnimationShotDecoder(nn.Module):
             raise ValueError(f"motion levels must be in 1..{self.num_motion_levels}, got {motion_level.tolist()}")
         if generator is None:
             generator = torch.Generator().manual_seed(sampling.seed)
+        if self.compat == "released" and self.release_sampler is not None:
+            from animegamer.official.sampler import sample_released
+
+            if motion_level is None:
+                raise ValueError("the release's sampler needs the motion level (its flow value)")
+            latents = sample_released(
+                self,
+                shot_embeds,
+                self.motion_inputs(motion_level.to(device)),
+                self.latent_shape(sampling.num_frames, sampling.height, sampling.width),
+                self.release_sampler,
+                sampling.steps,
+                sampling.guidance_scale,
+                sampling.dynamic_cfg_exponent,
+                generator=generator,
+            )
+            return self.decode_latents(latents) if decode else latents
         scheduler, scales, latents = self.start_sampling(batch, sampling, generator)
         timesteps = scheduler.timesteps
         cond = shot_embeds.to(device)
