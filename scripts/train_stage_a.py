@@ -101,6 +101,8 @@ def main(argv: list[str] | None = None) -> Path:
     # ---- data (precomputed features, bad clips reported and left out) and the resume checkpoint, checked before
     # anything of the run is written: a failed retry leaves a finished run's config.yaml and run_info.json alone
     try:
+        # the resume first: a mistyped path fails in a second, not after precomputing every clip's features
+        resume = check_resume(cfg.output_dir, train.resume, accelerator.num_processes, train.allow_rng_reset)
         if accelerator.num_processes == 1:
             summary = precompute_features(cfg, accelerator.device)
             if summary.written:
@@ -113,7 +115,6 @@ def main(argv: list[str] | None = None) -> Path:
                     f"run `python scripts/precompute_features.py --config ...` first (multi-process runs do not)"
                 )
         dataset, left_out = build_stage_a_dataset(cfg.data)
-        resume = check_resume(cfg.output_dir, train.resume, accelerator.num_processes, train.allow_rng_reset)
     except (ManifestError, FileNotFoundError, ValueError) as exc:  # CheckpointError is a ValueError
         fail(str(exc))
     if left_out:

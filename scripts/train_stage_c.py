@@ -105,13 +105,13 @@ def main(argv: list[str] | None = None) -> Path:
     # ---- data, the resume checkpoint and the trained stage (a) decoder: bad input fails here, before the MLLM
     # loads and before anything of the run is written (a failed retry leaves a finished run's files alone)
     try:
+        resume = check_resume(cfg.output_dir, train.resume, accelerator.num_processes, train.allow_rng_reset)
         manifest = read_manifest(cfg.data.manifest)
         tokenizer, _ = load_tokenizer(cfg.mllm.pretrained, cfg.mllm.vocabulary, cfg.mllm.num_slots)
         layout = TurnLayout(tokenizer, get_vocabulary(cfg.mllm.vocabulary), cfg.mllm.num_slots)
         windows, left_out = select_windows(cfg, manifest, layout)
         settings = prediction_settings(cfg)
         check_prediction_settings(cfg.predictions_cache, settings)
-        resume = check_resume(cfg.output_dir, train.resume, accelerator.num_processes, train.allow_rng_reset)
         set_seed(cfg.seed)
         decoder = build_decoder(cfg)
     except (ManifestError, FileNotFoundError, ValueError) as exc:  # CheckpointError is a ValueError
