@@ -16,8 +16,8 @@ subprocesses under that launcher, so the same table runs on a laptop or on GPU n
 Writes ``output_dir/<row>/`` (each row's evaluation: results.jsonl, table, per-turn plot) and
 ``output_dir/table.md`` / ``table.csv`` (one line per row and system) and ``output_dir/table_intervals.{md,csv,json}``
 (every cell with its 95 % bootstrap interval over games, split into history-dependent turns, fully specified turns
-and held-out pairs; :mod:`animegamer.eval.intervals`). ``--table-only`` rebuilds the table from the
-rows' existing results.
+and held-out pairs, and the paired differences of the first line against every other; see
+:mod:`animegamer.eval.intervals`). ``--table-only`` rebuilds the tables from the rows' existing results.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from animegamer.cli import parse_config
 from animegamer.config import AblationsConfig, AblationStep, ConfigError, EvalConfig, load_config
 from animegamer.eval.games import load_games
 from animegamer.eval.harness import RESULTS_FILE, evaluate, read_results
-from animegamer.eval.intervals import interval_rows, turn_splits, write_interval_table
+from animegamer.eval.intervals import difference_rows, interval_rows, turn_splits, write_interval_table
 from animegamer.eval.metrics import MetricSummary, summarize
 from animegamer.eval.report import markdown_table, write_table
 
@@ -121,7 +121,10 @@ def main(argv: list[str] | None = None) -> list[tuple[str, MetricSummary]]:
         print(f"row {row.name}: done in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     title = f"Ablations ({Path(args.config).name if args.config else 'defaults'})"
     md, table_csv = write_table(out / "table", entries, title=title, first_column="ablation")
-    intervals = write_interval_table(out / "table_intervals", interval_rows(labelled, splits), title=title)
+    rows = interval_rows(labelled, splits)
+    if labelled:  # paired differences of the first line (the main system) against every other line
+        rows += difference_rows(next(iter(labelled)), labelled, splits)
+    intervals = write_interval_table(out / "table_intervals", rows, title=title)
     print(markdown_table(entries, title, first_column="ablation"))
     print(f"table      {md}\ncsv        {table_csv}\nintervals  {intervals['md']} (+ .csv, .json)")
     return entries

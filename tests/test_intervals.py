@@ -10,6 +10,7 @@ import pytest
 
 from animegamer.eval.intervals import (
     bootstrap_interval,
+    difference_rows,
     interval_markdown,
     interval_rows,
     turn_splits,
@@ -58,6 +59,7 @@ def test_split_table_counts_each_split_and_writes_files(tmp_path):
     games.append(SimpleNamespace(game_id="old", shots=(None,) * 2))  # no marks: counted in "all" only
     splits = turn_splits(games)
     assert splits[("g0", 1)] == ("all", "history", "held_out") and splits[("old", 0)] == ("all",)
+    assert splits[("g0", 0)] == ("all", "full", "seen")
     values = {("g0", 0): 21.0, ("g0", 1): 18.0, ("g0", 2): 19.0, ("g1", 0): 23.0, ("g1", 1): 16.0, ("g1", 2): 20.0,
               ("old", 0): 25.0, ("old", 1): 25.0}
     records = _records("sys", values)
@@ -75,3 +77,17 @@ def test_split_table_counts_each_split_and_writes_files(tmp_path):
     assert len(paths["csv"].read_text().splitlines()) == len(rows) + 1
     assert json.loads(paths["json"].read_text())["rows"][0]["system"] == "AnimeGamer"
     assert "– " not in interval_markdown(rows)
+
+
+def test_paired_differences_are_tighter_than_the_two_means():
+    # Games differ a lot, but system a beats b by exactly 1 on every turn: the paired interval is a point.
+    games = {"g0": [10.0, 11.0], "g1": [30.0, 29.0], "g2": [20.0, 22.0]}
+    a = [MetricRecord("a", g, t, {"psnr": v + 1.0}) for g, vs in games.items() for t, v in enumerate(vs)]
+    b = [MetricRecord("b", g, t, {"psnr": v}) for g, vs in games.items() for t, v in enumerate(vs)]
+    b.append(MetricRecord("b", "g3", 0, {"psnr": 5.0}))  # a turn a never played is not compared
+    splits = {(g, t): ("all",) for g in (*games, "g3") for t in range(2)}
+    (row,) = difference_rows("a", {"a": a, "b": b}, splits, ("psnr",))
+    assert row["system"] == "a − b" and (row["mean"], row["lower"], row["upper"]) == (1.0, 1.0, 1.0)
+    assert row["turns"] == 6 and row["games"] == 3
+    means = {r["system"]: r for r in interval_rows({"a": a, "b": b}, splits, ("psnr",))}
+    assert means["a"]["upper"] - means["a"]["lower"] > 5  # the unpaired intervals overlap widely

@@ -19,7 +19,8 @@ Per turn (one :class:`MetricRecord` per system, game and turn; the LLM judge add
 - **seconds**: the system's model time for the turn.
 
 Beside the table of means, ``table_intervals.{md,csv,json}`` gives every cell a 95 % bootstrap interval over games,
-split into history-dependent turns, fully specified turns and held-out pairs (:mod:`animegamer.eval.intervals`).
+split into history-dependent turns, fully specified turns and held-out pairs, and the paired differences of the
+first system against each other one (:mod:`animegamer.eval.intervals`).
 
 Every record carries its :class:`MetricSettings` (CLIP model, scale, frames, reference, DreamSim, flow), and
 :func:`~animegamer.eval.metrics.summarize` refuses to average records made with different settings.
@@ -290,7 +291,7 @@ def _judge_record(judge, system: str, game: BenchmarkGame, outputs: list[TurnOut
 
 def evaluate(cfg: EvalConfig, progress: bool = True) -> EvalResult:
     """Play every game with every system of ``cfg``, score every turn, write results, tables and plots."""
-    from animegamer.eval.intervals import interval_rows, turn_splits, write_interval_table
+    from animegamer.eval.intervals import difference_rows, interval_rows, turn_splits, write_interval_table
     from animegamer.eval.report import plot_per_turn, write_table
 
     unknown = [s for s in cfg.systems if s not in SYSTEMS]
@@ -350,7 +351,9 @@ def evaluate(cfg: EvalConfig, progress: bool = True) -> EvalResult:
     files["table_md"], files["table_csv"] = write_table(out / "table", [(s.system, s) for s in summaries],
                                                         title=f"{len(games)} games from {cfg.benchmark}")
     files["plot"] = plot_per_turn(records, out / "per_turn.png")
-    interval_files = write_interval_table(out / "table_intervals", interval_rows(records, turn_splits(games)),
+    splits = turn_splits(games)
+    rows = interval_rows(records, splits) + difference_rows(cfg.systems[0], records, splits)
+    interval_files = write_interval_table(out / "table_intervals", rows,
                                           title=f"{len(games)} games from {cfg.benchmark}")
     files |= {f"intervals_{kind}": path for kind, path in interval_files.items()}
     return EvalResult(records, summaries, files)
