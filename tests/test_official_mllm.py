@@ -138,8 +138,10 @@ def test_greedy_ids_teacher_forced(converted):
         hidden, _ = model.transformer(model.embed(ids))  # B3: plain token embeddings, causal
         logits = model.token_logits(hidden[0, len(prompt) - 1 :])  # (steps, V)
         previous = [prompt[-1], *generated[:-1]]
-        picked = [int(agent.release_process_scores(row, last, chain).argmax()) for row, last in zip(logits, previous,
-                                                                                                     strict=True)]
+        picked = [
+            int(agent.release_process_scores(row, last, chain).argmax())
+            for row, last in zip(logits, previous, strict=True)
+        ]
         assert picked == generated, f"turn {n}"
 
 
@@ -155,8 +157,9 @@ def test_chain_to_decoder(converted):
 
 
 def test_release_parse():
-    assert agent.release_parse("<Strength_3> </ML> <SC> <Strength_0> </SC> <ET> <Strength_1> </ET> <ST> "
-                               "<Strength_-1> </ST>") == [3, 0, 1, -1]
+    assert agent.release_parse(
+        "<Strength_3> </ML> <SC> <Strength_0> </SC> <ET> <Strength_1> </ET> <ST> <Strength_-1> </ST>"
+    ) == [3, 0, 1, -1]
     assert agent.release_parse("random words") == [0, 0, 0, 0]
     assert agent.clamp_values([0, 0, 0, 0]).motion_level == 1
 

@@ -45,11 +45,17 @@ class ReleaseHistory:
     text_ids: list[int] | None = None  # the caption's ids when known (tests); else the layout encodes it
 
 
-def release_sequence(model, history: list[ReleaseHistory], instruction: str, text_ids: list[int] | None = None,
-                     values: list[StateValues] | None = None) -> SequenceLayout:
+def release_sequence(
+    model,
+    history: list[ReleaseHistory],
+    instruction: str,
+    text_ids: list[int] | None = None,
+    values: list[StateValues] | None = None,
+) -> SequenceLayout:
     """The prompt: release-quirk history states (B5) when ``values`` is None, else the given values (fixed)."""
-    turns = [TurnSpec(h.instruction, values[i] if values else None, text_ids=h.text_ids)
-             for i, h in enumerate(history)]
+    turns = [
+        TurnSpec(h.instruction, values[i] if values else None, text_ids=h.text_ids) for i, h in enumerate(history)
+    ]
     turns.append(TurnSpec(instruction, None, is_current=True, text_ids=text_ids))
     return model.layout.build_sequence(turns, release_history_states=values is None)
 
@@ -168,8 +174,13 @@ class ReleaseTurn:
 
 
 @torch.no_grad()
-def released_turn(model, history: list[ReleaseHistory], instruction: str, text_ids: list[int] | None = None,
-                  max_new_tokens: int = RELEASE_MAX_NEW_TOKENS) -> ReleaseTurn:
+def released_turn(
+    model,
+    history: list[ReleaseHistory],
+    instruction: str,
+    text_ids: list[int] | None = None,
+    max_new_tokens: int = RELEASE_MAX_NEW_TOKENS,
+) -> ReleaseTurn:
     """One turn with the release's numerics (``compat: released``)."""
     seq = release_sequence(model, history, instruction, text_ids)
     shots = torch.stack([h.shot_embeds for h in history]) if history else None  # (M, N, shot_dim)

@@ -291,8 +291,12 @@ def convert_agent(
         elif outer_in != hidden or width != shot_dim:
             raise ReleaseFileError(f"{where}: output_resampler is {outer_in} -> {width}, not {hidden} -> {shot_dim}")
         for index in linears:
-            _check_shape(resamplers[f"{which}.mlp.{index}.weight"], (width, outer_in if index == 0 else width),
-                         f"{which}.proj.{index}.weight", where)
+            _check_shape(
+                resamplers[f"{which}.mlp.{index}.weight"],
+                (width, outer_in if index == 0 else width),
+                f"{which}.proj.{index}.weight",
+                where,
+            )
             _check_shape(resamplers[f"{which}.mlp.{index}.bias"], (width,), f"{which}.proj.{index}.bias", where)
     if depth["input_resampler"] != depth["output_resampler"]:
         raise ReleaseFileError(f"{where}: the resamplers have different depths {depth}")
@@ -357,8 +361,9 @@ def convert_agent(
             os.replace(mistral / names[0], mistral / "model.safetensors")
         else:
             total = sum(base[k].numel() * base[k].element_size() for k in expected)
-            atomic_write_json(mistral / "model.safetensors.index.json",
-                              {"metadata": {"total_size": total}, "weight_map": index})
+            atomic_write_json(
+                mistral / "model.safetensors.index.json", {"metadata": {"total_size": total}, "weight_map": index}
+            )
         mistral_config.architectures = ["MistralForCausalLM"]
         mistral_config.save_pretrained(str(mistral))
         for file in Path(tokenizer_dir).iterdir():

@@ -1,0 +1,138 @@
+"""scripts/convert_official.py on the official reference set: the converted checkpoint's inference.yaml plays a game
+through inference_MLLM.py (and inference_Decoder.py when the decoder converter is present) on CPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from official_ref_data import REF_DIR, REPO, build_release_tokenizer, mllm_reference
+
+sys.path.insert(0, str(REPO / "scripts"))
+import convert_official  # noqa: E402
+
+import inference_MLLM  # noqa: E402
+from animegamer.inference.mllm_runner import load_results  # noqa: E402
+
+HAS_DECODER = importlib.util.find_spec("animegamer.official.decoder") is not None
+GAME = "Character: Qiqi; Motion: fly; Background: day sky.\nCharacter: Qiqi; Motion: run; Background: park.\n"
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory):
+    """The release-side files: the reference set's agent and decoder, YAMLs from its JSON, a tokenizer at the
+    release's ids and a tiny random CogVideoX VAE + scheduler with the decoder's latent channels."""
+    meta, _ = mllm_reference()
+    root = tmp_path_factory.mktemp("release")
+    tokenizer = build_release_tokenizer(root / "animegamer_tokenizer", meta["tiny_mistral_config"]["vocab_size"])
+    (root / "llm.yaml").write_text(yaml.safe_dump(meta["tiny_llm_yaml"]))
+    (root / "agent.yaml").write_text(yaml.safe_dump(meta["tiny_agent_yaml"]))
+    args = [
+        "--agent-bin", str(REF_DIR / "mllm_agent" / "pytorch_model.bin"),
+        "--tokenizer", str(tokenizer),
+        "--mistral-config", str(REF_DIR / "mllm_agent" / "tiny_mistral_config.json"),
+        "--llm-yaml", str(root / "llm.yaml"),
+        "--agent-yaml", str(root / "agent.yaml"),
+    ]  # fmt: skip
+    if HAS_DECODER:
+        from diffusers import AutoencoderKLCogVideoX, CogVideoXDDIMScheduler
+
+        from animegamer.tiny import COGVIDEOX_2B_SCHEDULER
+
+        decoder_meta = json.loads((REF_DIR / "decoder_ref.json").read_text())
+        (root / "decoder.yaml").write_text(yaml.safe_dump(decoder_meta["tiny_model_yaml"]))
+        channels = decoder_meta["tiny_model_yaml"]["model"]["network_config"]["params"]["in_channels"]
+        torch.manual_seed(0)
+        vae = AutoencoderKLCogVideoX(
+            block_out_channels=(8, 8, 16, 16), latent_channels=channels, layers_per_block=1, norm_num_groups=4
+        )
+        vae.save_pretrained(str(root / "CogVideoX-2b" / "vae"))
+        CogVideoXDDIMScheduler(**COGVIDEOX_2B_SCHEDULER).save_pretrained(str(root / "CogVideoX-2b" / "scheduler"))
+        args += ["--decoder-ckpt", str(REF_DIR / "decoder_ckpt"), "--decoder-yaml", str(root / "decoder.yaml")]
+        args += ["--cogvideox", str(root / "CogVideoX-2b")]
+    return {"root": root, "args": args}
+
+
+@pytest.fixture(scope="module")
+def converted(release):
+    out = release["root"] / "converted"
+    convert_official.main(["--out", str(out), *release["args"]])
+    return out
+
+
+def test_help_documents_every_input(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        convert_official.main(["--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    for flag in ("--agent-bin", "--tokenizer", "--mistral", "--mistral-config", "--llm-yaml", "--agent-yaml",
+                 "--decoder-ckpt", "--decoder-yaml", "--cogvideox", "--out", "--compat", "--history-turns"):
+        assert flag in text
+
+
+def test_converted_checkpoint_plays(converted, tmp_path):
+    names = {p.name for p in converted.iterdir()}
+    assert {"Mistral", "mllm", "inference.yaml", "conversion.json"} <= names
+    config = yaml.safe_load((converted / "inference.yaml").read_text())
+    meta, _ = mllm_reference()
+    assert config["mllm"]["lora_rank"] == meta["tiny_llm_yaml"]["peft_config"]["r"]
+    assert config["mllm"]["vocabulary"] == "released" and config["compat"] == "fixed"
+    game = tmp_path / "game.txt"
+    game.write_text(GAME)
+    results = tmp_path / "game"
+    overrides = [f"game={game}", f"output_dir={results}", "mllm.dtype=fp32", "device=cpu"]
+    inference_MLLM.main(["--config", str(converted / "inference.yaml"), *overrides])
+    summary, turns = load_results(results)
+    resampler = meta["tiny_agent_yaml"]["output_resampler"]
+    assert summary["complete"] and len(turns) == 2
+    assert all(shot.shape == (resampler["num_queries"], resampler["output_dim"]) for _, shot in turns)
+    assert all(torch.isfinite(shot).all() for _, shot in turns)
+    if HAS_DECODER:
+        import inference_Decoder
+
+        inference_Decoder.main(
+            ["--config", str(converted / "inference.yaml"), f"output_dir={results}", "device=cpu",
+             "sampling.steps=2", "decoder.dtype=fp32"]
+        )  # fmt: skip
+        assert (results / "turn_000" / "clip.mp4").is_file() and (results / "turn_001" / "clip.mp4").is_file()
+
+
+def test_released_compat_plays(converted, tmp_path):
+    game = tmp_path / "game.txt"
+    game.write_text(GAME.splitlines()[0] + "\n")
+    results = tmp_path / "game"
+    inference_MLLM.main(
+        ["--config", str(converted / "inference.yaml"), f"game={game}", f"output_dir={results}", "mllm.dtype=fp32",
+         "device=cpu", "compat=released"]
+    )  # fmt: skip
+    _, turns = load_results(results)
+    state = json.loads((results / "turn_000" / "state.json").read_text())
+    assert len(turns) == 1 and len(state["release_values"]) == 4
+
+
+def _fails(args, capsys, match):
+    with pytest.raises(SystemExit) as exit_info:
+        convert_official.main(args)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and match in err
+
+
+def test_bad_inputs_exit_2_and_write_nothing(release, converted, tmp_path, capsys):
+    out = tmp_path / "out"
+    _fails(["--out", str(out)], capsys, "nothing to convert")
+    hostile = tmp_path / "pytorch_model.bin"
+    torch.save({"w": Path("/etc/passwd")}, hostile)  # a pickle that needs a global other than tensors
+    args = list(release["args"])
+    args[args.index("--agent-bin") + 1] = str(hostile)
+    _fails(["--out", str(out), *args], capsys, "refused")
+    missing = list(release["args"])
+    missing[missing.index("--tokenizer") + 1] = str(tmp_path / "no_tokenizer")
+    _fails(["--out", str(out), *missing], capsys, "tokenizer directory not found")
+    assert not out.exists() and [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    _fails(["--out", str(converted), *release["args"]], capsys, "not an empty directory")
