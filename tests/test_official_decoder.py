@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from safetensors.torch import load_file
 from animegamer.config import DecoderConfig, SamplingConfig
 from animegamer.models.trained import load_decoder
 from animegamer.official.decoder import convert_decoder
+from animegamer.official.release_io import ReleaseFileError
 from animegamer.official.sampler import (
     RELEASED,
     denoise,
@@ -253,3 +255,90 @@ def test_merged_lora_samples_like_unmerged(fresh_decoder, converted, ref):
     fresh_decoder.unmerge_lora()
     fresh_decoder.transformer.disable_adapters()  # the LoRA matters: without it the clip changes
     assert rel(fresh_decoder.sample(s_a, torch.tensor([2]), sampling, decode=False), plain) > 1e-3
+
+
+def test_layernorm_eps_follow_the_release(decoder, ref):
+    """B11: eps is invisible at unit scale, so the final norm is checked on low-variance input, then every eps."""
+    from animegamer.official.release_io import load_release_pickle
+
+    meta, _ = ref
+    eps = meta["layernorm_eps_by_module"]
+    latest = (REF / "decoder_ckpt" / "latest").read_text().strip()
+    module = load_release_pickle(REF / "decoder_ckpt" / latest / "mp_rank_00_model_states.pt")["module"]
+    name = "mixins.final_layer.norm_final"
+    weight, bias = (module[f"model.diffusion_model.{name}.{p}"] for p in ("weight", "bias"))
+    x = 1 + 1e-3 * torch.randn(4, weight.shape[0], generator=torch.Generator().manual_seed(0))  # variance ~1e-6
+    tr = decoder.transformer
+    with torch.no_grad():
+        ours = tr.norm_out.norm(x)
+    expected = torch.nn.functional.layer_norm(x, weight.shape, weight, bias, eps[name])
+    wrong = torch.nn.functional.layer_norm(x, weight.shape, weight, bias, tr.config.norm_eps)
+    assert rel(ours, expected) < 1e-5 and rel(wrong, expected) > 1e-2  # the input resolves the eps
+    assert tr.norm_final.eps == eps["transformer.final_layernorm"]
+    for i, block in enumerate(tr.transformer_blocks):
+        assert block.norm1.norm.eps == eps[f"transformer.layers.{i}.input_layernorm"]
+        assert block.norm2.norm.eps == eps[f"transformer.layers.{i}.post_attention_layernorm"]
+        assert block.attn1.norm_q.eps == eps[f"mixins.adaln_layer.query_layernorm_list.{i}"]
+        assert block.attn1.norm_k.eps == eps[f"mixins.adaln_layer.key_layernorm_list.{i}"]
+
+
+class Hostile:
+    """Unpickling this would run a shell command; the release reader must refuse it instead."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _copy_ckpt(tmp_path) -> tuple[Path, Path, dict]:
+    src = REF / "decoder_ckpt"
+    dst = tmp_path / "ckpt"
+    shutil.copytree(src, dst)
+    latest = (dst / "latest").read_text().strip()
+    pt = dst / latest / "mp_rank_00_model_states.pt"
+    return dst, pt, torch.load(pt, weights_only=True)
+
+
+def _damage(kind: str, pt: Path, obj: dict, ckpt: Path, marker: Path) -> str:
+    module = obj["module"]
+    key = sorted(module)[-1]
+    if kind == "no_latest":
+        (ckpt / "latest").unlink()
+        return "latest"
+    if kind == "missing_key":
+        del module[key]
+        torch.save(obj, pt)
+        return "missing"
+    if kind == "wrong_shape":
+        module[key] = torch.zeros(*module[key].shape, 2)
+        torch.save(obj, pt)
+        return re.escape(key)
+    if kind == "not_sat":
+        torch.save(module, pt)  # a bare state dict, no 'module'
+        return "module"
+    torch.save({**obj, "payload": Hostile(marker)}, pt)
+    return "refused"
+
+
+@pytest.mark.parametrize("kind", ["no_latest", "missing_key", "wrong_shape", "not_sat", "hostile"])
+def test_bad_checkpoints_are_refused_and_nothing_is_written(tmp_path, ref, kind):
+    ckpt, pt, obj = _copy_ckpt(tmp_path)
+    marker = tmp_path / "pwned"
+    match = _damage(kind, pt, obj, ckpt, marker)
+    (tmp_path / "model.yaml").write_text(yaml.safe_dump(ref[0]["tiny_model_yaml"]))
+    out = tmp_path / "out"
+    with pytest.raises(ReleaseFileError, match=match) as err:
+        convert_decoder(ckpt, out, model_yaml=tmp_path / "model.yaml")
+    assert "\n" not in str(err.value) and str(ckpt) in str(err.value)
+    assert not out.exists() and not marker.exists()
+
+
+def test_yaml_that_disagrees_with_the_checkpoint_is_refused(tmp_path, ref):
+    tree = json.loads(json.dumps(ref[0]["tiny_model_yaml"]))
+    tree["model"]["network_config"]["params"]["modules"]["lora_config"]["params"]["r"] += 1
+    (tmp_path / "model.yaml").write_text(yaml.safe_dump(tree))
+    with pytest.raises(ReleaseFileError, match="matrix_A"):
+        convert_decoder(REF / "decoder_ckpt", tmp_path / "out", model_yaml=tmp_path / "model.yaml")
+    assert not (tmp_path / "out").exists()
