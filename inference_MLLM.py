@@ -37,6 +37,7 @@ from animegamer.inference.mllm_runner import (
     write_game,
     write_turn,
 )
+from animegamer.inference.session import check_checkpoints
 from animegamer.models.mllm import AnimeGamerMLLM, load_tokenizer
 from animegamer.states import TagError, read_game_file
 from animegamer.training.checkpoint import resolve_checkpoint
@@ -60,6 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     except TagError as exc:
         fail(str(exc))
     try:
+        check_checkpoints(cfg, decoder=False)  # the weights folders: one line saying what to do when missing
         tokenizer, base_vocab = load_tokenizer(cfg.mllm.pretrained, cfg.mllm.vocabulary, cfg.mllm.num_slots)
     except FileNotFoundError as exc:
         fail(str(exc))
@@ -70,14 +72,8 @@ def main(argv: list[str] | None = None) -> None:
             )
     except InstructionError as exc:
         fail(str(exc))
-    checkpoint = None
-    if cfg.mllm_checkpoint:
-        try:
-            checkpoint = resolve_checkpoint(cfg.mllm_checkpoint)
-        except FileNotFoundError as exc:
-            fail(f"mllm_checkpoint={cfg.mllm_checkpoint}: {exc} "
-                 "(set mllm_checkpoint='' to run the untrained base model)")
-    else:
+    checkpoint = resolve_checkpoint(cfg.mllm_checkpoint) if cfg.mllm_checkpoint else None  # checked above
+    if checkpoint is None:
         print(
             "warning: mllm_checkpoint is empty: running the base model with freshly initialised (untrained) LoRA, "
             "query embeddings and resamplers; predictions are meaningless",

@@ -75,35 +75,6 @@ def fail(message: str) -> NoReturn:
     raise SystemExit(2)
 
 
-def _weights_hint(key: str, path: str) -> str:
-    if Path(path).parts[:2] == ("checkpoints", "tiny"):
-        return "build the tiny random models with `make tiny`"
-    if key.endswith("_checkpoint"):
-        return (f"train it first, or point {key}= at a trained checkpoint; "
-                "to play now: make play (the shipped SpriteWorld world)")
-    return ("convert the released AnimeGamer weights with scripts/convert_official.py (checkpoints/README.md), "
-            "or play the shipped SpriteWorld world: make play (--config configs/spriteworld/inference.yaml)")
-
-
-def require_inference_weights(cfg: Any) -> None:
-    """Exit with one line naming the first missing weights path of an inference config and what to do about it.
-
-    Checked before any model loads, so a config pointing at weights that are not on this machine (the full-size
-    configs on a fresh clone) stops with advice instead of a loader's traceback.
-    """
-    from animegamer.training.checkpoint import resolve_checkpoint
-
-    needed = [("mllm.pretrained", cfg.mllm.pretrained), ("decoder.pretrained", cfg.decoder.pretrained)]
-    needed += [(k, getattr(cfg, k)) for k in ("mllm_checkpoint", "decoder_checkpoint") if getattr(cfg, k)]
-    for key, path in needed:
-        try:
-            found = resolve_checkpoint(path) if key.endswith("_checkpoint") else Path(path)
-        except FileNotFoundError:
-            found = None
-        if found is None or not found.is_dir():
-            fail(f"{key}={path} not found: {_weights_hint(key, path)}")
-
-
 def add_split_flags(parser: argparse.ArgumentParser, count: int, what: str, count_flag: str = "--clips") -> None:
     """``--manifest``, ``--split`` and a clip count: the flags of scripts that sample a manifest's train/test films."""
     parser.add_argument("--manifest", required=True, help="clips.jsonl with train/test films in its meta splits")
@@ -113,11 +84,11 @@ def add_split_flags(parser: argparse.ArgumentParser, count: int, what: str, coun
 
 def split_clips(manifest_path: str, split: str, count: int) -> tuple[Any, list]:
     """The manifest and up to ``count`` evenly spread tagged clips of its ``split`` films
-    (:meth:`Manifest.sample_split`); an unreadable manifest or an empty split exits with one readable line."""
+    (:meth:`Manifest.sample_split`); an unreadable manifest or an empty split exits with one readable line (code 2)."""
     from animegamer.data.manifest import read_manifest
 
     try:
         manifest = read_manifest(manifest_path)
         return manifest, manifest.sample_split(split, count)
     except (ValueError, FileNotFoundError) as exc:  # ManifestError is a ValueError
-        raise SystemExit(f"error: {exc}") from None
+        fail(str(exc))

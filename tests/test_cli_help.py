@@ -1,5 +1,5 @@
 """--help: config keys with their descriptions from config.py's comments, examples that fit the command, the
-usage line as the user typed it; the missing-weights check of the play entry points."""
+usage line as the user typed it; missing weights are one line that says what to do."""
 
 import subprocess
 import sys
@@ -7,9 +7,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from animegamer.cli import OVERRIDE_EXAMPLES, command_name, require_inference_weights
+from animegamer.cli import OVERRIDE_EXAMPLES, command_name, split_clips
 from animegamer.config import SCHEMAS, InferenceConfig, config_help, load_config
 from animegamer.config_docs import config_keys_help, field_descriptions
+from animegamer.inference.session import check_checkpoints
 
 
 @dataclass
@@ -79,32 +80,48 @@ def test_command_name_of_a_script():
     assert command_name("app.py") == "python app.py"
 
 
-def _exit_message(cfg, capsys) -> str:
-    with pytest.raises(SystemExit) as exc:
-        require_inference_weights(cfg)
-    assert exc.value.code == 2
-    return capsys.readouterr().err
+def _missing(cfg, **parts) -> str:
+    with pytest.raises(FileNotFoundError) as exc:
+        check_checkpoints(cfg, **parts)
+    message = str(exc.value)
+    assert "\n" not in message
+    return message
 
 
-def test_missing_base_weights_name_the_path_and_the_way_out(capsys):
-    cfg = load_config("configs/inference.yaml", ["mllm.pretrained=/nonexistent/Mistral-7B-v0.1"])
-    message = _exit_message(cfg, capsys)
-    assert message.startswith("error: mllm.pretrained=/nonexistent/Mistral-7B-v0.1 not found")
+def test_missing_base_weights_name_the_path_and_the_way_out():
+    cfg = load_config("configs/inference.yaml", ["mllm.pretrained=/nonexistent/Mistral-7B-v0.1", "mllm_checkpoint="])
+    message = _missing(cfg, decoder=False)
+    assert message.startswith("not found: mllm.pretrained=/nonexistent/Mistral-7B-v0.1: convert the released")
     assert "scripts/convert_official.py" in message and "make play" in message
-    assert message.count("\n") == 1
 
 
-def test_missing_tiny_weights_say_make_tiny(capsys):
+def test_missing_tiny_weights_say_make_tiny():
     cfg = load_config("configs/tiny/inference.yaml", ["decoder.pretrained=checkpoints/tiny/no_such_dir",
-                                                      "mllm.pretrained=checkpoints/spriteworld/Mistral"])
-    message = _exit_message(cfg, capsys)
-    assert message.startswith("error: decoder.pretrained=checkpoints/tiny/no_such_dir not found: build")
-    assert "`make tiny`" in message
+                                                      "decoder_checkpoint="])
+    assert _missing(cfg, mllm=False) == ("not found: decoder.pretrained=checkpoints/tiny/no_such_dir: "
+                                         "build the tiny random models with `make tiny`")
 
 
-def test_missing_trained_checkpoint_and_the_shipped_world(tmp_path, capsys):
-    shipped = load_config("configs/spriteworld/inference.yaml")
-    require_inference_weights(shipped)  # everything it names is in the repository
-    missing = load_config("configs/spriteworld/inference.yaml", [f"mllm_checkpoint={tmp_path}/run/checkpoints/latest"])
-    assert f"mllm_checkpoint={tmp_path}/run/checkpoints/latest not found: train it first" in _exit_message(missing,
-                                                                                                           capsys)
+def test_missing_trained_checkpoint_and_the_shipped_world(tmp_path):
+    check_checkpoints(load_config("configs/spriteworld/inference.yaml"))  # everything it names is in the repository
+    run = f"{tmp_path}/run/checkpoints/latest"
+    missing = load_config("configs/spriteworld/inference.yaml", [f"mllm_checkpoint={run}"])
+    assert _missing(missing).startswith(f"not found: mllm_checkpoint={run}: train it first")
+
+
+def test_play_on_a_config_without_weights_is_one_line(capsys):
+    from animegamer.play import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--config", "configs/inference.yaml", "mllm_checkpoint=", "decoder_checkpoint=",
+              "mllm.pretrained=/nonexistent/Mistral-7B-v0.1", "decoder.pretrained=/nonexistent/CogVideoX-2b"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1
+    assert err.startswith("error: not found: mllm.pretrained=/nonexistent/Mistral-7B-v0.1, "
+                          "decoder.pretrained=/nonexistent/CogVideoX-2b: convert the released")
+
+
+def test_split_clips_bad_manifest_exits_2(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        split_clips(str(tmp_path / "clips.jsonl"), "test", 4)
+    assert exc.value.code == 2 and capsys.readouterr().err.startswith("error: ")

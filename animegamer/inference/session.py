@@ -113,14 +113,15 @@ def weights_hint(key: str, path: str) -> str:
 
 def check_checkpoints(cfg: InferenceConfig, mllm: bool = True, decoder: bool = True) -> None:
     """Every weights folder the config names, before any model loads, so a wrong path costs no loading time:
-    FileNotFoundError with one line naming the key, the path and what to do (:func:`weights_hint`). An empty
-    checkpoint means "none" (untrained parts, with a warning); the base folders are always needed."""
-    needed = []
+    FileNotFoundError with one line naming every missing key and path and what to do (:func:`weights_hint` of the
+    first). An empty checkpoint means "none" (untrained parts, with a warning); the base folders are always needed."""
+    named = []
     if mllm:
-        needed += [("mllm_checkpoint", cfg.mllm_checkpoint), ("mllm.pretrained", cfg.mllm.pretrained)]
+        named += [("mllm.pretrained", cfg.mllm.pretrained), ("mllm_checkpoint", cfg.mllm_checkpoint)]
     if decoder:
-        needed += [("decoder_checkpoint", cfg.decoder_checkpoint), ("decoder.pretrained", cfg.decoder.pretrained)]
-    for key, value in needed:
+        named += [("decoder.pretrained", cfg.decoder.pretrained), ("decoder_checkpoint", cfg.decoder_checkpoint)]
+    missing = []
+    for key, value in named:
         trained = key.endswith("_checkpoint")
         if trained and not value:
             continue
@@ -129,7 +130,10 @@ def check_checkpoints(cfg: InferenceConfig, mllm: bool = True, decoder: bool = T
         except FileNotFoundError:
             found = None
         if found is None or not found.is_dir():
-            raise FileNotFoundError(f"{key}={value} not found: {weights_hint(key, value)}")
+            missing.append((key, value))
+    if missing:
+        names = ", ".join(f"{key}={value}" for key, value in missing)
+        raise FileNotFoundError(f"not found: {names}: {weights_hint(*missing[0])}")
 
 
 def load_mllm_predictor(cfg: InferenceConfig, device: str, offload: bool) -> MLLMPredictor:
@@ -161,7 +165,6 @@ def load_renderer(cfg: InferenceConfig, device: str, offload: bool) -> DecoderRe
     else:
         print("warning: decoder_checkpoint is empty: the decoder runs without trained LoRA", file=sys.stderr)
         decoder = AnimationShotDecoder.from_config(cfg.decoder, device=target).eval()
-    decoder.use_compat(cfg.compat)  # a converted official decoder samples with the release's sampler if released
     if cfg.decoder.vae_slicing and hasattr(decoder.vae, "enable_slicing"):
         decoder.vae.enable_slicing()
     if cfg.decoder.vae_tiling and hasattr(decoder.vae, "enable_tiling"):
