@@ -165,6 +165,7 @@ def load_renderer(cfg: InferenceConfig, device: str, offload: bool) -> DecoderRe
     else:
         print("warning: decoder_checkpoint is empty: the decoder runs without trained LoRA", file=sys.stderr)
         decoder = AnimationShotDecoder.from_config(cfg.decoder, device=target).eval()
+    decoder.use_compat(cfg.compat)  # a converted official decoder samples with the release's sampler if released
     if cfg.decoder.vae_slicing and hasattr(decoder.vae, "enable_slicing"):
         decoder.vae.enable_slicing()
     if cfg.decoder.vae_tiling and hasattr(decoder.vae, "enable_tiling"):
