@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 import yaml
 from safetensors.torch import load_file
 
@@ -49,13 +50,15 @@ def ref():
 @pytest.fixture(scope="module")
 def base_dir(tmp_path_factory, ref):
     """A diffusers CogVideoX-2b look-alike for vae/ + scheduler/: a tiny random VAE with the set's latent channels."""
+    return _write_base(tmp_path_factory.mktemp("cogvideox_base"), ref[0]["derived"]["latent_c"])
+
+
+def _write_base(out: Path, channels: int) -> Path:
     from diffusers import AutoencoderKLCogVideoX, CogVideoXDDIMScheduler
 
     from animegamer.tiny import COGVIDEOX_2B_SCHEDULER
 
-    out = tmp_path_factory.mktemp("cogvideox_base")
     torch.manual_seed(0)
-    channels = ref[0]["derived"]["latent_c"]
     vae = AutoencoderKLCogVideoX(
         block_out_channels=(8, 8, 16, 16), latent_channels=channels, layers_per_block=1, norm_num_groups=4
     )
@@ -342,3 +345,59 @@ def test_yaml_that_disagrees_with_the_checkpoint_is_refused(tmp_path, ref):
     with pytest.raises(ReleaseFileError, match="matrix_A"):
         convert_decoder(REF / "decoder_ckpt", tmp_path / "out", model_yaml=tmp_path / "model.yaml")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [
+        dict(hidden_size=48, num_attention_heads=3, num_layers=2, time_embed_dim=24, num_frames=5, latent_height=4,
+             latent_width=6, in_channels=8, out_channels=8, text_hidden_size=12, r=4, lora_alpha=3),
+        dict(hidden_size=32, num_attention_heads=2, num_layers=1, time_embed_dim=16, num_frames=9, latent_height=2,
+             latent_width=2, in_channels=16, out_channels=16, text_hidden_size=8, r=2, lora_alpha=1),
+    ],
+)
+def test_random_checkpoints_of_other_sizes_convert_exactly(tmp_path, ref, sizes):
+    """A random SAT checkpoint of other sizes, converted and loaded, computes what a float64 SAT forward written
+    from the reference README's facts computes (both CFG rows: the stored null tokens and a random s_a)."""
+    from animegamer.official.sat_layout import read_model_yaml
+    from tests.sat_reference import sat_forward, write_random_checkpoint
+
+    tree = json.loads(json.dumps(ref[0]["tiny_model_yaml"]))
+    net = tree["model"]["network_config"]["params"]
+    for key in ("hidden_size", "num_attention_heads", "num_layers", "time_embed_dim", "num_frames", "latent_height",
+                "latent_width", "in_channels", "out_channels"):
+        net[key] = sizes[key]
+    net["modules"]["patch_embed_config"]["params"]["text_hidden_size"] = sizes["text_hidden_size"]
+    net["modules"]["lora_config"]["params"].update(r=sizes["r"], lora_alpha=sizes["lora_alpha"])
+    (tmp_path / "model.yaml").write_text(yaml.safe_dump(tree))
+    spec = read_model_yaml(tmp_path / "model.yaml")
+    state = write_random_checkpoint(tmp_path / "sat", spec, seed=sizes["hidden_size"])
+    base = _write_base(tmp_path / "base", spec.in_channels)
+    summary = convert_decoder(tmp_path / "sat", tmp_path / "out", model_yaml=tmp_path / "model.yaml", base_dir=base)
+    assert summary["lora_scale"] == sizes["lora_alpha"] / sizes["r"]
+    cfg = DecoderConfig(**summary["decoder_config"], dtype="fp32", gradient_checkpointing=False)
+    decoder = load_decoder(summary["decoder_checkpoint"], cfg, with_vae=False)
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(1, spec.latent_frames, spec.in_channels, spec.latent_height, spec.latent_width, generator=g)
+    s_a = torch.randn(1, spec.text_length, spec.hidden_size, generator=g)
+    tokens = torch.cat([decoder.null_shot_embeds(1), s_a])
+    timestep, flow = torch.tensor([731.0, 731.0]), torch.tensor([10.0, 10.0])
+    with torch.no_grad():
+        ours = decoder(torch.cat([x, x]), timestep, tokens, motion_value=flow)
+    expected = sat_forward(state, spec, torch.cat([x, x]), timestep, flow, tokens)
+    assert rel(ours, expected) < 1e-5
+
+    # the stored null tokens are the fusion of zero T5 and zero CLIP inputs, run through the SAT layers
+    def fusion(name, norm, width, count):
+        z = torch.zeros(count, width, dtype=torch.float64)
+        w = {k: v.double() for k, v in state.items() if k.startswith(f"mixins.patch_embed.{name}")}
+        hidden = F.gelu(z @ w[f"mixins.patch_embed.{name}.0.weight"].T + w[f"mixins.patch_embed.{name}.0.bias"])
+        hidden = hidden @ w[f"mixins.patch_embed.{name}.2.weight"].T + w[f"mixins.patch_embed.{name}.2.bias"]
+        n = f"mixins.patch_embed.{norm}"
+        return F.layer_norm(hidden, (spec.hidden_size,), state[f"{n}.weight"].double(), state[f"{n}.bias"].double())
+
+    n_text = spec.text_length - spec.image_tokens
+    null = torch.cat([fusion("text_proj", "txt_mix_layer_norm", spec.text_hidden_size, n_text),
+                      fusion("ip_proj", "ip_mix_layer_norm", spec.ip_hidden_size, spec.image_tokens)])
+    assert rel(decoder.null_shot_embeds(1)[0], null) < 1e-6

@@ -1,0 +1,117 @@
+"""Random SAT decoder checkpoints of any size, and a float64 forward of them written from the facts of
+tests/data/official_ref/README.md (independent of diffusers and of the converter), for generality tests."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from animegamer.official.sat_layout import PREFIX, SatDecoderSpec, expected_shapes
+
+
+def _sincos_1d(dim: int, positions: torch.Tensor) -> torch.Tensor:
+    """[sin, cos] of positions (n,) at ω_k = 10000^(-k / (dim/2)) -> (n, dim), float64."""
+    omega = 1.0 / 10000 ** (torch.arange(dim // 2, dtype=torch.float64) / (dim / 2))
+    angles = positions.double()[:, None] * omega[None]
+    return torch.cat([angles.sin(), angles.cos()], dim=1)
+
+
+def position_table(spec: SatDecoderSpec) -> torch.Tensor:
+    """(1, text_length + video tokens, H): zeros for the conditioning tokens, then per token (t, i, j) the temporal
+    part (H/4 channels, frame index) and the spatial part (3H/4: first half the column j, second the row i,
+    positions divided by the interpolation scale)."""
+    h = spec.hidden_size
+    rows, cols = spec.latent_height // spec.patch_size, spec.latent_width // spec.patch_size
+    t_idx, i_idx, j_idx = torch.meshgrid(
+        torch.arange(spec.latent_frames), torch.arange(rows), torch.arange(cols), indexing="ij"
+    )
+    spatial = 3 * h // 4
+    temporal = _sincos_1d(h // 4, t_idx.flatten().double())
+    width = _sincos_1d(spatial // 2, j_idx.flatten().double() / spec.width_interpolation)
+    height = _sincos_1d(spatial // 2, i_idx.flatten().double() / spec.height_interpolation)
+    video = torch.cat([temporal, width, height], dim=1)  # (T*rows*cols, H)
+    return torch.cat([torch.zeros(spec.text_length, h, dtype=torch.float64), video])[None].float()
+
+
+def write_random_checkpoint(out: Path, spec: SatDecoderSpec, seed: int, iteration: int = 7) -> dict:
+    """``out/latest`` + ``out/<iteration>/mp_rank_00_model_states.pt`` with random weights; returns the state dict."""
+    g = torch.Generator().manual_seed(seed)
+    state = {}
+    for key, shape in expected_shapes(spec).items():
+        if key.endswith("pos_embedding"):
+            state[key] = position_table(spec)
+        elif len(shape) == 1:  # norm weights 1 + 0.1 N, other vectors 0.1 N
+            base = 1.0 if key.endswith("weight") else 0.0
+            state[key] = base + 0.1 * torch.randn(shape, generator=g)
+        else:
+            fan_in = math.prod(shape[1:])
+            state[key] = torch.randn(shape, generator=g) / fan_in**0.5
+    (out / str(iteration)).mkdir(parents=True)
+    (out / "latest").write_text(str(iteration))
+    module = {PREFIX + k: v for k, v in state.items()}
+    torch.save({"module": module, "iteration": iteration}, out / str(iteration) / "mp_rank_00_model_states.pt")
+    return state
+
+
+def sat_forward(state, spec: SatDecoderSpec, x, timestep, flow, tokens) -> torch.Tensor:
+    """The SAT DiT in float64: latents (B, T, C, h, w), timestep/flow (B,), the 226 conditioning tokens (B, N, H)
+    -> v-prediction (B, T, C, h, w)."""
+    p = lambda k: state[k].double()  # noqa: E731
+    lin = lambda z, name: z @ p(f"{name}.weight").T + p(f"{name}.bias")  # noqa: E731
+    h, heads, n_cond, patch = spec.hidden_size, spec.num_heads, spec.text_length, spec.patch_size
+    scale = spec.lora_alpha / spec.lora_rank
+
+    def sinusoid(values):  # [cos, sin], frequencies exp(-ln(1e4) k / (H/2))
+        freqs = torch.exp(-math.log(10000) * torch.arange(h // 2, dtype=torch.float64) / (h // 2))
+        args = values.double()[:, None] * freqs[None]
+        return torch.cat([args.cos(), args.sin()], dim=1)
+
+    def embed(values, name):
+        return lin(F.silu(lin(sinusoid(values), f"{name}.0")), f"{name}.2")
+
+    def norm(z, name, eps):
+        return F.layer_norm(z, (z.shape[-1],), p(f"{name}.weight"), p(f"{name}.bias"), eps)
+
+    emb = embed(timestep, "time_embed") + embed(flow, "flow_embed")  # (B, temb)
+    b, t, c, hh, ww = x.shape
+    patches = F.conv2d(x.reshape(b * t, c, hh, ww).double(), p("mixins.patch_embed.proj.weight"),
+                       p("mixins.patch_embed.proj.bias"), stride=patch)  # (B*T, H, hh/p, ww/p)
+    patches = patches.reshape(b, t, h, -1).transpose(2, 3).reshape(b, -1, h)  # (B, T*n, H), (t, i, j) order
+    seq = torch.cat([tokens.double(), patches], dim=1) + p("mixins.pos_embed.pos_embedding")
+
+    def modulate(z, shift, scl):
+        return z * (1 + scl[:, None]) + shift[:, None]
+
+    def both(z, mods, video, cond):  # video tokens with chunks video, conditioning tokens with chunks cond
+        return torch.cat([modulate(z[:, :n_cond], mods[cond[0]], mods[cond[1]]),
+                          modulate(z[:, n_cond:], mods[video[0]], mods[video[1]])], dim=1)
+
+    def gated(z, mods, video, cond):
+        return torch.cat([mods[cond][:, None] * z[:, :n_cond], mods[video][:, None] * z[:, n_cond:]], dim=1)
+
+    def lora_linear(z, name, parts):
+        out = lin(z, f"{name}.original")
+        delta = [(z @ p(f"{name}.matrix_A.{j}").T) @ p(f"{name}.matrix_B.{j}").T * scale for j in range(parts)]
+        return out + torch.cat(delta, dim=-1)
+
+    for i in range(spec.num_layers):
+        layer, ada = f"transformer.layers.{i}", "mixins.adaln_layer"
+        mods = lin(F.silu(emb), f"{ada}.adaLN_modulations.{i}.1").chunk(12, dim=1)
+        z = both(norm(seq, f"{layer}.input_layernorm", 1e-5), mods, (0, 1), (6, 7))
+        q, k, v = lora_linear(z, f"{layer}.attention.query_key_value", 3).split(h, dim=-1)
+        q, k, v = (m.reshape(b, -1, heads, h // heads).transpose(1, 2) for m in (q, k, v))  # (B, heads, L, d)
+        q = norm(q, f"{ada}.query_layernorm_list.{i}", 1e-6)
+        k = norm(k, f"{ada}.key_layernorm_list.{i}", 1e-6)
+        att = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, -1, h)
+        seq = seq + gated(lora_linear(att, f"{layer}.attention.dense", 1), mods, 2, 8)
+        z = both(norm(seq, f"{layer}.post_attention_layernorm", 1e-5), mods, (3, 4), (9, 10))
+        mlp = lin(F.gelu(lin(z, f"{layer}.mlp.dense_h_to_4h"), approximate="tanh"), f"{layer}.mlp.dense_4h_to_h")
+        seq = seq + gated(mlp, mods, 5, 11)
+    video = norm(norm(seq, "transformer.final_layernorm", 1e-5)[:, n_cond:], "mixins.final_layer.norm_final", 1e-6)
+    shift, scl = lin(F.silu(emb), "mixins.final_layer.adaLN_modulation.1").chunk(2, dim=1)
+    out = lin(modulate(video, shift, scl), "mixins.final_layer.linear")  # (B, T*n, p*p*C)
+    out = out.reshape(b, t, hh // patch, ww // patch, -1, patch, patch)
+    return out.permute(0, 1, 4, 2, 5, 3, 6).reshape(b, t, -1, hh, ww)  # channel-major unpatchify
