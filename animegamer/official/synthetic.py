@@ -1,0 +1,143 @@
+"""Random agent weights in the release's on-disk layout, and the memory a conversion of them takes.
+
+    python -m animegamer.official.synthetic --tokenizer TOKENIZER_DIR --hidden-size 2048 --layers 8 --shard-mb 256
+
+writes a random ``pytorch_model.bin`` shaped like the release's (peft-wrapped Mistral with modules_to_save norms,
+embeddings resized to the tokenizer's length, two resamplers; about 1 GB of bf16 at the sizes above), converts it in
+a child process with ``convert_agent`` and prints the file size, the wall time and the child's peak resident memory,
+split into anonymous memory (what the conversion really holds) and file-backed pages (shared libraries and the
+memory-mapped input: page cache the kernel can drop).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+LLM = "llm.base_model.model."
+LORA_MODULES = {"self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"), "mlp": ("gate_proj", "up_proj", "down_proj")}
+
+
+def random_agent_state(config: dict, lora_rank: int, shot_dim: int, vocab_total: int, seed: int = 0) -> dict:
+    """The release agent's flat state dict (bf16) for a Mistral ``config`` (hidden_size, intermediate_size,
+    num_hidden_layers, num_attention_heads, num_key_value_heads)."""
+    gen = torch.Generator().manual_seed(seed)
+    hidden, inter = config["hidden_size"], config["intermediate_size"]
+    head_dim = hidden // config["num_attention_heads"]
+    kv = config["num_key_value_heads"] * head_dim
+    shapes = {
+        "q_proj": (hidden, hidden),
+        "k_proj": (kv, hidden),
+        "v_proj": (kv, hidden),
+        "o_proj": (hidden, hidden),
+        "gate_proj": (inter, hidden),
+        "up_proj": (inter, hidden),
+        "down_proj": (hidden, inter),
+    }
+
+    def rand(*shape: int, scale: float = 0.02) -> torch.Tensor:
+        return (torch.randn(*shape, generator=gen) * scale).to(torch.bfloat16)
+
+    state = {
+        f"{LLM}model.embed_tokens.weight": rand(vocab_total, hidden),
+        f"{LLM}lm_head.weight": rand(vocab_total, hidden),
+    }
+    norms = ["model.norm"]
+    for i in range(config["num_hidden_layers"]):
+        for block, names in LORA_MODULES.items():
+            for name in names:
+                out, inp = shapes[name]
+                prefix = f"{LLM}model.layers.{i}.{block}.{name}"
+                state[f"{prefix}.base_layer.weight"] = rand(out, inp)
+                state[f"{prefix}.lora_A.default.weight"] = rand(lora_rank, inp)
+                state[f"{prefix}.lora_B.default.weight"] = rand(out, lora_rank)
+        norms += [f"model.layers.{i}.input_layernorm", f"model.layers.{i}.post_attention_layernorm"]
+    for norm in norms:
+        for copy in ("original_module", "modules_to_save.default"):
+            state[f"{LLM}{norm}.{copy}.weight"] = (1 + rand(hidden, scale=0.1).float()).to(torch.bfloat16)
+    for which, (a, b) in {"input_resampler": (shot_dim, hidden), "output_resampler": (hidden, shot_dim)}.items():
+        state[f"{which}.proj.0.weight"], state[f"{which}.proj.0.bias"] = rand(b, a), rand(b)
+        state[f"{which}.proj.2.weight"], state[f"{which}.proj.2.bias"] = rand(b, b), rand(b)
+    return state
+
+
+_CHILD = """
+import json, sys, threading, time
+from animegamer.official.mllm import convert_agent
+peak = {"rss": 0, "anon": 0, "file": 0}
+def poll():
+    while True:
+        fields = dict(line.split(":", 1) for line in open("/proc/self/status") if line.startswith("Rss"))
+        kb = {k: int(v.split()[0]) for k, v in fields.items()}
+        peak["rss"] = max(peak["rss"], kb["RssAnon"] + kb["RssFile"] + kb.get("RssShmem", 0))
+        peak["anon"], peak["file"] = max(peak["anon"], kb["RssAnon"]), max(peak["file"], kb["RssFile"])
+        time.sleep(0.02)
+threading.Thread(target=poll, daemon=True).start()
+args = json.loads(sys.argv[1])
+start = time.perf_counter()
+convert_agent(**args)
+time.sleep(0.1)
+print(json.dumps({"seconds": time.perf_counter() - start, **{k + "_mb": v / 1024 for k, v in peak.items()}}))
+"""
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokenizer", required=True, help="a tokenizer directory at the release's ids")
+    parser.add_argument("--hidden-size", type=int, default=2048)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--lora-rank", type=int, default=32)
+    parser.add_argument("--shot-dim", type=int, default=1920)
+    parser.add_argument("--shard-mb", type=int, default=2048, help="output shard size (the conversion's working set)")
+    args = parser.parse_args(argv)
+    from transformers import AutoTokenizer
+
+    vocab_total = len(AutoTokenizer.from_pretrained(args.tokenizer))
+    base_vocab = AutoTokenizer.from_pretrained(args.tokenizer).vocab_size
+    config = {
+        "hidden_size": args.hidden_size,
+        "intermediate_size": args.hidden_size * 11 // 4,
+        "num_hidden_layers": args.layers,
+        "num_attention_heads": max(1, args.hidden_size // 128),
+        "num_key_value_heads": max(1, args.hidden_size // 512),
+        "vocab_size": base_vocab,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "sliding_window": 4096,
+        "tie_word_embeddings": False,
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        agent = root / "pytorch_model.bin"
+        torch.save(random_agent_state(config, args.lora_rank, args.shot_dim, vocab_total), agent)
+        (root / "config.json").write_text(json.dumps(config))
+        (root / "llm.yaml").write_text(
+            json.dumps({"peft_config": {"r": args.lora_rank, "lora_alpha": args.lora_rank}})
+        )
+        child_args = {
+            "agent_bin": str(agent),
+            "tokenizer_dir": args.tokenizer,
+            "out_dir": str(root / "out"),
+            "base_config": str(root / "config.json"),
+            "llm_yaml": str(root / "llm.yaml"),
+            "shard_bytes": args.shard_mb * 1024**2,
+        }
+        result = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(child_args)], capture_output=True, text=True)
+        if result.returncode != 0:
+            raise SystemExit(f"error: the conversion failed: {result.stderr.strip().splitlines()[-1]}")
+        report = {
+            "agent_file_mb": agent.stat().st_size / 1024**2,
+            "shard_mb": args.shard_mb,
+            **json.loads(result.stdout.strip().splitlines()[-1]),
+        }
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
