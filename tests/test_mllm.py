@@ -73,6 +73,19 @@ def test_resampler_shapes():
         ShotResampler(4, 4, 0)
 
 
+def test_resampler_gelu_erf_is_the_release_projection():
+    """``gelu="erf"`` computes Linear-GELU(exact)-Linear, the release's ProjectionLayer; tanh is our default."""
+    torch.manual_seed(0)
+    erf, tanh = ShotResampler(8, 16, 2, gelu="erf"), ShotResampler(8, 16, 2)
+    tanh.load_state_dict(erf.state_dict())
+    x = torch.randn(2, SLOTS, 8) * 3
+    first, second = erf.mlp[0], erf.mlp[2]
+    expected = second(torch.nn.functional.gelu(first(x), approximate="none"))
+    assert torch.equal(erf(x), expected) and not torch.allclose(tanh(x), expected, atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="gelu"):
+        ShotResampler(4, 4, 2, gelu="relu")
+
+
 def test_trained_parts_only(mllm_cfg):
     model = make_model(mllm_cfg)
     names = model.trained_names()
@@ -235,6 +248,13 @@ def test_save_and_reload_identical(tmp_path, mllm_cfg, stage_b_items):
         make_model(replace(mllm_cfg, lora_rank=2)).load_trained(out)
     with pytest.raises(FileNotFoundError):
         other.load_trained(tmp_path / "nothing")
+    with pytest.raises(ValueError, match="resampler_gelu"):
+        make_model(replace(mllm_cfg, resampler_gelu="erf")).load_trained(out)
+    # a checkpoint written before the layout recorded its GELU is a tanh one
+    layout = json.loads((out / "mllm_layout.json").read_text())
+    del layout["resampler_gelu"]
+    (out / "mllm_layout.json").write_text(json.dumps(layout))
+    make_model(mllm_cfg, seed=1).load_trained(out)
 
 
 def test_bf16_and_gradient_checkpointing(mllm_cfg, stage_b_items):

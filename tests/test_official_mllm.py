@@ -223,3 +223,26 @@ def test_base_weights_taken_from_base_dir(release_inputs, converted, tmp_path):
     fresh = load_file(str(out / "Mistral" / "model.safetensors"))
     before = load_file(str(converted["out"] / "Mistral" / "model.safetensors"))
     assert fresh.keys() == before.keys() and all(torch.equal(fresh[k], before[k]) for k in fresh)
+
+
+def test_fast_path_on_converted_weights(converted):
+    """Merged LoRA + offload (session loader) + constrained state decoding give the unmerged model's turn."""
+    from animegamer.config import InferenceConfig
+    from animegamer.inference.mllm_runner import HistoryTurn, predict_turn
+    from animegamer.inference.session import load_mllm_predictor
+
+    instruction = "Character: Qiqi; Motion: fly; Background: day sky."
+    first = predict_turn(converted["model"], [], instruction)
+    history = [HistoryTurn(instruction, first.shot_embeds, first.values)]
+    plain = predict_turn(converted["model"], history, instruction)
+    cfg = InferenceConfig(
+        mllm=converted["cfg"], mllm_checkpoint=converted["info"]["mllm_dir"], merge_lora=True, history_turns=1
+    )
+    fast = load_mllm_predictor(cfg, "cpu", offload=True)
+    assert fast.runner.model.official
+    turn = fast.predict_turn(history, instruction)
+    assert turn.values == plain.values and rel(turn.shot_embeds, plain.shot_embeds) < 1e-5
+    assert all(abs(sum(p.values()) - 1) < 1e-5 for p in turn.value_probs.values())
+    # fixed mode reads the frame slots (B1 fixed), so its shot differs from the released reading of the same prompt
+    seq = agent.release_sequence(converted["model"], [], "", None)
+    assert seq.slot_positions[-1][-1] < len(seq) - 1
