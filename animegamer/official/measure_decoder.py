@@ -1,0 +1,84 @@
+"""The numbers of animegamer/official/DECODER_NOTES.md, measured on a reference set (CPU):
+
+    python -m animegamer.official.measure_decoder [REF_DIR]      # default tests/data/official_ref
+
+Converts the set's SAT checkpoint into a temp dir, loads it through load_decoder, and prints the parity of the
+release sampler and the effect of switching each release quirk off, of zero null tokens, of diffusers' norm_out
+eps, of fp16, and how SAT's schedule differs from diffusers' CogVideoXDPMScheduler.
+"""
+import dataclasses
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import yaml
+from diffusers import CogVideoXDDIMScheduler, CogVideoXDPMScheduler
+from safetensors.torch import load_file
+
+from animegamer.config import DecoderConfig
+from animegamer.models.trained import load_decoder
+from animegamer.official.decoder import convert_decoder
+from animegamer.official.sampler import NO_QUIRKS, RELEASED, denoise, denoiser_table, sample_released, sampler_schedule
+from animegamer.tiny import COGVIDEOX_2B_SCHEDULER
+
+
+def main() -> None:
+    REF = Path(sys.argv[1] if len(sys.argv) > 1 else "tests/data/official_ref")
+    meta, t = json.loads((REF / "decoder_ref.json").read_text()), load_file(str(REF / "decoder_ref.safetensors"))
+    rel = lambda a, b: float((a.double() - b.double()).norm() / b.double().norm())  # noqa: E731
+    tmp = Path(tempfile.mkdtemp())
+    (tmp / "m.yaml").write_text(yaml.safe_dump(meta["tiny_model_yaml"]))
+    CogVideoXDDIMScheduler(**COGVIDEOX_2B_SCHEDULER).save_pretrained(str(tmp / "out" / "CogVideoX" / "scheduler"))
+    s = convert_decoder(REF / "decoder_ckpt", tmp / "out", model_yaml=tmp / "m.yaml", overwrite=True)
+    (tmp / "out" / "CogVideoX" / "scheduler").mkdir(parents=True, exist_ok=True)
+    CogVideoXDDIMScheduler(**COGVIDEOX_2B_SCHEDULER).save_pretrained(str(tmp / "out" / "CogVideoX" / "scheduler"))
+    cfg = DecoderConfig(**s["decoder_config"], dtype="fp32")
+    load = lambda: load_decoder(s["decoder_checkpoint"], cfg, with_vae=False)  # noqa: E731
+    dec = load()
+    st = dec.release_sampler
+    steps = len(t["sample_6step.x_in_per_step"]) if "sample_6step.x_in_per_step" in t else 6
+    run, pre = meta[f"sample_{steps}step"], f"sample_{steps}step"
+    def six(d, q=RELEASED):
+        shape = tuple(t[pre + ".init_noise"].shape[1:])
+        return sample_released(d, t["s_a"], torch.tensor([run["flow_value"]]), shape, st, steps,
+                               st["guidance_scale"], st["guidance_exponent"], noises=iter(t[pre + ".step_noises"]),
+                               init_noise=t[pre + ".init_noise"], quirks=q)
+    ref6 = t[pre + ".samples"]
+    print("released 6-step samples vs official", rel(six(dec), ref6))
+    for f in ["snap_alpha", "cfg_on_timestep", "discarded_draw", "bf16_shots"]:
+        print(f"  {f} off: samples change", rel(six(dec, dataclasses.replace(RELEASED, **{f: False})), ref6))
+    print("  all off", rel(six(dec, NO_QUIRKS), ref6))
+    table = denoiser_table(st)
+    for c in meta["forward_cases"]:
+        x, tag = t[f"fwd_{c['tag']}.x"], c["tag"]
+        flow = torch.full((2,), c["flow_value"])
+        shots = torch.cat([dec.null_shot_embeds(1), t["s_a"]])
+        with torch.no_grad():
+            nosnap = denoise(dec, x, c["timestep_idx"], c["alpha_cumprod_sqrt"], shots, flow, table, NO_QUIRKS)
+            zeros = torch.cat([torch.zeros_like(t["s_a"]), t["s_a"]])
+            zero_null = dec(torch.cat([x, x]), torch.full((2,), float(c["timestep_idx"])), zeros, motion_value=flow)
+        print(f"case {tag}: denoised without snapping", rel(nosnap, t[f"fwd_{tag}.denoised"]),
+              "| uncond dit_out with zero null tokens", rel(zero_null[0], t[f"fwd_{tag}.dit_out"][0]))
+    dec.transformer.norm_out.norm.eps = 1e-5
+    c = meta["forward_cases"][0]
+    with torch.no_grad():
+        out = dec(torch.cat([t["fwd_a.x"]] * 2), torch.full((2,), float(c["timestep_idx"])),
+                  torch.cat([dec.null_shot_embeds(1), t["s_a"]]), motion_value=torch.full((2,), c["flow_value"]))
+    print("case a: dit_out with norm_out eps 1e-5 (diffusers default)", rel(out, t["fwd_a.dit_out"]))
+    half = load()
+    half.use_compat("released")
+    print("released fp16 (CPU) 6-step samples vs official fp32", rel(six(half), ref6))
+    for n in (6, 50):
+        a_sat, ts_sat = sampler_schedule(n, st)
+        sch = CogVideoXDPMScheduler(**COGVIDEOX_2B_SCHEDULER)
+        sch.set_timesteps(n)
+        ts = sch.timesteps.flip(0)
+        a_dif = sch.alphas_cumprod[ts].sqrt()
+        print(f"{n} steps: SAT timesteps == diffusers trailing: {torch.equal(ts, ts_sat)}; max |sqrt(abar) diff| "
+              f"{float((a_dif.flip(0).float() - a_sat).abs().max()):.3e}")
+
+
+if __name__ == "__main__":
+    main()
