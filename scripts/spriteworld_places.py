@@ -9,6 +9,8 @@ game's first turn (no history): the MLLM predicts the shot and the decoder rende
 what the decoder draws from a shot. A rendered clip's place and time of day are those of the nearest empty scenery
 (per-pixel median of the first frames of the manifest's clips of each background, "noon park" and so on; mean
 squared distance to the clip's mean frame). SpriteWorld has 6 places and 4 times of day, so chance is ~1/6 and ~1/4.
+On the memory world a turn's tag line may say "still here" (what earlier turns fixed): as a first turn has no
+history, every clip is played with its fully specified instruction (its spec) and scored against its true scene.
 
 Writes ``--out`` (JSON: the accuracies and every turn's instruction, prediction and rendered scene) and prints the
 accuracies.
@@ -41,12 +43,29 @@ def sceneries(manifest, records: list[ClipRecord], per_scene: int = SCENERY_CLIP
 
     by_scene: dict[str, list[ClipRecord]] = {}
     for record in records:
-        by_scene.setdefault(record.shot_tags().environment, []).append(record)
+        by_scene.setdefault(true_background(record), []).append(record)
     return {
         scene: np.median(np.stack([read_video(manifest.video_path(r))[0][0] for r in rs[:per_scene]]), axis=0)
         .astype(np.float32)
         for scene, rs in sorted(by_scene.items())
     }
+
+
+def true_background(record: ClipRecord) -> str:
+    """"noon park": the shot's time and place (from its spec: a memory clip's tags may say "still here")."""
+    if "place" in record.extra and "time" in record.extra:
+        return f"{record.extra['time']} {record.extra['place']}"
+    return record.shot_tags().environment
+
+
+def full_instruction(record: ClipRecord) -> str:
+    """The instruction naming the shot's time, place and friend (a memory clip's own may leave them out)."""
+    from animegamer.data.spriteworld import ShotSpec
+
+    keys = ("character", "action", "place", "time", "adverb", "friend")
+    if all(k in record.extra for k in keys):
+        return ShotSpec(**{k: record.extra[k] for k in keys}).instruction().render()
+    return record.shot_tags().instruction().render()
 
 
 def nearest_scene(frames: np.ndarray, scenes: dict[str, np.ndarray]) -> str:
@@ -79,12 +98,12 @@ def main(argv: list[str] | None = None) -> dict:
     rows = []
     for record in tqdm(picks, desc="places", unit="turn"):
         tags = record.shot_tags()
-        prediction = session.predictor.predict_turn([], tags.instruction().render())
+        prediction = session.predictor.predict_turn([], full_instruction(record))
         shots = {"mllm": (prediction.shot_embeds, prediction.values.motion_level)}
         if targets is not None and record.clip_id in targets:  # the real clip's shot, at its true level
             target = targets.load(record.clip_id, (SHOT_FIELD,))[SHOT_FIELD].float()
             shots["encoder"] = (target, tags.values.motion_level)
-        row = {"clip_id": record.clip_id, "background": tags.environment}
+        row = {"clip_id": record.clip_id, "background": true_background(record)}
         for name, (shot, level) in shots.items():
             frames = session.renderer.render(shot, level, seed=cfg.seed)
             row[name] = nearest_scene(frames, scenes)

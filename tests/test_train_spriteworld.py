@@ -79,6 +79,14 @@ def test_every_step_ran_and_wrote_its_outputs(mini_run):
     table = (out / "eval" / "table.md").read_text()
     assert "full game (animegamer)" in table and "full game (majority)" in table and "w/o motion scope" in table
     assert (out / "eval" / "no_motion_scope" / "stage_a" / "checkpoints" / "latest").is_file()
+    # the memory world's games mark every turn, and the tables with intervals land in the shipped folder too
+    games = list((out / "data" / "games").glob("*.jsonl"))
+    rows = [json.loads(line) for game in games for line in game.read_text().splitlines()]
+    assert rows and all(row["depends"] in ("full", "history", "new") for row in rows)
+    assert summary["evaluate"]["tables"] == ["eval_table.md", "eval_table.csv", "eval_table_intervals.md",
+                                             "eval_table_intervals.csv", "eval_table_intervals.json"]
+    intervals = json.loads((ship / "eval_table_intervals.json").read_text())
+    assert intervals["resamples"] == 2000 and {r["split"] for r in intervals["rows"]} >= {"all", "seen"}
 
 
 def test_losses_are_finite_and_decrease(mini_run):
