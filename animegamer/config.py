@@ -421,6 +421,11 @@ class SamplingConfig:
     num_frames: int = 17
     fps: int = 8
     seed: int = 42
+    # standard: the fields above | fast: 12 steps, CFG on the first 40% | distilled: the stage (d) student's recorded
+    # few-step sampler, one call per step and no CFG (decoder_checkpoint must be a stage (d) run)
+    preset: str = "standard"
+    cache: str = "none"  # diffusers' cache hooks on the transformer: none | first_block | taylorseer | pab | faster
+    cache_threshold: float = 0.05  # first_block: block 0's relative residual change under which the rest is reused
 
 
 @dataclass
@@ -640,6 +645,8 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "flow_preset": ("ultrafast", "fast", "medium"),
     "preset": ("full", "tiny"),
     "compat": ("released", "fixed"),
+    "cache": ("none", "first_block", "taylorseer", "pab", "faster"),  # animegamer.models.cache.CACHE_METHODS
+    "SamplingConfig.preset": ("standard", "fast", "distilled"),  # "Class.field": a name other fields also use
     "resampler_gelu": ("tanh", "erf"),
 }
 
@@ -671,8 +678,8 @@ def _check_choices(obj: Any, where: str) -> None:
         value = getattr(obj, f.name)
         if dataclasses.is_dataclass(value):
             _check_choices(value, f"{where}{f.name}.")
-        elif f.name in _CHOICES and value not in _CHOICES[f.name]:
-            raise ConfigError(f"{where}{f.name}={value!r} is not one of {list(_CHOICES[f.name])}")
+        elif (names := _CHOICES.get(f"{type(obj).__name__}.{f.name}", _CHOICES.get(f.name))) and value not in names:
+            raise ConfigError(f"{where}{f.name}={value!r} is not one of {list(names)}")
         elif f.name == "device" and not _DEVICE.fullmatch(value):
             raise ConfigError(f"{where}{f.name}={value!r} is not a device (auto, cpu, cuda, cuda:N or mps)")
         elif f.name in _NON_NEGATIVE and value < 0:

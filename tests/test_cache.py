@@ -1,0 +1,109 @@
+"""sampling.cache (diffusers' cache hooks) and sampling.preset (standard | fast | distilled) on the tiny decoder."""
+
+import pytest
+import torch
+
+from animegamer.config import DecoderConfig, InferenceConfig, SamplingConfig, load_config
+from animegamer.models.cache import CACHE_METHODS, TransformerCache
+from animegamer.models.decoder import AnimationShotDecoder
+from animegamer.models.fewstep import FewStepSampler, fewstep_sample
+from animegamer.models.sampling_presets import PresetSampler, effective_sampling, guided_calls
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+SAMPLING = SamplingConfig(steps=20, height=64, width=96, num_frames=5)  # 2 latent frames of 8x12
+
+
+@pytest.fixture(scope="module")
+def decoder(tiny_cogvideox_dir):
+    torch.manual_seed(0)
+    cfg = DecoderConfig(pretrained=str(tiny_cogvideox_dir), lora_rank=4, lora_alpha=4, motion_embed_dim=16,
+                        gradient_checkpointing=False, dtype="fp32")
+    return AnimationShotDecoder.from_config(cfg).eval()
+
+
+@pytest.fixture
+def block_calls(decoder):
+    """How many times the blocks' attention projections ran: a cached step or block does not run them."""
+    count = [0]
+    handles = [b.attn1.to_q.register_forward_hook(lambda *_: count.__setitem__(0, count[0] + 1))
+               for b in decoder.transformer.transformer_blocks]
+    yield count
+    for h in handles:
+        h.remove()
+
+
+def _sample(decoder, sampling, seed=0):
+    shots = torch.randn(1, 226, 32, generator=torch.Generator().manual_seed(5))
+    return decoder.sample(shots, torch.tensor([3]), sampling, generator=torch.Generator().manual_seed(seed),
+                          decode=False)
+
+
+@pytest.mark.parametrize("method", [m for m in CACHE_METHODS if m != "none"])
+@pytest.mark.parametrize("preset", ["standard", "fast"])
+def test_each_cache_skips_work_and_composes_with_the_presets(decoder, block_calls, method, preset):
+    sampler = PresetSampler.build(decoder, SamplingConfig(**{**vars(SAMPLING), "preset": preset}))
+    block_calls[0] = 0
+    reference = _sample(decoder, sampler.sampling)
+    full = block_calls[0]
+    assert full == len(decoder.transformer.transformer_blocks) * sampler.sampling.steps  # one call per step
+
+    cache = TransformerCache(decoder.transformer, method, threshold=0.5)
+    try:
+        block_calls[0] = 0
+        cached = _sample(decoder, sampler.sampling)
+        skipped = full - block_calls[0]
+        again = _sample(decoder, sampler.sampling)  # a new clip: the caches start afresh
+    finally:
+        cache.remove()
+    assert torch.isfinite(cached).all()
+    assert 0 < skipped < full, (method, preset, skipped, full)
+    torch.testing.assert_close(again, cached, rtol=0, atol=0)
+    assert float((cached - reference).norm() / reference.norm()) < 0.5  # an approximation of the same clip
+    torch.testing.assert_close(_sample(decoder, sampler.sampling), reference, rtol=0, atol=0)  # hooks gone
+
+
+def test_transformer_calls_per_preset():
+    assert guided_calls(SamplingConfig()) == 99  # the paper: 49 guided steps x 2 + 1
+    assert guided_calls(effective_sampling(SamplingConfig(preset="fast"))) == 17  # 5 guided x 2 + 7
+
+
+def test_distilled_preset_reads_the_students_sampler(decoder, block_calls, tmp_path):
+    FewStepSampler((999, 749, 499, 249), teacher={"steps": 20}).save(tmp_path)
+    sampling = SamplingConfig(**{**vars(SAMPLING), "preset": "distilled"})
+    sampler = PresetSampler.build(decoder, sampling, tmp_path)
+    assert sampler.transformer_calls == 4 and "distilled: 4 steps" in sampler.description
+    shots = torch.randn(2, 226, 32, generator=torch.Generator().manual_seed(1))
+    levels = torch.tensor([1, 4])
+    block_calls[0] = 0
+    latents = sampler.latents(shots, levels, torch.Generator().manual_seed(3))
+    assert block_calls[0] == 4 * len(decoder.transformer.transformer_blocks)  # 4 calls, no unconditional branch
+    noise = torch.randn(2, 2, 4, 8, 12, generator=torch.Generator().manual_seed(3))
+    torch.testing.assert_close(latents, fewstep_sample(decoder, shots, levels, sampler.fewstep, noise))
+    with pytest.raises(ValueError, match="motion levels"):
+        sampler.latents(shots, torch.tensor([0, 9]), torch.Generator())
+
+    cached = PresetSampler.build(decoder, SamplingConfig(**{**vars(sampling), "cache": "faster"}), tmp_path)
+    try:
+        out = cached.latents(shots, levels, torch.Generator().manual_seed(3))
+    finally:
+        cached.close()
+    assert torch.isfinite(out).all() and out.shape == latents.shape
+    with pytest.raises(ValueError, match="decoder_checkpoint"):
+        PresetSampler.build(decoder, sampling, "")
+    with pytest.raises(FileNotFoundError, match="checkpoint not found"):
+        PresetSampler.build(decoder, sampling, tmp_path / "elsewhere")
+    (tmp_path / "stage_c").mkdir()
+    with pytest.raises(FileNotFoundError, match="needs a stage \\(d\\) decoder"):
+        PresetSampler.build(decoder, sampling, tmp_path / "stage_c")  # a decoder without sampler.json
+
+
+def test_config_choices():
+    cfg = load_config(None, ["sampling.preset=distilled", "sampling.cache=pab"], schema=InferenceConfig)
+    assert (cfg.sampling.preset, cfg.sampling.cache) == ("distilled", "pab")
+    from animegamer.config import _CHOICES, ConfigError
+
+    assert _CHOICES["cache"] == CACHE_METHODS
+    with pytest.raises(ConfigError, match="sampling.cache='mag'"):
+        load_config(None, ["sampling.cache=mag"], schema=InferenceConfig)
+    with pytest.raises(ConfigError, match="sampling.preset='tiny'"):
+        load_config(None, ["sampling.preset=tiny"], schema=InferenceConfig)
