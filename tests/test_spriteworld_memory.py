@@ -168,3 +168,17 @@ def test_memory_changes_no_shot_of_the_plan_and_records_round_trip(memory_data, 
                                speed_jitter=row["speed_jitter"], num_frames=9, height=48, width=72,
                                home=row.get("home"), companion=row.get("companion", ""))
         assert np.array_equal(game.clip_frames(turn), expected)
+
+
+def test_training_tags_are_the_training_records_tag_lines(memory_data):
+    import dataclasses
+
+    from animegamer.config import SpriteWorldConfig
+    from animegamer.data.spriteworld import training_tags
+
+    cfg = SpriteWorldConfig(**{k: v for k, v in memory_data.meta["config"].items()})
+    train = set(memory_data.meta["splits"]["train"])
+    recorded = [r.shot_tags() for r in memory_data.records if r.film_id in train]
+    expected = [dataclasses.replace(t, values=dataclasses.replace(t.values, motion_level=1)) for t in recorded]
+    assert training_tags(cfg) == expected
+    assert any("here" in t.environment for t in expected)

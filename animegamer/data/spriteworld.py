@@ -658,6 +658,29 @@ def plan_films(seed: int, num_films: int, shots_per_film: int, characters: list[
 CLIP_SECONDS = 2.0  # consecutive shots fill consecutive 2 s slots of their film
 
 
+def plan_world(cfg: SpriteWorldConfig) -> tuple[list[Film], dict[str, list[ShotMemory]]]:
+    """The films of ``cfg`` and, when it has memory or held-out pairs, every shot's :class:`ShotMemory` by film
+    (its instruction's words, home, companion and marks; spriteworld_memory), else an empty dict."""
+    held_out = HeldOutPairs.parse(cfg.held_out_pairs)
+    films = plan_films(cfg.seed, cfg.num_films, cfg.shots_per_film, list(cfg.characters), cfg.test_fraction,
+                       held_out)
+    if not (cfg.memory or cfg.held_out_pairs):
+        return films, {}
+    return films, {
+        film.film_id: film_memory(np.random.default_rng([cfg.seed, 1, index]), film.shots, film.friend, held_out,
+                                  cfg.memory)
+        for index, film in enumerate(films)
+    }
+
+
+def training_tags(cfg: SpriteWorldConfig, motion_level: int = 1) -> list[ShotTags]:
+    """The tag lines of every shot of the training films of ``cfg`` as its records carry them (memory films: as
+    their instructions say them), with ``motion_level`` in place of the measured one (no clip is drawn)."""
+    films, memories = plan_world(cfg)
+    return [memories[f.film_id][i].tags(shot, motion_level) if memories else shot.tags(motion_level)
+            for f in films if f.split == "train" for i, shot in enumerate(f.shots)]
+
+
 def write_dataset(cfg: SpriteWorldConfig, progress: bool = True) -> Path:
     """Render every film of ``cfg`` to ``output_dir``: clips/<film>/<index>.mp4, clips.jsonl + clips.meta.json
     (motion bin edges, splits) and games/<film>.{txt,jsonl} for the test films. Returns the manifest path."""
@@ -666,15 +689,8 @@ def write_dataset(cfg: SpriteWorldConfig, progress: bool = True) -> Path:
     from animegamer.data.video import write_mp4
 
     out = Path(cfg.output_dir)
-    held_out = HeldOutPairs.parse(cfg.held_out_pairs)
-    films = plan_films(cfg.seed, cfg.num_films, cfg.shots_per_film, list(cfg.characters), cfg.test_fraction,
-                       held_out)
-    marked = cfg.memory or bool(cfg.held_out_pairs)  # records and games carry the memory and the marks
-    memories: dict[str, list[ShotMemory]] = {
-        film.film_id: film_memory(np.random.default_rng([cfg.seed, 1, index]), film.shots, film.friend, held_out,
-                                  cfg.memory)
-        for index, film in enumerate(films)
-    } if marked else {}
+    films, memories = plan_world(cfg)
+    marked = bool(memories)
     total = sum(len(f.shots) for f in films)
     scopes: list[float] = []
     pending: deque[Future] = deque()
