@@ -9,7 +9,7 @@ only clips inside the tab's folder are ever served.
 
 from __future__ import annotations
 
-from animegamer.cli import fail, parse_config
+from animegamer.cli import fail, no_bars_in_logs, parse_config
 from animegamer.config import InferenceConfig
 from animegamer.inference.session import build_session
 from animegamer.inference.web import build_app
@@ -21,6 +21,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.add_argument("--port", type=int, default=7860)
 
     cfg, args = parse_config(InferenceConfig, __doc__, argv, extra=flags)
+    no_bars_in_logs()
     try:
         template = build_session(cfg)
     except FileNotFoundError as exc:  # a checkpoint path, found before any model loads

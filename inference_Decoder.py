@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from animegamer.cli import fail, parse_config
+from animegamer.cli import fail, no_bars_in_logs, parse_config
 from animegamer.config import InferenceConfig
 from animegamer.data.video import write_gif, write_mp4
 from animegamer.inference.contact_sheet import contact_sheet, readable_factor, state_bar, upscale
@@ -37,6 +37,7 @@ from animegamer.inference.session import check_checkpoints, load_renderer, resol
 
 def main(argv: list[str] | None = None) -> dict[str, Path]:
     cfg, _ = parse_config(InferenceConfig, __doc__, argv)
+    no_bars_in_logs()
     out = Path(cfg.output_dir)
     try:  # everything that can be wrong with the input, before any weights are read
         check_checkpoints(cfg, mllm=False)
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> dict[str, Path]:
     factor = readable_factor(cfg.sampling.height)
 
     all_frames, rows = [], []
-    for state, shot_embeds in tqdm(turns, desc="render turns"):
+    for state, shot_embeds in tqdm(turns, desc="render turns", disable=None):  # no bar in a log file
         index = state["turn"]
         frames = renderer.render(shot_embeds, state["values"]["motion_level"], turn_seed(seed, index))
         folder = out / f"turn_{index:03d}"

@@ -27,7 +27,7 @@ import sys
 import torch
 from tqdm.auto import tqdm
 
-from animegamer.cli import fail, parse_config
+from animegamer.cli import fail, no_bars_in_logs, parse_config
 from animegamer.config import InferenceConfig
 from animegamer.inference.mllm_runner import (
     InstructionError,
@@ -51,6 +51,7 @@ def resolve_device(name: str) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     cfg, _ = parse_config(InferenceConfig, __doc__, argv)
+    no_bars_in_logs()
     # 1. everything that can be wrong with the input, before any weights are read
     try:
         instructions = [i.render() for i in read_game_file(cfg.game)]
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     clear_results(cfg.output_dir)
     records = []
-    for turn in tqdm(runner.play(instructions), total=len(instructions), desc="turns"):
+    for turn in tqdm(runner.play(instructions), total=len(instructions), desc="turns", disable=None):
         records.append(write_turn(cfg.output_dir, turn))
         write_game(cfg.output_dir, records, summary, complete=False)
         v, s = turn.prediction.values, turn.state

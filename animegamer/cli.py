@@ -69,6 +69,16 @@ def parse_config(
     return cfg, args
 
 
+def no_bars_in_logs() -> None:
+    """Where stderr goes to a file (a log, CI), switch transformers' loading bars off, so that the log holds the
+    results line by line with no bar fragments between them. The entry points' own tqdm bars take
+    ``disable=None`` (off when not on a terminal) for the same reason."""
+    if not sys.stderr.isatty():
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+
+
 def fail(message: str) -> NoReturn:
     """A user's mistake: one ``error: ...`` line on stderr and exit code 2, never a traceback."""
     print(f"error: {message}", file=sys.stderr)

@@ -1,31 +1,36 @@
 """Play AnimeGamer in the terminal: type an instruction, get the clip and the state bars.
 
-    python -m animegamer.play --config configs/inference.yaml
-    python -m animegamer.play --config configs/tiny/inference.yaml      # CPU, tiny models
+    make play                                                                   # the shipped SpriteWorld world
+    python -m animegamer.play --config configs/spriteworld/inference.yaml      # the same
+    python -m animegamer.play --config configs/inference.yaml                  # full size (converted weights)
 
-Instructions are free text or ``Character: Qiqi; Motion: gently lie down; Background: night bedroom.``
-Commands: ``:save [FILE]`` ``:load FILE`` ``:undo`` ``:state`` ``:help`` ``:quit``. A turn that fails, a save
-that cannot be loaded and Ctrl-C during a turn each print one line and keep the game exactly as it was; Ctrl-C at
-the prompt does not leave the game either (``:quit`` or end of input does).
+Instructions are free text or ``Character: Qiqi; Motion: happily eat; Background: morning kitchen.``; ``:help``
+lists the commands and the world's characters, adverbs, motions and backgrounds (the checkpoint's
+vocabulary.json), and words the model never saw in training are pointed out before the turn runs. Every game
+writes into a new directory under ``output_dir``; leaving with unsaved turns saves them there (``game.save``).
+A turn that fails, a save that cannot be loaded and Ctrl-C during a turn each print one line and keep the game
+exactly as it was; Ctrl-C at the prompt does not leave the game either (``:quit`` or end of input does).
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
-from animegamer.cli import fail, parse_config
+from animegamer.cli import fail, no_bars_in_logs, parse_config
 from animegamer.config import InferenceConfig
 from animegamer.inference.contact_sheet import state_bar
-from animegamer.inference.game import GameSession
+from animegamer.inference.game import SAVE_NAME, GameSession
 from animegamer.inference.session import build_session
+from animegamer.inference.vocabulary import Vocabulary, load_vocabulary
 
 HELP = """commands:
   <instruction>      play a turn (free text or 'Character: …; Motion: …; Background: ….')
-  :save [FILE]       save the game (default: <output_dir>/game.save)
-  :load FILE         load a saved game and continue it
+  :save [FILE]       save the game (default: game.save in this game's directory)
+  :load FILE         load a saved game file and continue it
   :undo              take back the last turn
   :state             show the character's bars
   :help              this text
@@ -38,27 +43,84 @@ def show_state(session: GameSession, out: TextIO) -> None:
         print("  " + state_bar(name, getattr(state, name)), file=out)
 
 
-def read_lines(lines: TextIO, out: TextIO) -> Iterator[str]:
-    """The player's lines until end of input; Ctrl-C while waiting for one prints a hint instead of leaving
-    (leaving would lose the unsaved turns)."""
+def new_game_dir(output_dir: str | Path) -> Path:
+    """A new directory for one game, ``<output_dir>/play_<date>-<time>[-n]``: a game never overwrites the clips of
+    another."""
+    root = Path(output_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    stem = time.strftime("play_%Y%m%d-%H%M%S")
+    for n in range(1, 1000):
+        folder = root / (stem if n == 1 else f"{stem}-{n}")
+        try:
+            folder.mkdir()
+            return folder
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{root}: no free name for a new game directory ({stem}-N)")
+
+
+class ProgressLine:
+    """One status line, rewritten in place while a turn runs (MLLM, denoising steps, decoding) and cleared at the
+    end; only on a terminal, so a log file gets the turn's results and no progress clutter."""
+
+    def __init__(self, out: TextIO, prefix: str):
+        self.out, self.prefix, self.width, self.start = out, prefix, 0, time.monotonic()
+
+    def __call__(self, stage: str) -> None:
+        text = f"{self.prefix}{stage}  ({time.monotonic() - self.start:.0f} s)"
+        self.out.write("\r" + text.ljust(self.width))
+        self.width = len(text)
+        self.out.flush()
+
+    def clear(self) -> None:
+        if self.width:
+            self.out.write("\r" + " " * self.width + "\r")
+            self.out.flush()
+
+
+def _isatty(stream) -> bool:
+    return bool(getattr(stream, "isatty", None) and stream.isatty())
+
+
+def read_lines(lines: TextIO, out: TextIO, prompt=None) -> Iterator[str]:
+    """The player's lines until end of input, after ``prompt()`` on a terminal; Ctrl-C while waiting for one prints
+    a hint instead of leaving (leaving would lose the unsaved turns)."""
     while True:
+        if prompt is not None:
+            out.write(prompt())
+            out.flush()
         try:
             raw = lines.readline()
         except KeyboardInterrupt:
-            print("\ninterrupted: type :quit to leave (unsaved turns are lost), :save to keep them", file=out)
+            print("\ninterrupted: type :quit to leave (unsaved turns are saved first)", file=out)
             continue
         if not raw:
             return
         yield raw
 
 
-def run(session: GameSession, lines: TextIO, out: TextIO) -> GameSession:
-    """The read-eval loop over ``lines`` (stdin or a script); returns the session as it ends."""
-    print(f"AnimeGamer: {len(session.turns)} turns so far. Type :help for commands.", file=out)
-    default_save = Path(session.output_dir) / "game.save"
-    for raw in read_lines(lines, out):
+def autosave(session: GameSession, out: TextIO) -> None:
+    """Leaving with unsaved turns saves them to the game's directory instead of losing them."""
+    if session.unsaved and session.turns:
+        path = session.save(Path(session.output_dir) / SAVE_NAME)
+        print(f"saved {len(session.turns)} turns to {path} before leaving (continue with :load {path})", file=out)
+
+
+def run(session: GameSession, lines: TextIO, out: TextIO, vocabulary: Vocabulary | None = None) -> GameSession:
+    """The read-eval loop over ``lines`` (stdin or a script); returns the session as it ends.
+
+    On a terminal a prompt waits for each line and a progress line shows the running turn; ``vocabulary`` (the
+    checkpoint's) feeds ``:help``, the example of the empty-line hint and the warnings about unknown words."""
+    example = vocabulary.placeholder() if vocabulary else "Character: Qiqi; Motion: happily eat; Background: park."
+    print(f"AnimeGamer: {len(session.turns)} turns so far; clips go to {session.output_dir}. "
+          "Type an instruction, or :help.", file=out)
+    prompt = (lambda: f"turn {len(session.turns)}> ") if _isatty(lines) and _isatty(out) else None
+    for raw in read_lines(lines, out, prompt):
         line = raw.strip()
+        default_save = Path(session.output_dir) / SAVE_NAME
         if not line:
+            print(f"type what the character does next, e.g. {example}  (:help lists the commands and words)",
+                  file=out)
             continue
         command, _, arg = line.partition(" ")
         before, turns_before = session, list(session.turns)  # what Ctrl-C during this command restores
@@ -67,6 +129,8 @@ def run(session: GameSession, lines: TextIO, out: TextIO) -> GameSession:
                 break
             elif command == ":help":
                 print(HELP, file=out)
+                if vocabulary:
+                    print("the words this world was trained on:\n" + vocabulary.describe(), file=out)
             elif command == ":state":
                 show_state(session, out)
             elif command == ":undo":
@@ -87,7 +151,14 @@ def run(session: GameSession, lines: TextIO, out: TextIO) -> GameSession:
             elif command.startswith(":"):
                 print(f"unknown command {command}; type :help", file=out)
             else:
-                turn = session.play(line)
+                for warning in vocabulary.unknown_words(line) if vocabulary else []:
+                    print(f"warning: {warning}; the model will guess", file=out)
+                progress = ProgressLine(out, f"turn {len(session.turns)}: ") if _isatty(out) else None
+                try:
+                    turn = session.play(line, progress)
+                finally:
+                    if progress:
+                        progress.clear()
                 v = turn.values
                 print(f"turn {turn.index}: {turn.instruction}", file=out)
                 print(f"  motion level {v.motion_level}  social {v.social}  entertainment {v.entertainment}  "
@@ -103,16 +174,20 @@ def run(session: GameSession, lines: TextIO, out: TextIO) -> GameSession:
         except (ValueError, IndexError, OSError) as exc:  # bad instruction or save file, full disk: game goes on
             print(f"error: {exc}", file=out)
         out.flush()
+    autosave(session, out)
     return session
 
 
 def main(argv: list[str] | None = None) -> None:
     cfg, _ = parse_config(InferenceConfig, __doc__, argv)
+    no_bars_in_logs()
     try:
+        vocabulary = load_vocabulary(cfg.mllm_checkpoint)
         session = build_session(cfg)
-    except FileNotFoundError as exc:  # a checkpoint path, found before any model loads
+    except (FileNotFoundError, ValueError) as exc:  # a weights path or a vocabulary file, before any model loads
         fail(str(exc))
-    run(session, sys.stdin, sys.stdout)
+    session.output_dir = new_game_dir(cfg.output_dir)
+    run(session, sys.stdin, sys.stdout, vocabulary)
 
 
 if __name__ == "__main__":

@@ -244,7 +244,7 @@ def test_terminal_load_of_a_bad_save_keeps_the_game(played, tmp_path):
     lines = out.getvalue().splitlines()
     errors = [line for line in lines if line.startswith("error: ")]
     assert len(errors) == 3 and "missing key(s) ['turns']" in errors[0] and "turns: expected a list" in errors[1]
-    assert "saved game not found" in errors[2]
+    assert f"{tmp_path} is a directory, not a saved game file" in errors[2]
     assert len(final.turns) == 2 and final.turns[1].instruction == GAME[1]
 
 

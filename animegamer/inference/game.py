@@ -14,6 +14,7 @@ loaded game continues exactly as the original would have. A save is untrusted in
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -26,6 +27,9 @@ from animegamer.inference.mllm_runner import HistoryTurn, TurnPrediction
 from animegamer.inference.saved import SAVE_FORMAT, read_save, turn_key
 from animegamer.models.weights import save_state_dict_file
 from animegamer.states import MAX_INSTRUCTION_CHARS, CharacterState, StateValues, parse_instruction
+
+
+SAVE_NAME = "game.save"  # a game's default save file, inside its own output directory
 
 
 def turn_seed(seed: int, index: int) -> int:
@@ -41,8 +45,13 @@ class ShotRenderer(Protocol):
     fps: int
 
     def render(self, shot_embeds: torch.Tensor, motion_level: int, seed: int) -> np.ndarray:
-        """(N, H) shot representation -> (T, H, W, 3) uint8 frames."""
+        """(N, H) shot representation -> (T, H, W, 3) uint8 frames. A renderer that reports its progress takes a
+        ``progress`` keyword too (:class:`animegamer.inference.session.DecoderRenderer`); it is passed only when a
+        game shows progress."""
         ...
+
+
+Progress = Callable[[str], None]  # hears what a turn is doing now: "MLLM", "denoising 3/20", "decoding", ...
 
 
 @dataclass
@@ -77,6 +86,13 @@ class GameSession:
     seed: int = 42
     max_instruction_chars: int = MAX_INSTRUCTION_CHARS
     turns: list[Turn] = field(default_factory=list)
+    # the turns as last saved or loaded: the game has unsaved changes when they differ (same Turn objects or not)
+    saved_turns: list[Turn] = field(default_factory=list, repr=False)
+
+    @property
+    def unsaved(self) -> bool:
+        """Turns played or undone since the last save or load."""
+        return [id(t) for t in self.turns] != [id(t) for t in self.saved_turns]
 
     @property
     def state(self) -> CharacterState:
@@ -87,10 +103,13 @@ class GameSession:
         window = self.turns[-self.history_turns :] if self.history_turns > 0 else []
         return [HistoryTurn(t.instruction, t.shot_embeds, t.values) for t in window]
 
-    def play(self, instruction: str) -> Turn:
-        """Validate the instruction (before any model runs), predict, update the state, render."""
+    def play(self, instruction: str, progress: Progress | None = None) -> Turn:
+        """Validate the instruction (before any model runs), predict, update the state, render; ``progress`` hears
+        each stage of the turn."""
         parsed = parse_instruction(instruction, max_chars=self.max_instruction_chars)
         text = parsed.render()
+        if progress:
+            progress("MLLM: the next game state")
         prediction = self.predictor.predict_turn(self.history(), text)
         index = len(self.turns)
         turn = Turn(
@@ -101,16 +120,19 @@ class GameSession:
             shot_embeds=prediction.shot_embeds.detach().float().cpu(),
             prompt_tokens=prediction.prompt_tokens,
         )
-        self.render_turn(turn)
+        self.render_turn(turn, progress)
         self.turns.append(turn)
         return turn
 
-    def render_turn(self, turn: Turn) -> None:
+    def render_turn(self, turn: Turn, progress: Progress | None = None) -> None:
         """Render ``turn``'s clip (mp4 + gif) into this session's output directory; no-op without a renderer.
         The seed depends on the game seed and the turn index only, so a re-render gives the same clip."""
         if self.renderer is None:
             return
-        frames = self.renderer.render(turn.shot_embeds, turn.values.motion_level, turn_seed(self.seed, turn.index))
+        shot = (turn.shot_embeds, turn.values.motion_level, turn_seed(self.seed, turn.index))
+        frames = self.renderer.render(*shot, progress=progress) if progress else self.renderer.render(*shot)
+        if progress:
+            progress("writing the clip")
         stem = Path(self.output_dir) / f"turn_{turn.index:03d}"
         turn.clip = str(write_mp4(stem.with_suffix(".mp4"), frames, fps=self.renderer.fps))
         turn.gif = str(write_gif(stem.with_suffix(".gif"), frames, fps=self.renderer.fps))
@@ -133,6 +155,7 @@ class GameSession:
         if not tensors:  # safetensors needs at least one tensor
             tensors = {"empty": torch.zeros(0)}
         save_state_dict_file(tensors, path, metadata={"game": json.dumps(meta)})
+        self.saved_turns = list(self.turns)
         return Path(path)
 
     @classmethod
@@ -144,6 +167,10 @@ class GameSession:
         exactly as it would have). Clip paths in the save are dropped: :meth:`render_turn` makes a turn's clip
         again, inside ``output_dir``. Raises ValueError naming the file and field, or FileNotFoundError."""
         path = Path(path)
+        if path.is_dir():
+            inside = path / SAVE_NAME
+            hint = f"; its saved game is {inside}" if inside.is_file() else ""
+            raise ValueError(f"{path} is a directory, not a saved game file{hint}")
         saved = read_save(
             path,
             history_turns=history_turns,
@@ -156,4 +183,5 @@ class GameSession:
                       max_instruction_chars=max_instruction_chars)
         session.turns = [Turn(t.index, t.instruction, t.values, t.state, t.shot_embeds, t.prompt_tokens)
                          for t in saved.turns]
+        session.saved_turns = list(session.turns)
         return session

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -87,15 +88,23 @@ class DecoderRenderer:
         self.decoder, self.sampling, self.device, self.offload = decoder, sampling, device, offload
         self.fps = sampling.fps
 
-    def render(self, shot_embeds: torch.Tensor, motion_level: int, seed: int) -> np.ndarray:
+    def render(self, shot_embeds: torch.Tensor, motion_level: int, seed: int,
+               progress: Callable[[str], None] | None = None) -> np.ndarray:
+        """``progress`` hears "denoising step/steps" after every step, then "decoding"."""
         generator = torch.Generator().manual_seed(seed)
+        on_step = (lambda step, steps: progress(f"denoising {step}/{steps}")) if progress else None
         with on_device(self.decoder, self.device, self.offload):
-            frames = self.decoder.sample(
+            latents = self.decoder.sample(
                 shot_embeds[None].to(self.decoder.dtype),  # (1, N, H)
                 torch.tensor([motion_level]),
                 self.sampling,
                 generator=generator,
-            )
+                decode=False,
+                on_step=on_step,
+            )  # (1, F, C, h, w)
+            if progress:
+                progress("decoding")
+            frames = self.decoder.decode_latents(latents)  # (1, T, H, W, 3) uint8
         return frames[0].numpy()
 
 

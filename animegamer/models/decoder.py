@@ -24,6 +24,7 @@ Trained parts only (LoRA in peft layout + the motion embedding) are saved and lo
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -478,8 +479,11 @@ class AnimationShotDecoder(nn.Module):
         generator: torch.Generator | None = None,
         progress: bool = False,
         decode: bool = True,
+        on_step: Callable[[int, int], None] | None = None,
     ) -> torch.Tensor:
         """Render clips: s_a (B, N, H) and levels (B,) -> uint8 frames (B, T, H, W, 3).
+
+        ``on_step(step, steps)`` is called after every denoising step (the games' progress line).
 
         ``decode=False`` returns the final latents (B, F, C, h, w) instead and leaves the VAE decode to the caller
         (the benchmark times the two apart).
@@ -536,4 +540,6 @@ class AnimationShotDecoder(nn.Module):
                 uncond, conditional = out.chunk(2)
                 out = uncond + scales[i] * (conditional - uncond)
             latents, old_x0 = scheduler_step(scheduler, out, i, latents, old_x0, generator)
+            if on_step is not None:
+                on_step(i + 1, len(timesteps))
         return self.decode_latents(latents) if decode else latents
