@@ -1,4 +1,4 @@
-"""Random agent weights in the release's on-disk layout, and the memory a conversion of them takes.
+"""Random agent weights and a stand-in tokenizer in the release's layout, and the memory a conversion takes.
 
     python -m animegamer.official.synthetic --tokenizer TOKENIZER_DIR --hidden-size 2048 --layers 8 --shard-mb 256
 
@@ -21,6 +21,45 @@ from pathlib import Path
 import torch
 
 LLM = "llm.base_model.model."
+RELEASE_FRAME_TOKENS = 256  # <frame_00000> … <frame_00255> open the release tokenizer's added tokens
+
+
+def release_added_tokens() -> list[str]:
+    """The release tokenizer's 284 added tokens in id order (base vocabulary + 0 … + 283). Three ids whose names
+    the reference set does not show get placeholder names (nothing reads them)."""
+    frames = [f"<frame_{i:05d}>" for i in range(RELEASE_FRAME_TOKENS)]
+    shot = ["<img>", "</img>", "<release_unused_0>", "<release_unused_1>", "<frame>", "</frame>"]
+    strengths = [f"<Strength_{k}>" for k in range(-5, 6)]
+    tags = ["<ML>", "</ML>", "<SC>", "</SC>", "<ET>", "</ET>", "<ST>", "</ST>", "<TURN>", "</TURN>"]
+    return [*frames, *shot, *strengths, "<release_unused_2>", *tags]
+
+
+def build_release_tokenizer(out_dir: str | Path, base_vocab: int) -> Path:
+    """A stand-in for the release's tokenizer (which tests and measurements cannot download): a tiny BPE trained on
+    the fly, padded with unreachable pieces to ``base_vocab`` (<unk> 0, <s> 1, </s> 2), then the release's added
+    tokens at the release's ids."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from animegamer.tiny import corpus_lines
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>", "<s>", "</s>"])
+    tok.train_from_iterator(corpus_lines(repeat=2), trainer=trainer)
+    data = json.loads(tok.to_str())
+    vocab = data["model"]["vocab"]
+    for i in range(len(vocab), base_vocab):
+        vocab[f"<filler_{i}>"] = i
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(json.dumps(data)), unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
+    fast.add_special_tokens({"additional_special_tokens": release_added_tokens()})
+    out_dir = Path(out_dir)
+    fast.save_pretrained(str(out_dir))
+    return out_dir
+
+
 LORA_MODULES = {"self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"), "mlp": ("gate_proj", "up_proj", "down_proj")}
 
 
