@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from animegamer.config import DecoderConfig, SamplingConfig, load_config
-from animegamer.models.decoder import AnimationShotDecoder, guidance_scales
+from animegamer.models.decoder import AnimationShotDecoder
 from animegamer.models.fewstep import SAMPLER_FILE, FewStepSampler, alpha_schedule, ddim_step, fewstep_sample
+from animegamer.models.sampling import guidance_scales
 from animegamer.models.trained import load_decoder
 from animegamer.models.weights import load_state_dict_file
 from animegamer.training.checkpoint import list_checkpoints

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from animegamer.config import DecoderConfig
-from animegamer.models.decoder import load_vae, vae_decode
+from animegamer.models.sampling import load_vae, vae_decode
 from animegamer.models.streaming import decode_chunks, latent_frame_batches
 
 pytestmark = pytest.mark.usefixtures("one_thread")

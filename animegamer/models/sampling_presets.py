@@ -34,7 +34,7 @@ def effective_sampling(sampling: SamplingConfig) -> SamplingConfig:
 
 def guided_calls(sampling: SamplingConfig) -> int:
     """Transformer calls (at batch B) of one clip of the multi-step samplers: 2 per guided step, 1 per other."""
-    from animegamer.models.decoder import guidance_scales
+    from animegamer.models.sampling import guidance_scales
 
     return sum(2 if scale > 1.0 else 1 for scale in guidance_scales(sampling))
 
