@@ -7,6 +7,7 @@ turn N-1's ``s_a``); captions are the reference ids between ``<TURN>`` and ``<im
 
 from __future__ import annotations
 
+import json
 import pickle
 
 import pytest
@@ -219,10 +220,24 @@ def test_base_weights_taken_from_base_dir(release_inputs, converted, tmp_path):
     dropped = {k: v for k, v in state.items() if not k.endswith("base_layer.weight")}
     torch.save(dropped, tmp_path / "lean.bin")
     out = tmp_path / "out"
-    convert(release_inputs, out, agent_bin=tmp_path / "lean.bin", base_dir=converted["info"]["mistral_dir"])
-    fresh = load_file(str(out / "Mistral" / "model.safetensors"))
+    info = convert(
+        release_inputs, out, agent_bin=tmp_path / "lean.bin", base_dir=converted["info"]["mistral_dir"],
+        shard_bytes=2**20,
+    )  # fmt: skip
+    index = json.loads((out / "Mistral" / "model.safetensors.index.json").read_text())
+    assert info["shards"] == len(set(index["weight_map"].values())) > 1
+    fresh = {}
+    for shard in sorted(set(index["weight_map"].values())):
+        fresh.update(load_file(str(out / "Mistral" / shard)))
     before = load_file(str(converted["out"] / "Mistral" / "model.safetensors"))
     assert fresh.keys() == before.keys() and all(torch.equal(fresh[k], before[k]) for k in fresh)
+    # the sharded directory loads through transformers like the single-file one
+    cfg = MLLMConfig(pretrained=info["mistral_dir"], dtype="fp32", gradient_checkpointing=False, **info["mllm_config"])
+    model = AnimeGamerMLLM.from_config(cfg)
+    model.load_trained(info["mllm_dir"])
+    ids = torch.tensor([[1, 5, 9, 32282, 32256]])
+    assert torch.equal(model.eval().token_logits(model.transformer(model.embed(ids))[0]),
+                       converted["model"].token_logits(converted["model"].transformer(converted["model"].embed(ids))[0]))
 
 
 def test_fast_path_on_converted_weights(converted):

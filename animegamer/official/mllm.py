@@ -133,7 +133,20 @@ class _BaseWeights:
                 self._where.update(dict.fromkeys(state, file))
         return self._where
 
+    def shape(self, key: str) -> tuple[int, ...] | None:
+        """The stored shape of ``key`` (None if absent), read from the header: no data is loaded."""
+        file = self._index().get(key)
+        if file is None:
+            return None
+        if file in self._bins:
+            return tuple(self._bins[file][key].shape)
+        from safetensors import safe_open
+
+        with safe_open(str(file), framework="pt") as handle:
+            return tuple(handle.get_slice(key).get_shape())
+
     def get(self, key: str) -> torch.Tensor | None:
+        """The tensor of ``key``, read when its shard is written (one at a time, never all of them)."""
         file = self._index().get(key)
         if file is None:
             return None
@@ -170,9 +183,10 @@ def split_agent_state(state: dict[str, torch.Tensor], path: Path) -> tuple[dict,
     return base, lora, resamplers
 
 
-def _check_shape(tensor: torch.Tensor, shape: tuple[int, ...], key: str, where: str) -> None:
-    if tuple(tensor.shape) != tuple(shape):
-        raise ReleaseFileError(f"{where}: {key} has shape {tuple(tensor.shape)}, expected {tuple(shape)}")
+def _check_shape(tensor: torch.Tensor | tuple[int, ...], shape: tuple[int, ...], key: str, where: str) -> None:
+    found = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else tuple(tensor)
+    if found != tuple(shape):
+        raise ReleaseFileError(f"{where}: {key} has shape {found}, expected {tuple(shape)}")
 
 
 def _shards(items: Iterator[tuple[str, torch.Tensor]], limit: int) -> Iterator[dict[str, torch.Tensor]]:
@@ -308,20 +322,24 @@ def convert_agent(
         raise ReleaseFileError(f"{where}: {len(unknown)} tensors the base model does not have, e.g. {unknown[0]!r}")
     # embeddings and head come from the agent whole (the release resized them: rows [base_vocab:] are trained)
     row_split = ("model.embed_tokens.weight", "lm_head.weight")
+    from_base = set()
     for key, shape in expected.items():
-        tensor = base.get(key)
-        source = where
-        if tensor is None:
-            tensor = None if key in row_split else fallback.get(key)
-            if tensor is None:
-                hint = f" nor in {base_dir}" if base_dir else " (give the base Mistral directory)"
-                raise ReleaseFileError(f"{where}: base weight {key} is neither in the agent file{hint}")
-            base[key], source = tensor, str(base_dir)
-        _check_shape(tensor, (vocab_total, shape[1]) if key in row_split else shape, key, source)
+        if key in base:
+            _check_shape(base[key], (vocab_total, shape[1]) if key in row_split else shape, key, where)
+            continue
+        found = None if key in row_split else fallback.shape(key)
+        if found is None:
+            hint = f" nor in {base_dir}" if base_dir else " (give the base Mistral directory)"
+            raise ReleaseFileError(f"{where}: base weight {key} is neither in the agent file{hint}")
+        _check_shape(found, shape, key, str(base_dir))
+        from_base.add(key)
 
     def base_items() -> Iterator[tuple[str, torch.Tensor]]:
         for key in expected:
-            yield key, base[key][:base_vocab] if key in row_split else base[key]
+            if key in from_base:
+                yield key, fallback.get(key)
+            else:
+                yield key, base[key][:base_vocab] if key in row_split else base[key]
 
     num_new = vocab_total - base_vocab
     head = base["lm_head.weight"]
@@ -348,10 +366,11 @@ def convert_agent(
         mistral = work / MISTRAL_DIR
         mistral.mkdir()
         index: dict[str, str] = {}
-        count = 0
+        count = total = 0
         names = []
         for shard in _shards(base_items(), shard_bytes):
             count += 1
+            total += sum(t.numel() * t.element_size() for t in shard.values())
             name = f"model-{count:05d}.safetensors"
             save_state_dict_file(shard, mistral / name, metadata={"format": "pt"})
             index.update(dict.fromkeys(shard, name))
@@ -360,7 +379,6 @@ def convert_agent(
         if count == 1:
             os.replace(mistral / names[0], mistral / "model.safetensors")
         else:
-            total = sum(base[k].numel() * base[k].element_size() for k in expected)
             atomic_write_json(
                 mistral / "model.safetensors.index.json", {"metadata": {"total_size": total}, "weight_map": index}
             )
