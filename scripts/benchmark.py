@@ -14,6 +14,9 @@ Measured, after warm-up (CUDA events on a GPU, perf_counter on a CPU), with peak
 - ``turn``: one game turn (MLLM prefill + slots, state decoding, denoising, VAE decode) on the plain path and on
   ours, the ratio, a check that both give the same outputs, the ``fast`` preset, and a turn with offload + VAE
   tiling (animegamer.bench.turn);
+- ``options``: the real-time options of the rendering side by side: presets standard / fast / distilled, each
+  cache hook, FP8 on a capable GPU; seconds, transformer calls per clip and the time to the first streamed frames
+  (animegamer.bench.options);
 - ``stage_a`` / ``stage_b``: one optimizer step of each stage, eager and (with ``compile``) compiled: clips/s and
   tokens/s with MFU against a matmul peak measured in the same run (animegamer.bench.training).
 
@@ -44,6 +47,7 @@ from animegamer.bench.models import (
     build_mllm,
     build_tokenizer,
 )
+from animegamer.bench.options import bench_options
 from animegamer.bench.report import markdown
 from animegamer.bench.timing import device_name, matmul_peak_flops
 from animegamer.bench.training import StepSettings, bench_stage_a, bench_stage_b
@@ -54,7 +58,7 @@ from animegamer.io import atomic_write_json, atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESET_CONFIGS = {"full": ROOT / "configs" / "benchmark.yaml", "tiny": ROOT / "configs" / "tiny" / "benchmark.yaml"}
-PARTS = ("turn", "stage_a", "stage_b")
+PARTS = ("turn", "options", "stage_a", "stage_b")
 FORMAT = "animegamer-benchmark-v1"
 
 CONVENTIONS = {
@@ -132,9 +136,10 @@ def merge_existing(result: dict, earlier: dict, measured: set[str]) -> None:
     """Copy into ``result`` the parts of ``earlier`` that are not among the ``measured`` ones."""
     dates = {**{part: earlier["date"] for part in PARTS}, **earlier.get("merged_from", {})}
     merged = {}
-    if "turn" not in measured and "turn" in earlier:
-        result["turn"] = earlier["turn"]
-        merged["turn"] = dates["turn"]
+    for part in ("turn", "options"):
+        if part not in measured and part in earlier:
+            result[part] = earlier[part]
+            merged[part] = dates[part]
     for stage in ("stage_a", "stage_b"):
         if stage not in measured and stage in earlier.get("training", {}):
             result["training"][stage] = earlier["training"][stage]
@@ -263,6 +268,16 @@ def main(argv: list[str] | None = None) -> dict:
                         decoder, mllm, settings, device, peak, cfg.output_dir if cfg.profile else None
                     )
                     del decoder, mllm
+                elif part == "options":
+                    decoder_cfg = stage_a_cfg.decoder
+                    decoder_cfg.dtype, decoder_cfg.gradient_checkpointing = cfg.dtype, False
+                    decoder = build_decoder(arch, decoder_cfg, device, with_vae=True, seed=cfg.seed)
+                    g = torch.Generator().manual_seed(cfg.seed)
+                    shape = decoder.null_shot_embeds(1).shape  # (1, N, H): a random shot representation
+                    shot = torch.randn(shape, generator=g).to(decoder.dtype)
+                    result["options"] = bench_options(decoder, shot, torch.tensor([3]), cfg.sampling, device,
+                                                      cfg.warmup, cfg.repeats)
+                    del decoder
                 elif part == "stage_a":
                     script = load_script("train_stage_a")
                     run_cfg = load_config(cfg.stage_a, schema=StageAConfig)

@@ -48,6 +48,33 @@ def _precision(settings: dict) -> str:
     return f"{settings['dtype']} weights" + ("" if autocast == "no" else f", {autocast} autocast")
 
 
+def options_table(result: dict[str, Any]) -> list[str]:
+    """The ``options`` part: each real-time option's denoising, calls per clip and time to the first frames."""
+    options = result.get("options")
+    if not options:
+        return []
+    mllm = (result.get("turn") or {}).get("ours", {}).get("mllm_s")
+    first = next(iter(options["rows"].values()))["first_frames"]
+    lines = [
+        f"**Real-time options** (our path, LoRA merged, eager; against the paper's {options['settings']['steps']} "
+        f"steps; the distilled row samples at t={options['settings']['student_timesteps']} with random weights):",
+        "",
+        "| option | transformer calls per clip | attention work | denoising (s) | vs standard | "
+        f"first {first} frames after (s) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, row in options["rows"].items():
+        work = "—" if row["attention_work"] is None else f"{100 * row['attention_work']:.0f}%"
+        lines.append(
+            f"| {name} | {row['transformer_calls']:g} | {work} | {_s(row['denoise_s'])} | "
+            f"{_ratio(row['speedup_vs_standard'])} | {_s(row['time_to_first_frame_s'])} |"
+        )
+    mllm_note = f"the MLLM adds {_s(mllm)} s (turn part)" if mllm is not None else "the MLLM's time is the turn part's"
+    lines += ["", f"First frames: denoising + the first chunk of the streamed VAE decode; {mllm_note}."]
+    lines += [f"Not measured: {why}" for why in options.get("skipped", [])]
+    return lines + [""]
+
+
 def markdown(result: dict[str, Any]) -> str:
     """The tables of one benchmark run, headed by device, date and versions."""
     dev = result["device"]
@@ -113,6 +140,7 @@ def markdown(result: dict[str, Any]) -> str:
             backends = ", ".join(f"{k} {_s(v)} s" for k, v in turn["sdpa_backends"].items())
             lines.append(f"One eager CFG-batched denoising step by SDPA kernel: {backends}.")
         lines.append("")
+    lines += options_table(result)
     train = result.get("training", {})
     if train:
         lines += [

@@ -1,0 +1,143 @@
+"""The real-time options of a turn's rendering, timed side by side: presets, cache hooks, FP8, first frames.
+
+    results = bench_options(decoder, shot, levels, sampling, device, warmup, repeats)
+
+Rows (our path: LoRA merged, eager, so every row runs the same kernels and only the option differs):
+
+    standard              the configured sampler at the paper's 50 steps (dynamic CFG 6, guided steps batched)
+    fast                  12 DPM-Solver++ steps, CFG on the first 40% (animegamer.inference.session.fast_sampling)
+    distilled             4 DDIM steps at the stage (d) student's timesteps (those of configs/stage_d.yaml's 50-step
+                          teacher), one conditional call each; with random weights, so a speed figure only
+    cache <method>        ``standard`` with one of diffusers' cache hooks (animegamer.models.cache)
+    fp8 [+ distilled]     the transformer's block linears in FP8 via torchao (CUDA GPUs of capability >= 8.9)
+
+For each: seconds of denoising, transformer calls per clip (at batch B: a guided call counts 2) and the share of
+the blocks' attention work that actually ran (a cache skips some), and the time to the first frames: denoising plus
+the first chunk of the streamed VAE decode (:func:`animegamer.models.streaming.decode_chunks`; the MLLM's share of
+a turn is the ``turn`` part's). Timed eagerly because the cache hooks wrap the blocks' forward, which the compiled
+blocks of the ``turn`` part would fight.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from animegamer.bench.timing import measure
+from animegamer.config import SamplingConfig
+from animegamer.models.cache import CACHE_METHODS, TransformerCache
+from animegamer.models.fewstep import FewStepSampler
+from animegamer.models.fp8 import fp8_unavailable, quantize_transformer_fp8
+from animegamer.models.sampling import build_scheduler
+from animegamer.models.sampling_presets import PresetSampler, effective_sampling
+from animegamer.models.streaming import decode_chunks
+from animegamer.training.distill import segment_boundaries, student_timesteps
+
+PAPER_STEPS = 50
+STUDENT_STEPS = 4
+
+
+def distilled_timesteps(decoder, teacher_steps: int = PAPER_STEPS, student_steps: int = STUDENT_STEPS) -> tuple:
+    """The timesteps a stage (d) student of configs/stage_d.yaml samples at (from its DDIM teacher's grid)."""
+    scheduler = build_scheduler("ddim", decoder.scheduler_config)
+    scheduler.set_timesteps(teacher_steps)
+    grid = [int(t) for t in scheduler.timesteps]
+    return tuple(student_timesteps(grid, segment_boundaries(teacher_steps, student_steps)))
+
+
+class WorkCounter:
+    """Counts transformer calls (in batch-B units) and the rows the blocks' attention projections ran."""
+
+    def __init__(self, transformer: torch.nn.Module, batch: int):
+        self.batch, self.calls, self.attention_rows = batch, 0.0, 0
+        self._handles = [transformer.register_forward_pre_hook(self._call, with_kwargs=True)] + [
+            block.attn1.to_q.register_forward_hook(self._attention) for block in transformer.transformer_blocks
+        ]
+
+    def _call(self, module, args, kwargs):
+        self.calls += kwargs["hidden_states"].shape[0] / self.batch
+
+    def _attention(self, module, args, output):
+        self.attention_rows += args[0].shape[0]
+
+    def reset(self) -> None:
+        self.calls, self.attention_rows = 0.0, 0
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
+def _variants(sampling: SamplingConfig, device: torch.device, steps: int) -> list[tuple[str, SamplingConfig, bool]]:
+    """(row name, sampling settings, fp8) of every row this device can run."""
+    standard = dataclasses.replace(sampling, steps=steps, preset="standard", cache="none")
+    rows = [
+        ("standard", standard, False),
+        ("fast", dataclasses.replace(standard, preset="fast"), False),
+        ("distilled", dataclasses.replace(standard, preset="distilled", scheduler="ddim"), False),
+    ]
+    rows += [(f"cache {m}", dataclasses.replace(standard, cache=m), False) for m in CACHE_METHODS if m != "none"]
+    if not fp8_unavailable(device):  # last: FP8 replaces the weights in place
+        rows += [("fp8", standard, True), ("fp8 + distilled", rows[2][1], True)]
+    return rows
+
+
+def bench_options(decoder, shot: torch.Tensor, levels: torch.Tensor, sampling: SamplingConfig, device,
+                  warmup: int, repeats: int, steps: int = PAPER_STEPS) -> dict:
+    """Time every row (see module docstring) against a ``steps``-step standard sampler; returns the ``options``
+    section of benchmark.json."""
+    device = torch.device(device)
+    decoder.eval()
+    decoder.merge_lora()
+    counter = WorkCounter(decoder.transformer, shot.shape[0])
+    student = FewStepSampler(distilled_timesteps(decoder), teacher={"steps": PAPER_STEPS})
+    rows, skipped = {}, []
+    if fp8_unavailable(device):
+        skipped.append(f"fp8: {fp8_unavailable(device)}")
+    full_rows, fp8_layers = None, 0
+    try:
+        for name, s, fp8 in _variants(sampling, device, steps):
+            if fp8 and not fp8_layers:
+                fp8_layers = quantize_transformer_fp8(decoder)
+            fewstep = student if s.preset == "distilled" else None
+            cache = None
+            if s.cache != "none":
+                cache = TransformerCache(decoder.transformer, s.cache, s.cache_threshold,
+                                         guidance_distilled=fewstep is not None)
+            sampler = PresetSampler(decoder, effective_sampling(s), fewstep, cache)
+            try:
+                def denoise(sampler=sampler):
+                    return sampler.latents(shot, levels, torch.Generator().manual_seed(0))
+
+                counter.reset()
+                latents = denoise()
+                calls, attention = counter.calls, counter.attention_rows
+                den = measure(denoise, device, warmup, repeats)
+                first_frames = next(decode_chunks(decoder.vae, latents)).shape[1]
+                first = measure(lambda latents=latents: next(decode_chunks(decoder.vae, latents)), device, warmup,
+                                repeats)
+            finally:
+                sampler.close()
+            if name == "standard":
+                full_rows = attention
+            rows[name] = {
+                "steps": fewstep.steps if fewstep is not None else sampler.sampling.steps,
+                "description": sampler.description + (", fp8" if fp8 else ""),
+                "transformer_calls": calls,
+                "attention_work": attention / full_rows if full_rows else None,  # vs standard
+                "denoise_s": den.median,
+                "first_chunk_decode_s": first.median,
+                "first_frames": int(first_frames),
+                "time_to_first_frame_s": den.median + first.median,
+                "raw_s": den.seconds,
+            }
+    finally:
+        counter.remove()
+    base = rows["standard"]["denoise_s"]
+    for row in rows.values():
+        row["speedup_vs_standard"] = base / max(row["denoise_s"], 1e-12)
+    return {"rows": rows, "skipped": skipped, "settings": {"steps": steps, "student_steps": STUDENT_STEPS,
+                                                            "student_timesteps": list(student.timesteps),
+                                                            "eager": True, "merge_lora": True,
+                                                            "fp8_layers": fp8_layers}}

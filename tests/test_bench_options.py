@@ -1,0 +1,40 @@
+"""The benchmark's real-time options part on the tiny decoder: every row, its call counts, its first frames."""
+
+import math
+
+import pytest
+import torch
+
+from animegamer.bench.options import bench_options, distilled_timesteps
+from animegamer.bench.report import options_table
+from animegamer.config import DecoderConfig, SamplingConfig
+from animegamer.models.decoder import AnimationShotDecoder
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_every_option_is_timed_and_counted(tiny_cogvideox_dir):
+    torch.manual_seed(0)
+    cfg = DecoderConfig(pretrained=str(tiny_cogvideox_dir), lora_rank=4, lora_alpha=4, motion_embed_dim=16,
+                        gradient_checkpointing=False, dtype="fp32")
+    decoder = AnimationShotDecoder.from_config(cfg).eval()
+    assert distilled_timesteps(decoder) == (999, 759, 499, 239)  # configs/stage_d.yaml's student
+    sampling = SamplingConfig(height=48, width=64, num_frames=17)  # 5 latent frames: the first chunk is 3
+    shot = torch.randn(1, 226, 32, generator=torch.Generator().manual_seed(0))
+    result = bench_options(decoder, shot, torch.tensor([3]), sampling, "cpu", warmup=0, repeats=1, steps=10)
+    rows = result["rows"]
+    assert list(rows) == ["standard", "fast", "distilled", "cache first_block", "cache taylorseer", "cache pab",
+                          "cache faster"]
+    assert result["skipped"] and "CUDA" in result["skipped"][0]  # no FP8 rows on a CPU
+    # 10 steps, all guided (at 50 the ramp reaches 1.0 at the last); fast: 10 steps, 4 guided; distilled: 4 calls
+    assert [rows[k]["transformer_calls"] for k in ("standard", "fast", "distilled")] == [20, 14, 4]
+    assert rows["distilled"]["attention_work"] == pytest.approx(4 / 20)
+    for name in ("cache taylorseer", "cache pab", "cache faster"):
+        assert rows[name]["transformer_calls"] == 20 and rows[name]["attention_work"] < 1, name
+    for row in rows.values():
+        assert row["first_frames"] == 9
+        for key in ("denoise_s", "first_chunk_decode_s", "time_to_first_frame_s", "speedup_vs_standard"):
+            assert math.isfinite(row[key]) and row[key] > 0
+        assert row["time_to_first_frame_s"] == pytest.approx(row["denoise_s"] + row["first_chunk_decode_s"])
+    table = "\n".join(options_table({"options": result}))
+    assert "| distilled | 4 |" in table and "first 9 frames" in table and "Not measured: fp8" in table
