@@ -33,6 +33,7 @@ from animegamer.inference.contact_sheet import contact_sheet, readable_factor, s
 from animegamer.inference.game import turn_seed
 from animegamer.inference.mllm_runner import load_results
 from animegamer.inference.session import check_checkpoints, load_renderer, resolve_device
+from animegamer.official.agent import release_render_level
 
 
 def main(argv: list[str] | None = None) -> dict[str, Path]:
@@ -46,15 +47,22 @@ def main(argv: list[str] | None = None) -> dict[str, Path]:
         fail(str(exc))
     if not turns:
         fail(f"{out}/game.json lists no turns")
+    levels = [state["values"]["motion_level"] for state, _ in turns]
+    if cfg.compat == "released":  # the release renders the level as it parsed it, through its own table
+        try:
+            levels = [release_render_level(state["release_values"], cfg.decoder.num_motion_levels)
+                      if "release_values" in state else level for (state, _), level in zip(turns, levels, strict=True)]
+        except ValueError as exc:
+            fail(f"{out}: {exc}")
     device = resolve_device(cfg.device)
     renderer = load_renderer(cfg, device, offload=cfg.offload == "sequential" and device != "cpu")
     seed = int(game.get("seed", cfg.seed))
     factor = readable_factor(cfg.sampling.height)
 
     all_frames, rows = [], []
-    for state, shot_embeds in tqdm(turns, desc="render turns", disable=None):  # no bar in a log file
-        index = state["turn"]
-        frames = renderer.render(shot_embeds, state["values"]["motion_level"], turn_seed(seed, index))
+    for (state, shot_embeds), level in tqdm(list(zip(turns, levels, strict=True)), desc="render turns", disable=None):
+        index = state["turn"]  # (no bar in a log file)
+        frames = renderer.render(shot_embeds, level, turn_seed(seed, index))
         folder = out / f"turn_{index:03d}"
         write_mp4(folder / "clip.mp4", frames, fps=renderer.fps)
         write_gif(folder / "clip.gif", frames, fps=renderer.fps)

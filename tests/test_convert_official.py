@@ -102,7 +102,7 @@ def test_converted_checkpoint_plays(converted, tmp_path):
         assert (results / "turn_000" / "clip.mp4").is_file() and (results / "turn_001" / "clip.mp4").is_file()
 
 
-def test_released_compat_plays(converted, tmp_path):
+def test_released_compat_plays(converted, tmp_path, monkeypatch):
     game = tmp_path / "game.txt"
     game.write_text(GAME.splitlines()[0] + "\n")
     results = tmp_path / "game"
@@ -113,6 +113,26 @@ def test_released_compat_plays(converted, tmp_path):
     _, turns = load_results(results)
     state = json.loads((results / "turn_000" / "state.json").read_text())
     assert len(turns) == 1 and len(state["release_values"]) == 4
+    if not HAS_DECODER:
+        return
+    # The release's decoder renders the level as parsed, through its table: a random agent's failed parse (ML 0)
+    # goes to the table's last row (flow 40), where our clamped value would say level 1 (flow 0.5).
+    import inference_Decoder
+    from animegamer.inference.session import DecoderRenderer
+
+    levels, render = [], DecoderRenderer.render
+
+    def recording_render(self, shot_embeds, motion_level, seed, **kwargs):
+        levels.append(motion_level)
+        return render(self, shot_embeds, motion_level, seed, **kwargs)
+
+    monkeypatch.setattr(DecoderRenderer, "render", recording_render)
+    inference_Decoder.main(
+        ["--config", str(converted / "inference.yaml"), f"output_dir={results}", "device=cpu", "compat=released",
+         "sampling.steps=2", "decoder.dtype=fp32"]
+    )  # fmt: skip
+    expected = state["release_values"][0] if 1 <= state["release_values"][0] <= 4 else 5
+    assert levels == [expected] and (results / "turn_000" / "clip.mp4").is_file()
 
 
 def _fails(args, capsys, match):

@@ -163,6 +163,12 @@ def test_release_parse():
     ) == [3, 0, 1, -1]
     assert agent.release_parse("random words") == [0, 0, 0, 0]
     assert agent.clamp_values([0, 0, 0, 0]).motion_level == 1
+    # what the release's decoder table makes of a parsed level: 1..4 kept, anything else its last row
+    assert [agent.release_render_level([ml, 0, 0, 0], 5) for ml in (0, 1, 4, 5, 9, -2)] == [5, 1, 4, 5, 5, 5]
+    with pytest.raises(ValueError, match="4 integers"):
+        agent.release_render_level([1, 0, 0], 5)
+    with pytest.raises(ValueError, match="4 integers"):
+        agent.release_render_level(["1", 0, 0, 0], 5)
 
 
 # ---------------------------------------------------------------------- refused inputs: one line, nothing written

@@ -163,6 +163,17 @@ def clamp_values(raw: list[int]) -> StateValues:
     return StateValues(**out)
 
 
+def release_render_level(release_values: object, num_levels: int) -> int:
+    """The level a released turn renders at: the release's ``inference_Decoder.py`` keeps a parsed motion level
+    of 1..num_levels-1 and sends anything else (5, a failed parse's 0, any other int) to its table's last row."""
+    if not isinstance(release_values, list) or len(release_values) != 4 or any(
+        type(v) is not int for v in release_values
+    ):
+        raise ValueError(f"release_values must be 4 integers [ML, SC, ET, ST], got {release_values!r}")
+    level = release_values[0]
+    return level if 1 <= level < num_levels else num_levels
+
+
 @dataclass
 class ReleaseTurn:
     shot_embeds: torch.Tensor  # (N, shot_dim) float32, on the model's device
