@@ -75,8 +75,10 @@ def test_distilled_preset_reads_the_students_sampler(decoder, block_calls, tmp_p
     shots = torch.randn(2, 226, 32, generator=torch.Generator().manual_seed(1))
     levels = torch.tensor([1, 4])
     block_calls[0] = 0
-    latents = sampler.latents(shots, levels, torch.Generator().manual_seed(3))
+    steps = []
+    latents = sampler.latents(shots, levels, torch.Generator().manual_seed(3), on_step=lambda *s: steps.append(s))
     assert block_calls[0] == 4 * len(decoder.transformer.transformer_blocks)  # 4 calls, no unconditional branch
+    assert steps == [(1, 4), (2, 4), (3, 4), (4, 4)]
     noise = torch.randn(2, 2, 4, 8, 12, generator=torch.Generator().manual_seed(3))
     torch.testing.assert_close(latents, fewstep_sample(decoder, shots, levels, sampler.fewstep, noise))
     with pytest.raises(ValueError, match="motion levels"):

@@ -13,6 +13,7 @@ and read by ``sampling.preset: distilled``.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from itertools import pairwise
 from pathlib import Path
@@ -106,18 +107,21 @@ def ddim_step(x: torch.Tensor, x0: torch.Tensor, alpha: float, alpha_next: float
 @torch.no_grad()
 def fewstep_sample(
     decoder, shot_embeds: torch.Tensor, motion_level: torch.Tensor | None, sampler: FewStepSampler,
-    latents: torch.Tensor,
+    latents: torch.Tensor, on_step: Callable[[int, int], None] | None = None,
 ) -> torch.Tensor:
     """The distilled sampler, written out: s_a (B, N, H), levels (B,), Gaussian latents (B, F, C, h, w) -> the
-    final latents (B, F, C, h, w). One conditional transformer call per timestep of ``sampler``."""
+    final latents (B, F, C, h, w). One conditional transformer call per timestep of ``sampler``; ``on_step(step,
+    steps)`` after each, as :meth:`AnimationShotDecoder.sample` calls it."""
     alphas, final_alpha = alpha_schedule(decoder.scheduler_config)
     device = decoder.device
     x = latents.to(device).float()
     shots = shot_embeds.to(device)
     levels = motion_level.to(device) if motion_level is not None else None
     times = list(sampler.timesteps) + [-1]
-    for t, t_next in pairwise(times):
+    for step, (t, t_next) in enumerate(pairwise(times)):
         alpha = alpha_at(alphas, final_alpha, t)
         v = decoder(x, torch.full((x.shape[0],), t, device=device, dtype=torch.long), shots, levels)
         x = ddim_step(x, v_to_x0(x, v, alpha), alpha, alpha_at(alphas, final_alpha, t_next))
+        if on_step is not None:
+            on_step(step + 1, sampler.steps)
     return x

@@ -13,6 +13,7 @@ student's own K-step sampler from its checkpoint's ``sampler.json``, one conditi
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,17 +87,18 @@ class PresetSampler:
             text = f"{self.sampling.preset}: {self.sampling.steps} {self.sampling.scheduler} steps"
         return text + (f", cache {self.cache.method}" if self.cache is not None else "")
 
-    def latents(self, shot_embeds: torch.Tensor, motion_level: torch.Tensor | None,
-                generator: torch.Generator) -> torch.Tensor:
-        """s_a (B, N, H), levels (B,) -> the final latents (B, F, C, h, w) of the preset's sampler."""
+    def latents(self, shot_embeds: torch.Tensor, motion_level: torch.Tensor | None, generator: torch.Generator,
+                on_step: Callable[[int, int], None] | None = None) -> torch.Tensor:
+        """s_a (B, N, H), levels (B,) -> the final latents (B, F, C, h, w) of the preset's sampler;
+        ``on_step(step, steps)`` after every denoising step."""
         decoder, s = self.decoder, self.sampling
         if self.fewstep is None:
-            return decoder.sample(shot_embeds, motion_level, s, generator=generator, decode=False)
+            return decoder.sample(shot_embeds, motion_level, s, generator=generator, decode=False, on_step=on_step)
         if motion_level is not None and not ((motion_level >= 1) & (motion_level <= decoder.num_motion_levels)).all():
             raise ValueError(f"motion levels must be in 1..{decoder.num_motion_levels}, got {motion_level.tolist()}")
         shape = (shot_embeds.shape[0], *decoder.latent_shape(s.num_frames, s.height, s.width))
         noise = torch.randn(shape, generator=generator, device=generator.device)  # as decoder.sample draws it
-        return fewstep_sample(decoder, shot_embeds, motion_level, self.fewstep, noise)
+        return fewstep_sample(decoder, shot_embeds, motion_level, self.fewstep, noise, on_step)
 
     def close(self) -> None:
         if self.cache is not None:
