@@ -10,8 +10,13 @@ from animegamer.official.release_io import ReleaseFileError, load_release_pickle
 
 
 class _Hostile:
+    """Unpickling this would create ``marker``: what a hostile release file could run instead."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
     def __reduce__(self):
-        return (os.system, ("echo pwned",))
+        return (os.makedirs, (self.marker,))
 
 
 def test_plain_weights_load_memory_mapped(tmp_path):
@@ -25,8 +30,8 @@ def test_hostile_pickle_is_refused_without_running(tmp_path):
     path = tmp_path / "evil.bin"
     marker = tmp_path / "ran"
     with open(path, "wb") as f:
-        pickle.dump({"x": _Hostile()}, f)
-    torch.save({"payload": _Hostile()}, tmp_path / "evil_zip.bin")
+        pickle.dump({"x": _Hostile(marker)}, f)
+    torch.save({"payload": _Hostile(marker)}, tmp_path / "evil_zip.bin")
     for p in (path, tmp_path / "evil_zip.bin"):
         with pytest.raises(ReleaseFileError, match="refused"):
             load_release_pickle(p)
