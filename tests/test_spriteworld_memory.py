@@ -182,3 +182,40 @@ def test_training_tags_are_the_training_records_tag_lines(memory_data):
     expected = [dataclasses.replace(t, values=dataclasses.replace(t.values, motion_level=1)) for t in recorded]
     assert training_tags(cfg) == expected
     assert any("here" in t.environment for t in expected)
+
+
+def _friends_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "spriteworld_friends.py"
+    spec = importlib.util.spec_from_file_location("spriteworld_friends", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_second_character_is_named_by_its_shirt():
+    friends = _friends_script()
+    for place, time in (("park", "noon"), ("beach", "evening"), ("kitchen", "morning")):
+        for friend in ("Momo", "Kai", "Luna"):
+            frames = render_shot(ShotSpec("Qiqi", "talk", place, time, "happily", friend=friend), 2, num_frames=5)
+            assert friends.second_character(frames, "Qiqi", home_background(place, time, 64, 96, None)) == friend
+
+
+def test_friend_report_on_real_clips(memory_data, tmp_path):
+    import shutil
+
+    friends = _friends_script()
+    games = memory_data.root / "games"
+    for game in games.glob("*.jsonl"):  # a "system" whose clips are the real ones scores like the real clips
+        for line in game.read_text().splitlines():
+            row = json.loads(line)
+            target = tmp_path / "eval" / "clips" / "copy" / game.stem / f"turn_{row['turn']:03d}.mp4"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(memory_data.root / row["video"], target)
+    report = friends.main(["--eval-dir", str(tmp_path / "eval"), "--games", str(games)])
+    assert report["turns"] > 0 and report["copy"]["all"] == report["real"]["all"] >= 0.8
+    assert json.loads((tmp_path / "eval" / "friends.json").read_text())["turns"] == report["turns"]
+    with pytest.raises(SystemExit):
+        friends.main(["--eval-dir", str(tmp_path / "nothing"), "--games", str(games)])
