@@ -6,9 +6,12 @@ Converts the set's SAT checkpoint into a temp dir, loads it through load_decoder
 release sampler and the effect of switching each release quirk off, of zero null tokens, of diffusers' norm_out
 eps, of fp16, and how SAT's schedule differs from diffusers' CogVideoXDPMScheduler.
 """
+
+from __future__ import annotations
+
+import argparse
 import dataclasses
 import json
-import sys
 import tempfile
 from pathlib import Path
 
@@ -20,19 +23,25 @@ from safetensors.torch import load_file
 from animegamer.config import DecoderConfig
 from animegamer.models.trained import load_decoder
 from animegamer.official.decoder import convert_decoder
+from animegamer.official.measure_mllm import DEFAULT_REF, rel
 from animegamer.official.sampler import NO_QUIRKS, RELEASED, denoise, denoiser_table, sample_released, sampler_schedule
 from animegamer.tiny import COGVIDEOX_2B_SCHEDULER
 
 
-def main() -> None:
-    REF = Path(sys.argv[1] if len(sys.argv) > 1 else "tests/data/official_ref")
-    meta, t = json.loads((REF / "decoder_ref.json").read_text()), load_file(str(REF / "decoder_ref.safetensors"))
-    rel = lambda a, b: float((a.double() - b.double()).norm() / b.double().norm())  # noqa: E731
-    tmp = Path(tempfile.mkdtemp())
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("ref", nargs="?", type=Path, default=DEFAULT_REF, help="the official reference set directory")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        measure(args.ref, Path(tmp))
+
+
+def measure(ref: Path, tmp: Path) -> None:
+    """Print the measurements; ``tmp`` holds the converted checkpoint."""
+    meta, t = json.loads((ref / "decoder_ref.json").read_text()), load_file(str(ref / "decoder_ref.safetensors"))
     (tmp / "m.yaml").write_text(yaml.safe_dump(meta["tiny_model_yaml"]))
-    CogVideoXDDIMScheduler(**COGVIDEOX_2B_SCHEDULER).save_pretrained(str(tmp / "out" / "CogVideoX" / "scheduler"))
-    s = convert_decoder(REF / "decoder_ckpt", tmp / "out", model_yaml=tmp / "m.yaml", overwrite=True)
-    (tmp / "out" / "CogVideoX" / "scheduler").mkdir(parents=True, exist_ok=True)
+    s = convert_decoder(ref / "decoder_ckpt", tmp / "out", model_yaml=tmp / "m.yaml")
+    # no base CogVideoX given: the converted folder gets the CogVideoX-2B scheduler load_decoder needs (no VAE)
     CogVideoXDDIMScheduler(**COGVIDEOX_2B_SCHEDULER).save_pretrained(str(tmp / "out" / "CogVideoX" / "scheduler"))
     cfg = DecoderConfig(**s["decoder_config"], dtype="fp32")
     load = lambda: load_decoder(s["decoder_checkpoint"], cfg, with_vae=False)  # noqa: E731
