@@ -17,9 +17,9 @@ the released weights"). Any bad input stops with one ``error: ...`` line (exit 2
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
+from animegamer.cli import fail
 from animegamer.official.release_io import ReleaseFileError
 
 
@@ -76,9 +76,8 @@ def main(argv: list[str] | None = None) -> None:
             compat=args.compat,
             history_turns=args.history_turns,
         )
-    except (ReleaseFileError, FileExistsError, FileNotFoundError, ValueError) as exc:
-        print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr)
-        raise SystemExit(2) from None
+    except (ReleaseFileError, OSError, ValueError) as exc:  # OSError: a path that cannot be read or written
+        fail(str(exc).splitlines()[0])
     parts = [name for name in ("agent", "decoder") if summary[name] is not None]
     print(f"converted the {' and the '.join(parts)} into {summary['out']}")
     print(f"play: python inference_MLLM.py --config {Path(summary['out']) / INFERENCE_FILE}")
