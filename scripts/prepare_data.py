@@ -51,11 +51,10 @@ import sys
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import NoReturn
 
 from tqdm import tqdm
 
-from animegamer.cli import parse_config
+from animegamer.cli import fail, parse_config
 from animegamer.config import PrepareDataConfig
 from animegamer.data.captioning import Captioner, caption_records
 from animegamer.data.characters import RegistryError, read_character_registry
@@ -73,11 +72,6 @@ from animegamer.data.manifest import ClipRecord, meta_path, read_manifest, write
 from animegamer.data.motion import MotionSettings, fit_motion_bins, motion_level
 from animegamer.io import atomic_write_json
 from animegamer.states import parse_tags
-
-
-def fail(message: str) -> NoReturn:
-    print(f"error: {message}", file=sys.stderr)
-    raise SystemExit(2)
 
 
 def content_key(path: Path, samples: int = 16, chunk: int = 1 << 16) -> str:
