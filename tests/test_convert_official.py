@@ -1,9 +1,8 @@
 """scripts/convert_official.py on the official reference set: the converted checkpoint's inference.yaml plays a game
-through inference_MLLM.py (and inference_Decoder.py when the decoder converter is present) on CPU."""
+through inference_MLLM.py and inference_Decoder.py on CPU."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -11,15 +10,18 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from diffusers import AutoencoderKLCogVideoX, CogVideoXDDIMScheduler
 from official_ref_data import REF_DIR, REPO, build_release_tokenizer, mllm_reference
 
 sys.path.insert(0, str(REPO / "scripts"))
 import convert_official  # noqa: E402
 
+import inference_Decoder  # noqa: E402
 import inference_MLLM  # noqa: E402
 from animegamer.inference.mllm_runner import load_results  # noqa: E402
+from animegamer.inference.session import DecoderRenderer  # noqa: E402
+from animegamer.tiny import COGVIDEOX_2B_SCHEDULER  # noqa: E402
 
-HAS_DECODER = importlib.util.find_spec("animegamer.official.decoder") is not None
 GAME = "Character: Qiqi; Motion: fly; Background: day sky.\nCharacter: Qiqi; Motion: run; Background: park.\n"
 
 
@@ -39,22 +41,17 @@ def release(tmp_path_factory):
         "--llm-yaml", str(root / "llm.yaml"),
         "--agent-yaml", str(root / "agent.yaml"),
     ]  # fmt: skip
-    if HAS_DECODER:
-        from diffusers import AutoencoderKLCogVideoX, CogVideoXDDIMScheduler
-
-        from animegamer.tiny import COGVIDEOX_2B_SCHEDULER
-
-        decoder_meta = json.loads((REF_DIR / "decoder_ref.json").read_text())
-        (root / "decoder.yaml").write_text(yaml.safe_dump(decoder_meta["tiny_model_yaml"]))
-        channels = decoder_meta["tiny_model_yaml"]["model"]["network_config"]["params"]["in_channels"]
-        torch.manual_seed(0)
-        vae = AutoencoderKLCogVideoX(
-            block_out_channels=(8, 8, 16, 16), latent_channels=channels, layers_per_block=1, norm_num_groups=4
-        )
-        vae.save_pretrained(str(root / "CogVideoX-2b" / "vae"))
-        CogVideoXDDIMScheduler(**COGVIDEOX_2B_SCHEDULER).save_pretrained(str(root / "CogVideoX-2b" / "scheduler"))
-        args += ["--decoder-ckpt", str(REF_DIR / "decoder_ckpt"), "--decoder-yaml", str(root / "decoder.yaml")]
-        args += ["--cogvideox", str(root / "CogVideoX-2b")]
+    decoder_meta = json.loads((REF_DIR / "decoder_ref.json").read_text())
+    (root / "decoder.yaml").write_text(yaml.safe_dump(decoder_meta["tiny_model_yaml"]))
+    channels = decoder_meta["tiny_model_yaml"]["model"]["network_config"]["params"]["in_channels"]
+    torch.manual_seed(0)
+    vae = AutoencoderKLCogVideoX(
+        block_out_channels=(8, 8, 16, 16), latent_channels=channels, layers_per_block=1, norm_num_groups=4
+    )
+    vae.save_pretrained(str(root / "CogVideoX-2b" / "vae"))
+    CogVideoXDDIMScheduler(**COGVIDEOX_2B_SCHEDULER).save_pretrained(str(root / "CogVideoX-2b" / "scheduler"))
+    args += ["--decoder-ckpt", str(REF_DIR / "decoder_ckpt"), "--decoder-yaml", str(root / "decoder.yaml")]
+    args += ["--cogvideox", str(root / "CogVideoX-2b")]
     return {"root": root, "args": args}
 
 
@@ -92,14 +89,11 @@ def test_converted_checkpoint_plays(converted, tmp_path):
     assert summary["complete"] and len(turns) == 2
     assert all(shot.shape == (resampler["num_queries"], resampler["output_dim"]) for _, shot in turns)
     assert all(torch.isfinite(shot).all() for _, shot in turns)
-    if HAS_DECODER:
-        import inference_Decoder
-
-        inference_Decoder.main(
-            ["--config", str(converted / "inference.yaml"), f"output_dir={results}", "device=cpu",
-             "sampling.steps=2", "decoder.dtype=fp32"]
-        )  # fmt: skip
-        assert (results / "turn_000" / "clip.mp4").is_file() and (results / "turn_001" / "clip.mp4").is_file()
+    inference_Decoder.main(
+        ["--config", str(converted / "inference.yaml"), f"output_dir={results}", "device=cpu",
+         "sampling.steps=2", "decoder.dtype=fp32"]
+    )  # fmt: skip
+    assert (results / "turn_000" / "clip.mp4").is_file() and (results / "turn_001" / "clip.mp4").is_file()
 
 
 def test_released_compat_plays(converted, tmp_path, monkeypatch):
@@ -113,13 +107,8 @@ def test_released_compat_plays(converted, tmp_path, monkeypatch):
     _, turns = load_results(results)
     state = json.loads((results / "turn_000" / "state.json").read_text())
     assert len(turns) == 1 and len(state["release_values"]) == 4
-    if not HAS_DECODER:
-        return
     # The release's decoder renders the level as parsed, through its table: a random agent's failed parse (ML 0)
     # goes to the table's last row (flow 40), where our clamped value would say level 1 (flow 0.5).
-    import inference_Decoder
-    from animegamer.inference.session import DecoderRenderer
-
     levels, render = [], DecoderRenderer.render
 
     def recording_render(self, shot_embeds, motion_level, seed, **kwargs):
