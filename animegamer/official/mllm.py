@@ -32,12 +32,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 from animegamer.io import atomic_write_json
 from animegamer.models.mllm import ADAPTER_FILES, LAYOUT_FILE, TRAINED_FILE, shipped_layout_base
 from animegamer.models.weights import save_state_dict_file
-from animegamer.official.release_io import ReleaseFileError, load_release_pickle, tensor_dict
+from animegamer.official.release_io import ReleaseFileError, load_release_pickle, read_release_yaml, tensor_dict
 from animegamer.tokens import RELEASED
 
 LLM_PREFIX = "llm.base_model.model."
@@ -51,24 +50,9 @@ SHARD_BYTES = 2 * 1024**3
 _LORA_KEY = re.compile(r"^(?P<module>.+)\.lora_(?P<ab>[AB])\.default\.weight$")
 
 
-def _read_yaml(path: str | Path | None, what: str) -> dict[str, Any]:
-    if path is None:
-        return {}
-    path = Path(path)
-    if not path.is_file():
-        raise ReleaseFileError(f"{path}: {what} not found")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise ReleaseFileError(f"{path}: not a readable YAML file ({str(exc).splitlines()[0]})") from None
-    if not isinstance(data, dict):
-        raise ReleaseFileError(f"{path}: expected a mapping at the top of the {what}")
-    return data
-
-
 def lora_settings(llm_yaml: str | Path | None) -> dict[str, Any]:
     """LoRA rank/alpha/dropout from the release's LLM YAML (``peft_config``), the released values where absent."""
-    data = _read_yaml(llm_yaml, "LLM YAML")
+    data = read_release_yaml(llm_yaml, "LLM YAML")
     peft = data.get("peft_config", {}) if data else {}
     if not isinstance(peft, dict):
         raise ReleaseFileError(f"{llm_yaml}: peft_config is not a mapping")
@@ -81,7 +65,7 @@ def lora_settings(llm_yaml: str | Path | None) -> dict[str, Any]:
 
 
 def _num_slots(agent_yaml: str | Path | None) -> int:
-    data = _read_yaml(agent_yaml, "agent YAML")
+    data = read_release_yaml(agent_yaml, "agent YAML")
     queries = {data.get(r, {}).get("num_queries") for r in RESAMPLERS if isinstance(data.get(r), dict)} - {None}
     if len(queries) > 1:
         raise ReleaseFileError(f"{agent_yaml}: the resamplers disagree on num_queries ({sorted(queries)})")

@@ -12,8 +12,10 @@ from __future__ import annotations
 import pickle
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import torch
+import yaml
 
 
 class ReleaseFileError(ValueError):
@@ -43,3 +45,19 @@ def tensor_dict(obj: object, path: str | Path, what: str) -> dict[str, torch.Ten
         if not isinstance(key, str) or not isinstance(value, torch.Tensor):
             raise ReleaseFileError(f"{path}: {what} entry {key!r} is {type(value).__name__}, not a tensor")
     return obj
+
+
+def read_release_yaml(path: str | Path | None, what: str) -> dict[str, Any]:
+    """A release YAML (``what`` names it in messages) as a mapping; ``None``: ``{}`` (the released values apply)."""
+    if path is None:
+        return {}
+    path = Path(path)
+    if not path.is_file():
+        raise ReleaseFileError(f"{path}: {what} not found")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ReleaseFileError(f"{path}: not a readable YAML file ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise ReleaseFileError(f"{path}: expected a mapping at the top of the {what}")
+    return data

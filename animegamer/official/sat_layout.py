@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from animegamer.official.release_io import ReleaseFileError, load_release_pickle, tensor_dict
+from animegamer.official.release_io import ReleaseFileError, load_release_pickle, read_release_yaml, tensor_dict
 
 PREFIX = "model.diffusion_model."
 MODEL_STATES = "mp_rank_00_model_states.pt"
@@ -94,14 +94,8 @@ def read_model_yaml(path: str | Path | None) -> SatDecoderSpec:
     """
     if path is None:
         return SatDecoderSpec()
-    import yaml
-
     path = Path(path)
-    try:
-        tree = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise ReleaseFileError(f"{path}: not a readable YAML file ({str(exc).splitlines()[0]})") from None
-    model = _get(tree if isinstance(tree, dict) else {}, "model", path)
+    model = _get(read_release_yaml(path, "model YAML"), "model", path)
     net = _get(model, "network_config.params", path)
     mods = _get(net, "modules", path)
     patch = _get(mods, "patch_embed_config.params", path)
