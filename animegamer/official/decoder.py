@@ -184,6 +184,18 @@ def check_position_table(state: dict[str, torch.Tensor], spec: SatDecoderSpec, p
     return diff
 
 
+# the decoder_config.json settings an inference.yaml's ``decoder`` section repeats (DecoderConfig fields)
+DECODER_CONFIG_KEYS = (
+    "lora_rank",
+    "lora_alpha",
+    "lora_targets",
+    "motion_embed_dim",
+    "num_motion_levels",
+    "motion_scope",
+    "motion_guidance",
+)
+
+
 def _decoder_settings(spec: SatDecoderSpec) -> dict:
     return {
         "lora_rank": spec.lora_rank,
@@ -316,16 +328,7 @@ def convert_decoder(
         "written": [str(p) for p in targets.values() if p.exists()],
         "has_vae": base is not None,
         "decoder_checkpoint": str(out),
-        "decoder_config": {
-            "pretrained": str(targets["CogVideoX"]),
-            "lora_rank": spec.lora_rank,
-            "lora_alpha": spec.lora_alpha,
-            "lora_targets": LORA_TARGETS,
-            "motion_embed_dim": spec.hidden_size,
-            "num_motion_levels": len(RELEASE_FLOW_VALUES),
-            "motion_scope": True,
-            "motion_guidance": False,
-        },
+        "decoder_config": {"pretrained": str(targets["CogVideoX"]), **{k: settings[k] for k in DECODER_CONFIG_KEYS}},
         "sampling": {
             "scheduler": "dpm",
             "steps": spec.sample_steps,
