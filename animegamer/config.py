@@ -449,6 +449,7 @@ class InferenceConfig:
     compile: bool = False  # torch.compile the decoder's transformer blocks (first turn compiles; same outputs)
     compile_vae: bool = False  # torch.compile the VAE decoder too: 2x faster decode, ~150 s to compile (GPU)
     merge_lora: bool = False  # fold the LoRA into the base weights at load (same outputs up to weight rounding)
+    fp8: bool = False  # FP8 transformer linears via torchao, dynamic scaling (LoRA merged first; Ada/Hopper GPU)
     compat: str = "fixed"  # converted official weights: released (the release's numerics, quirks included) | fixed
 
 

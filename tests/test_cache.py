@@ -109,3 +109,34 @@ def test_config_choices():
         load_config(None, ["sampling.cache=mag"], schema=InferenceConfig)
     with pytest.raises(ConfigError, match="sampling.preset='tiny'"):
         load_config(None, ["sampling.preset=tiny"], schema=InferenceConfig)
+
+
+def test_renderer_uses_the_preset_and_bad_options_fail_early(decoder, tmp_path):
+    from animegamer.inference.session import DecoderRenderer
+    from animegamer.models.sampling_presets import check_render_options
+
+    FewStepSampler((999, 749, 499, 249)).save(tmp_path / "decoder")  # a step dir: decoder/ inside
+    overrides = ["sampling.preset=distilled", f"decoder_checkpoint={tmp_path}", "sampling.height=64",
+                 "sampling.width=96", "sampling.num_frames=5"]
+    cfg = load_config(None, overrides, schema=InferenceConfig)
+    check_render_options(cfg, "cpu")
+    renderer = DecoderRenderer(decoder, cfg.sampling, "cpu", sampler=PresetSampler.build(decoder, cfg.sampling,
+                                                                                       tmp_path))
+    heard = []
+    frames = renderer.render(torch.randn(226, 32), 3, seed=0, progress=lambda text, done: heard.append(text))
+    assert frames.shape[1:] == (64, 96, 3) and frames.dtype == "uint8"
+    assert heard == ["denoising 1/4", "denoising 2/4", "denoising 3/4", "denoising 4/4", "decoding"]
+    assert renderer.sampling.steps == 4 and renderer.sampler.fewstep.steps == 4
+
+    bad = {
+        "compat=released": (ValueError, "compat=fixed"),
+        f"decoder_checkpoint={tmp_path / 'decoder' / 'none'}": (FileNotFoundError, "not found"),
+        "fp8=true": (ValueError, "CUDA GPU"),
+    }
+    (tmp_path / "decoder" / "none").mkdir()
+    bad[f"decoder_checkpoint={tmp_path / 'decoder' / 'none'}"] = (FileNotFoundError, "needs a stage \\(d\\)")
+    for override, (error, message) in bad.items():
+        with pytest.raises(error, match=message):
+            check_render_options(load_config(None, [*overrides, override], schema=InferenceConfig), "cpu")
+    with pytest.raises(ValueError, match="offload"):
+        check_render_options(load_config(None, ["fp8=true", "offload=sequential"], schema=InferenceConfig), "cuda")

@@ -24,6 +24,8 @@ import torch
 from animegamer.config import InferenceConfig, SamplingConfig
 from animegamer.inference.game import GameSession
 from animegamer.inference.mllm_runner import HistoryTurn, MLLMRunner, TurnPrediction
+from animegamer.models.fp8 import quantize_transformer_fp8
+from animegamer.models.sampling_presets import PresetSampler, check_render_options
 from animegamer.training.checkpoint import resolve_checkpoint
 
 
@@ -84,8 +86,12 @@ class MLLMPredictor:
 class DecoderRenderer:
     """Renders a shot representation with the decoder: (N, H) s_a + motion level -> (T, H, W, 3) uint8."""
 
-    def __init__(self, decoder, sampling: SamplingConfig, device: str, offload: bool = False):
-        self.decoder, self.sampling, self.device, self.offload = decoder, sampling, device, offload
+    def __init__(self, decoder, sampling: SamplingConfig, device: str, offload: bool = False,
+                 sampler: PresetSampler | None = None):
+        self.decoder, self.device, self.offload = decoder, device, offload
+        # sampling.preset / sampling.cache (animegamer.models.sampling_presets); plain settings without one
+        self.sampler = sampler if sampler is not None else PresetSampler(decoder, sampling)
+        self.sampling = self.sampler.sampling
         self.fps = sampling.fps
 
     def render(self, shot_embeds: torch.Tensor, motion_level: int, seed: int,
@@ -94,12 +100,10 @@ class DecoderRenderer:
         generator = torch.Generator().manual_seed(seed)
         on_step = (lambda step, steps: progress(f"denoising {step}/{steps}")) if progress else None
         with on_device(self.decoder, self.device, self.offload):
-            latents = self.decoder.sample(
+            latents = self.sampler.latents(
                 shot_embeds[None].to(self.decoder.dtype),  # (1, N, H)
                 torch.tensor([motion_level]),
-                self.sampling,
-                generator=generator,
-                decode=False,
+                generator,
                 on_step=on_step,
             )  # (1, F, C, h, w)
             if progress:
@@ -143,6 +147,8 @@ def check_checkpoints(cfg: InferenceConfig, mllm: bool = True, decoder: bool = T
     if missing:
         names = ", ".join(f"{key}={value}" for key, value in missing)
         raise FileNotFoundError(f"not found: {names}: {weights_hint(*missing[0])}")
+    if decoder:  # sampling.preset=distilled needs a stage (d) checkpoint; fp8 a capable GPU
+        check_render_options(cfg, resolve_device(cfg.device))
 
 
 def load_mllm_predictor(cfg: InferenceConfig, device: str, offload: bool) -> MLLMPredictor:
@@ -185,8 +191,12 @@ def load_renderer(cfg: InferenceConfig, device: str, offload: bool) -> DecoderRe
         decoder.compile_blocks()
     if cfg.compile_vae:
         decoder.compile_vae()
-    sampling = fast_sampling(cfg.sampling) if cfg.fast else cfg.sampling
-    return DecoderRenderer(decoder, sampling, device, offload)
+    if cfg.fp8:  # after the LoRA is folded in: FP8 weights carry no adapter
+        decoder.merge_lora()
+        quantize_transformer_fp8(decoder)
+    sampling = dataclasses.replace(cfg.sampling, preset="fast") if cfg.fast else cfg.sampling
+    sampler = PresetSampler.build(decoder, sampling, cfg.decoder_checkpoint)
+    return DecoderRenderer(decoder, sampling, device, offload, sampler)
 
 
 def build_session(cfg: InferenceConfig, render: bool = True, output_dir: str | Path | None = None) -> GameSession:

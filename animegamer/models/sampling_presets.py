@@ -49,6 +49,32 @@ def checkpoint_decoder_dir(checkpoint: str | Path) -> Path:
     return path / DECODER_DIR if (path / DECODER_DIR).is_dir() else path
 
 
+def check_render_options(cfg, device: str) -> None:
+    """The rendering options of an inference config that cannot work, before any model loads: one-line
+    FileNotFoundError / ValueError (``distilled`` without a stage (d) checkpoint or with the release's sampler, FP8
+    off a capable GPU or with offloading)."""
+    from animegamer.models.fewstep import SAMPLER_FILE
+    from animegamer.models.fp8 import fp8_unavailable
+
+    if cfg.sampling.preset == "distilled":
+        if cfg.compat == "released":
+            raise ValueError("sampling.preset=distilled samples with the stage (d) student; compat=released samples "
+                             "with the release's own sampler: use compat=fixed")
+        if not cfg.decoder_checkpoint:
+            raise ValueError("sampling.preset=distilled needs a stage (d) decoder_checkpoint")
+        decoder_dir = checkpoint_decoder_dir(cfg.decoder_checkpoint)
+        if not (decoder_dir / SAMPLER_FILE).is_file():
+            raise FileNotFoundError(f"{decoder_dir / SAMPLER_FILE} is missing: sampling.preset=distilled needs a "
+                                    "stage (d) decoder (scripts/train_stage_d.py)")
+    if cfg.fp8:
+        if cfg.offload == "sequential":
+            raise ValueError("fp8 keeps the transformer's FP8 weights on the GPU: it does not combine with "
+                             "offload=sequential")
+        problem = fp8_unavailable(device)
+        if problem:
+            raise ValueError(problem)
+
+
 @dataclass
 class PresetSampler:
     """The decoder, the effective sampling settings, the distilled sampler (``distilled`` only) and the installed
@@ -72,7 +98,10 @@ class PresetSampler:
         if sampling.cache != "none":
             cache = TransformerCache(decoder.transformer, sampling.cache, sampling.cache_threshold,
                                      guidance_distilled=fewstep is not None)
-        return cls(decoder, effective_sampling(sampling), fewstep, cache)
+        effective = effective_sampling(sampling)
+        if fewstep is not None:  # the student's own steps on the DDIM ODE it was distilled on
+            effective = dataclasses.replace(effective, steps=fewstep.steps, scheduler="ddim", guidance_scale=1.0)
+        return cls(decoder, effective, fewstep, cache)
 
     @property
     def transformer_calls(self) -> int:
