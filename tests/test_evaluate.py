@@ -144,6 +144,16 @@ def test_evaluate_end_to_end(world, tiny_clip_config, tiny_cogvideox_dir, tiny_m
     summary = json.loads((out / "summary.json").read_text())
     assert summary["turns"] == 6 and set(summary["systems"]) == set(by_system)
 
+    # intervals over the 2 games, and the paired differences of the first system against the others
+    intervals = json.loads((out / "table_intervals.json").read_text())["rows"]
+    cell = {(r["system"], r["split"], r["metric"]): r for r in intervals}
+    psnr = [r.values["psnr"] for r in by_system["animegamer"] if r.turn >= 0]
+    ag_psnr = cell[("animegamer", "all", "psnr")]
+    assert ag_psnr["mean"] == pytest.approx(sum(psnr) / 6) and ag_psnr["turns"] == 6 and ag_psnr["games"] == 2
+    assert ag_psnr["lower"] <= ag_psnr["mean"] <= ag_psnr["upper"]
+    assert ("animegamer − gc_baseline", "all", "psnr") in cell and ("random", "all", "psnr") not in cell
+    assert result.files["intervals_md"].read_text().startswith("# 2 games from")
+
 
 def test_evaluate_rejects_unknown_systems_and_missing_benchmarks(tmp_path, world, capsys):
     script = _script("evaluate")
