@@ -228,6 +228,10 @@ def main(argv: list[str] | None = None) -> Path:
     # ---- loop
     progress = tqdm(total=train.max_steps, initial=step, desc="stage d", disable=not accelerator.is_main_process)
     loss_value = float("nan")
+    # the segments' losses differ by orders of magnitude (the first, from pure noise, is the hardest): each one's
+    # mean over the logging interval is logged beside the step's loss
+    segment_sums = torch.zeros(cfg.student_steps, device=accelerator.device)
+    segment_counts = torch.zeros(cfg.student_steps, device=accelerator.device)
     while step < train.max_steps:
         step_loss = torch.zeros((), device=accelerator.device)
         for _ in range(train.grad_accum):
@@ -237,6 +241,8 @@ def main(argv: list[str] | None = None) -> Path:
                 loss = compute_loss(model, teacher, batch, plan, segment)
                 accelerator.backward(loss)
             step_loss += loss.detach() / train.grad_accum
+            segment_sums[segment] += loss.detach()
+            segment_counts[segment] += 1
         grad_norm = accelerator.clip_grad_norm_(trained, train.max_grad_norm)
         lr = lr_scheduler.get_last_lr()[0]  # the rate this step applies
         optimizer.step()
@@ -247,9 +253,15 @@ def main(argv: list[str] | None = None) -> Path:
         progress.update(1)
         if step % train.log_every == 0 or step == train.max_steps:
             loss_value = accelerator.reduce(step_loss, "mean").item()
+            sums, counts = accelerator.reduce(segment_sums, "sum"), accelerator.reduce(segment_counts, "sum")
+            per_segment = {f"loss_segment_{k}": (sums[k] / counts[k]).item() for k in range(cfg.student_steps)
+                           if counts[k] > 0}
+            segment_sums.zero_()
+            segment_counts.zero_()
             accelerator.log(
                 {
                     "loss": loss_value,
+                    **per_segment,
                     "grad_norm": float("nan") if grad_norm is None else float(grad_norm),  # None under DeepSpeed
                     "lr": lr,
                 },

@@ -175,6 +175,11 @@ def test_run_writes_a_decoder_checkpoint_and_resumes_exactly(run, tmp_path, caps
         assert (steps[-1] / "decoder" / name).is_file(), name
     losses = _losses(straight)
     assert len(losses) == 3 and all(torch.isfinite(torch.tensor(losses)))
+    rows = list(csv.DictReader(open(straight / "metrics.csv")))
+    segments = [r for r in rows if r["name"].startswith("loss_segment_")]
+    assert len(segments) == 3 and {r["name"] for r in segments} <= {"loss_segment_0", "loss_segment_1"}
+    for r in segments:  # log_every=1: each step's one segment loss is the step's loss
+        assert float(r["value"]) == pytest.approx(losses[int(r["step"]) - 1], rel=1e-6)
     state = json.loads((steps[-1] / "trainer_state.json").read_text())
     assert state["step"] == 3 and len(state["sampler_timesteps"]) == 2
     # the student is a decoder checkpoint like any other, with its sampler recorded
