@@ -50,10 +50,10 @@ from animegamer.models.shot_encoder import ActionAwareEncoder
 from animegamer.models.trained import DECODER_DIR, ENCODER_DIR, save_encoder
 from animegamer.models.weights import load_state_dict_file
 from animegamer.training.batches import resumable_batches
-from animegamer.training.checkpoint import check_resume, load_checkpoint, save_checkpoint, skip_model_weights_in_state
+from animegamer.training.checkpoint import check_resume, save_checkpoint, skip_model_weights_in_state
 from animegamer.training.losses import diffusion_loss
 from animegamer.training.optim import build_optimizer, lr_factor
-from animegamer.training.run import build_accelerator, start_run
+from animegamer.training.run import build_accelerator, restore, start_run
 
 
 class EncoderDecoder(nn.Module):
@@ -165,14 +165,8 @@ def main(argv: list[str] | None = None) -> Path:
         core.decoder.load_trained(path / DECODER_DIR)
 
     # ---- resume: weights, optimizer, lr schedule and every process's RNG; the data order is a function of step
-    step = 0
     set_seed(cfg.seed + accelerator.process_index)  # noise, timesteps, dropout differ per process
-    if resume is not None:
-        try:
-            step = load_checkpoint(accelerator, resume.path, load_weights, train.allow_rng_reset)["step"]
-        except (FileNotFoundError, ValueError) as exc:
-            fail(str(exc))
-        say(f"resumed from {resume.path} at step {step}")
+    step = restore(accelerator, resume, load_weights, train.allow_rng_reset)
     out = start_run(accelerator, cfg, "stage_a", resume)
     batches = resumable_batches(dataset, accelerator, train, cfg.seed, step, cfg.data.num_workers)
 

@@ -35,9 +35,9 @@ from animegamer.io import atomic_write_text
 from animegamer.models.mllm import AnimeGamerMLLM, load_tokenizer
 from animegamer.tokens import TurnLayout, get_vocabulary
 from animegamer.training.batches import resumable_batches
-from animegamer.training.checkpoint import check_resume, load_checkpoint, save_checkpoint, skip_model_weights_in_state
+from animegamer.training.checkpoint import check_resume, save_checkpoint, skip_model_weights_in_state
 from animegamer.training.optim import build_optimizer, build_scheduler
-from animegamer.training.run import build_accelerator, configure_deepspeed, start_run
+from animegamer.training.run import build_accelerator, configure_deepspeed, restore, start_run
 
 LOSS_PARTS = ("loss", "ce", "mse", "cos", "state_acc")
 
@@ -116,13 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     unwrapped = accelerator.unwrap_model(model)
 
-    step = 0
-    if resume is not None:
-        try:
-            step = load_checkpoint(accelerator, resume.path, lambda _path: None, train.allow_rng_reset)["step"]
-        except (FileNotFoundError, ValueError) as exc:
-            fail(str(exc))
-        accelerator.print(f"resumed from {resume.path} at step {step}")
+    step = restore(accelerator, resume, lambda _path: None, train.allow_rng_reset)  # the weights: loaded above
     start_run(accelerator, cfg, "stage_b", resume)
 
     # The sampler, not accelerate, shards batches over ranks: batch b of a run is a pure function of (seed, b).

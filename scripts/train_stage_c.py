@@ -52,10 +52,10 @@ from animegamer.models.mllm import AnimeGamerMLLM, load_tokenizer
 from animegamer.models.trained import DECODER_DIR, load_decoder
 from animegamer.tokens import TurnLayout, get_vocabulary
 from animegamer.training.batches import resumable_batches
-from animegamer.training.checkpoint import check_resume, load_checkpoint, save_checkpoint, skip_model_weights_in_state
+from animegamer.training.checkpoint import check_resume, save_checkpoint, skip_model_weights_in_state
 from animegamer.training.losses import diffusion_loss
 from animegamer.training.optim import build_optimizer, build_scheduler
-from animegamer.training.run import build_accelerator, configure_deepspeed, start_run
+from animegamer.training.run import build_accelerator, configure_deepspeed, restore, start_run
 
 
 def load_frozen_mllm(cfg: StageCConfig, device: torch.device) -> AnimeGamerMLLM:
@@ -180,14 +180,8 @@ def main(argv: list[str] | None = None) -> Path:
         core.load_trained(path / DECODER_DIR)
 
     # ---- resume: weights, optimizer, lr schedule and every process's RNG; the data order is a function of step
-    step = 0
     set_seed(cfg.seed + accelerator.process_index)  # noise, timesteps, dropout differ per process
-    if resume is not None:
-        try:
-            step = load_checkpoint(accelerator, resume.path, load_weights, train.allow_rng_reset)["step"]
-        except (FileNotFoundError, ValueError) as exc:
-            fail(str(exc))
-        say(f"resumed from {resume.path} at step {step}")
+    step = restore(accelerator, resume, load_weights, train.allow_rng_reset)
     start_run(accelerator, cfg, "stage_c", resume)
     batches = resumable_batches(dataset, accelerator, train, cfg.seed, step, cfg.data.num_workers)
 

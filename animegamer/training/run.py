@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +16,10 @@ from accelerate import Accelerator, PartialState
 from accelerate.tracking import GeneralTracker
 from accelerate.utils import ProjectConfiguration, parse_flag_from_env
 
+from animegamer.cli import fail
 from animegamer.config import TrainConfig, to_yaml
 from animegamer.io import atomic_path, atomic_write_json, atomic_write_text
-from animegamer.training.checkpoint import ResumePoint
+from animegamer.training.checkpoint import ResumePoint, load_checkpoint
 
 METRICS_HEADER = ["step", "name", "value", "time"]
 
@@ -115,6 +117,22 @@ def build_accelerator(output_dir: str, train: TrainConfig):
         project_config=project,
         step_scheduler_with_optimizer=False,
     )
+
+
+def restore(
+    accelerator, resume: ResumePoint | None, load_weights: Callable[[Path], None], allow_rng_reset: bool
+) -> int:
+    """The optimizer step a run starts from: 0, or ``resume``'s step once its weights (``load_weights(dir)``),
+    optimizer, scheduler and every process's RNG are restored. A checkpoint that fails to load ends the run with
+    one ``error:`` line naming the file (exit 2)."""
+    if resume is None:
+        return 0
+    try:
+        step = load_checkpoint(accelerator, resume.path, load_weights, allow_rng_reset)["step"]
+    except (FileNotFoundError, ValueError) as exc:  # CheckpointError and DamagedFileError are ValueErrors
+        fail(str(exc))
+    accelerator.print(f"resumed from {resume.path} at step {step}")
+    return step
 
 
 def start_run(accelerator, cfg: Any, project: str, resume: ResumePoint | None = None) -> Path:
