@@ -239,17 +239,19 @@ def _rng_error(problem: str) -> CheckpointError:
     )
 
 
-def _trainer_step(path: Path) -> int:
+def _trainer_state(path: Path) -> dict:
+    """The checkpoint's ``trainer_state.json``, checked to hold a non-negative integer ``step``."""
     state_file = path / "trainer_state.json"
     try:
-        step = json.loads(state_file.read_text())["step"]
+        state = json.loads(state_file.read_text())
+        step = state["step"]
     except FileNotFoundError:
         raise CheckpointError(f"{state_file} is missing: {path} is not a complete checkpoint") from None
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
         raise CheckpointError(f"{state_file}: damaged ({_first_line(exc)})") from None
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise CheckpointError(f"{state_file}: 'step' must be a non-negative integer, got {step!r}")
-    return step
+    return state
 
 
 def check_resume(
@@ -264,7 +266,7 @@ def check_resume(
     path = find_resume(output_dir, resume)
     if path is None:
         return None
-    step = _trainer_step(path)
+    step = _trainer_state(path)["step"]
     try:
         for weights in sorted(path.rglob("*.safetensors")):
             check_safetensors(weights)
@@ -286,8 +288,7 @@ def load_checkpoint(
     A file that fails to load raises :class:`CheckpointError` naming the checkpoint; this process's RNG state must
     be restored (checked against the saved one) unless ``allow_rng_reset``."""
     path = resolve_checkpoint(path)
-    _trainer_step(path)  # a readable trainer_state.json with a valid step
-    state = json.loads((path / "trainer_state.json").read_text())
+    state = _trainer_state(path)
     rng_file = path / RNG_FILE.format(rank=accelerator.process_index)
     saved, problem = read_rng_state(rng_file)
     if problem and not allow_rng_reset:
