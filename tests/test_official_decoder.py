@@ -233,7 +233,9 @@ def test_released_compat_samples_with_the_release_sampler(fresh_decoder, convert
     fixed = decoder.sample(t["s_a"], level, sampling, decode=False)
     decoder.use_compat("released")
     assert decoder.dtype == torch.float16  # the release's fp16 decoder
-    released = decoder.sample(t["s_a"], level, sampling, decode=False)
+    steps_seen = []
+    released = decoder.sample(t["s_a"], level, sampling, decode=False, on_step=lambda *a: steps_seen.append(a))
+    assert steps_seen == [(i, sampling.steps) for i in range(1, sampling.steps + 1)]  # the games' progress line
     settings = decoder.release_sampler
     expected = sample_released(
         decoder, t["s_a"], torch.tensor([15.0]), tuple(released.shape[1:]), settings, sampling.steps,

@@ -517,6 +517,7 @@ class AnimationShotDecoder(nn.Module):
                 sampling.guidance_scale,
                 sampling.dynamic_cfg_exponent,
                 generator=generator,
+                on_step=on_step,
             )
             return self.decode_latents(latents) if decode else latents
         scheduler, scales, latents = self.start_sampling(batch, sampling, generator)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
@@ -123,11 +123,13 @@ def sample_released(
     init_noise: torch.Tensor | None = None,
     quirks: Quirks = RELEASED,
     trace: dict | None = None,
+    on_step: Callable[[int, int], None] | None = None,
 ) -> torch.Tensor:
     """The release's sampler: s_a (B, N, H) and flow values (B,) -> latents x0 (B, F, C, h, w) float32.
 
     ``init_noise`` + ``noises`` inject recorded draws (x_T, then every later draw in order); otherwise they come
     from ``generator``. ``trace``, when given, receives ``x_in`` and ``denoised`` lists (one entry per step).
+    ``on_step(step, steps)`` is called after every step, as by ``AnimationShotDecoder.sample``.
     """
     device = decoder.device
     batch = shot_embeds.shape[0]
@@ -157,6 +159,8 @@ def sample_released(
         if trace is not None:
             trace.setdefault("x_in", []).append(x)
             trace.setdefault("denoised", []).append(denoised)
+        if on_step is not None:
+            on_step(i + 1, steps)
         if i == steps - 1:
             return denoised
         h = lam(a_next) - lam(a)
