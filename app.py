@@ -1,10 +1,12 @@
 """Play AnimeGamer in the browser (Gradio).
 
-    python app.py --config configs/inference.yaml                 # then open http://127.0.0.1:7860
-    python app.py --config configs/tiny/inference.yaml --port 7861  # CPU, tiny models
+    make app                                                             # the shipped SpriteWorld world
+    python app.py --config configs/spriteworld/inference.yaml --port 7861  # the same, on another port
+    python app.py --config configs/inference.yaml                          # full size (converted weights)
 
-Each browser tab plays in its own folder under ``output_dir``; a loaded save is checked as untrusted input and
-only clips inside the tab's folder are ever served.
+then open http://127.0.0.1:7860. The fields offer the world's characters, adverbs, motions and backgrounds (the
+checkpoint's vocabulary.json) and take any other words too. Each browser tab plays in its own folder under
+``output_dir``; a loaded save is checked as untrusted input and only clips inside the tab's folder are ever served.
 """
 
 from __future__ import annotations
@@ -12,22 +14,26 @@ from __future__ import annotations
 from animegamer.cli import fail, no_bars_in_logs, parse_config
 from animegamer.config import InferenceConfig
 from animegamer.inference.session import build_session
-from animegamer.inference.web import build_app
+from animegamer.inference.vocabulary import load_vocabulary
+from animegamer.inference.web import APP_CSS, build_app
 
 
 def main(argv: list[str] | None = None) -> None:
     def flags(parser):
-        parser.add_argument("--host", default="127.0.0.1", help="address to serve on")
-        parser.add_argument("--port", type=int, default=7860)
+        parser.add_argument("--host", default="127.0.0.1", help="address to serve on (0.0.0.0: every interface)")
+        parser.add_argument("--port", type=int, default=7860, help="port to serve on")
 
     cfg, args = parse_config(InferenceConfig, __doc__, argv, extra=flags)
     no_bars_in_logs()
     try:
+        vocabulary = load_vocabulary(cfg.mllm_checkpoint)
         template = build_session(cfg)
-    except FileNotFoundError as exc:  # a checkpoint path, found before any model loads
+    except (FileNotFoundError, ValueError) as exc:  # a weights path or a vocabulary file, before any model loads
         fail(str(exc))
-    app = build_app(template.predictor, template.renderer, cfg.history_turns, cfg.output_dir, seed=cfg.seed)
-    app.launch(server_name=args.host, server_port=args.port)
+    app = build_app(template.predictor, template.renderer, cfg.history_turns, cfg.output_dir, seed=cfg.seed,
+                    vocabulary=vocabulary)
+    print(f"AnimeGamer: open http://{args.host}:{args.port} in a browser (Ctrl-C here stops the server)", flush=True)
+    app.launch(server_name=args.host, server_port=args.port, css=APP_CSS, quiet=True)
 
 
 if __name__ == "__main__":

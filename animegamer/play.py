@@ -66,8 +66,8 @@ class ProgressLine:
     def __init__(self, out: TextIO, prefix: str):
         self.out, self.prefix, self.width, self.start = out, prefix, 0, time.monotonic()
 
-    def __call__(self, stage: str) -> None:
-        text = f"{self.prefix}{stage}  ({time.monotonic() - self.start:.0f} s)"
+    def __call__(self, stage: str, done: float) -> None:
+        text = f"{self.prefix}{stage}  {100 * done:3.0f}%  ({time.monotonic() - self.start:.0f} s)"
         self.out.write("\r" + text.ljust(self.width))
         self.width = len(text)
         self.out.flush()

@@ -133,20 +133,20 @@ def test_gradio_app_plays_two_turns_and_rejects_empty(tiny_cfg, tmp_path):
 
     from animegamer.inference.web import build_app, compose_instruction
 
-    assert compose_instruction("Qiqi", "gently", "lie down", "night", "bedroom", "") == \
+    assert compose_instruction("Qiqi", "gently", "lie down", "night bedroom", "") == \
         "Character: Qiqi; Motion: gently lie down; Background: night bedroom."
-    assert compose_instruction("", "", "", "", "", "  dance  ") == "dance"
+    assert compose_instruction("", "", "", "", "  dance  ") == "dance"
     template = build_session(tiny_cfg)
     app = build_app(template.predictor, template.renderer, 2, tmp_path / "web")
     app.launch(server_name="127.0.0.1", prevent_thread_lock=True, quiet=True)
     try:
         client = Client(app.local_url, verbose=False)
-        first = client.predict("Qiqi", "quickly", "run", "", "park", "", api_name="/play")
-        second = client.predict("Qiqi", "", "eat", "night", "kitchen", "", api_name="/play")
-        empty = client.predict("", "", "", "", "", "", api_name="/play")
+        first = client.predict("Qiqi", "quickly", "run", "park", "", api_name="/play")
+        second = client.predict("Qiqi", "", "eat", "night kitchen", "", api_name="/play")
+        empty = client.predict("", "", "", "", "", api_name="/play")
     finally:
         app.close()
-    status, video, stamina, social, ent, history = second
+    status, video, bars, history = second
     assert "Turn 1" in status and video is not None
     assert len(history["data"]) == 2 and history["data"][1][0] == 1
     assert "Turn 0" in first[0]

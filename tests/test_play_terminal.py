@@ -74,7 +74,7 @@ def test_hints_warnings_progress_and_help(shipped, tmp_path):
     # the progress line on a terminal: each stage in place (\r), then cleared before the turn's result
     progress = text[text.index("turn 0: MLLM"):text.index("turn 0: Character: Bob")]
     stages = [part.strip() for part in progress.split("\r") if part.strip()]
-    assert [s.split("  (")[0] for s in stages] == ["turn 0: MLLM: the next game state", "turn 0: denoising 1/2",
+    assert [s.split("  ")[0] for s in stages] == ["turn 0: MLLM: the next game state", "turn 0: denoising 1/2",
                                                     "turn 0: denoising 2/2", "turn 0: decoding",
                                                     "turn 0: writing the clip"]
     assert "backgrounds: evening park, morning bedroom" in text and "play ball with Luna" in text  # :help

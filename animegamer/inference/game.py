@@ -28,7 +28,6 @@ from animegamer.inference.saved import SAVE_FORMAT, read_save, turn_key
 from animegamer.models.weights import save_state_dict_file
 from animegamer.states import MAX_INSTRUCTION_CHARS, CharacterState, StateValues, parse_instruction
 
-
 SAVE_NAME = "game.save"  # a game's default save file, inside its own output directory
 
 
@@ -51,7 +50,8 @@ class ShotRenderer(Protocol):
         ...
 
 
-Progress = Callable[[str], None]  # hears what a turn is doing now: "MLLM", "denoising 3/20", "decoding", ...
+# hears what a turn is doing now ("MLLM: ...", "denoising 3/20", "decoding", ...) and the fraction of it done
+Progress = Callable[[str, float], None]
 
 
 @dataclass
@@ -109,7 +109,7 @@ class GameSession:
         parsed = parse_instruction(instruction, max_chars=self.max_instruction_chars)
         text = parsed.render()
         if progress:
-            progress("MLLM: the next game state")
+            progress("MLLM: the next game state", 0.0)
         prediction = self.predictor.predict_turn(self.history(), text)
         index = len(self.turns)
         turn = Turn(
@@ -130,9 +130,11 @@ class GameSession:
         if self.renderer is None:
             return
         shot = (turn.shot_embeds, turn.values.motion_level, turn_seed(self.seed, turn.index))
-        frames = self.renderer.render(*shot, progress=progress) if progress else self.renderer.render(*shot)
-        if progress:
-            progress("writing the clip")
+        if progress:  # the MLLM took the first tenth of the turn (a guess: it varies with the models' sizes)
+            frames = self.renderer.render(*shot, progress=lambda stage, done: progress(stage, 0.1 + 0.85 * done))
+            progress("writing the clip", 0.95)
+        else:
+            frames = self.renderer.render(*shot)
         stem = Path(self.output_dir) / f"turn_{turn.index:03d}"
         turn.clip = str(write_mp4(stem.with_suffix(".mp4"), frames, fps=self.renderer.fps))
         turn.gif = str(write_gif(stem.with_suffix(".gif"), frames, fps=self.renderer.fps))

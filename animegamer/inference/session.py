@@ -95,10 +95,11 @@ class DecoderRenderer:
         self.fps = sampling.fps
 
     def render(self, shot_embeds: torch.Tensor, motion_level: int, seed: int,
-               progress: Callable[[str], None] | None = None) -> np.ndarray:
-        """``progress`` hears "denoising step/steps" after every step, then "decoding"."""
+               progress: Callable[[str, float], None] | None = None) -> np.ndarray:
+        """``progress`` hears "denoising step/steps" after every step, then "decoding", with the fraction done
+        (the decode counted as one more step)."""
         generator = torch.Generator().manual_seed(seed)
-        on_step = (lambda step, steps: progress(f"denoising {step}/{steps}")) if progress else None
+        on_step = (lambda step, steps: progress(f"denoising {step}/{steps}", step / (steps + 1))) if progress else None
         with on_device(self.decoder, self.device, self.offload):
             latents = self.sampler.latents(
                 shot_embeds[None].to(self.decoder.dtype),  # (1, N, H)
@@ -107,7 +108,7 @@ class DecoderRenderer:
                 on_step=on_step,
             )  # (1, F, C, h, w)
             if progress:
-                progress("decoding")
+                progress("decoding", 1 - 1 / (self.sampling.steps + 1))
             frames = self.decoder.decode_latents(latents)  # (1, T, H, W, 3) uint8
         return frames[0].numpy()
 

@@ -1,29 +1,40 @@
-"""The browser game (Gradio): structured fields or free text, the clip of each turn, the bars, the history.
+"""The browser game (Gradio): the world's words as choices (free text allowed), the clip of each turn shown large,
+read-only bars, a history table that fits, a progress bar while a turn runs.
 
 Built by :func:`build_app` around a shared predictor + renderer; every browser tab has its own game
 (a :class:`GameSession` in ``gr.State``, in its own directory). Input is validated before any model runs; a failed
-turn or a bad save shows the error in the status line and leaves the game as it was.
+turn or a bad save shows the error in the status line and leaves the game as it was. The choices, the example
+instruction and the warnings about words the model never saw come from the checkpoint's vocabulary
+(:mod:`animegamer.inference.vocabulary`).
 """
 
 from __future__ import annotations
 
+import html
 import tempfile
 from pathlib import Path
 
-from animegamer.inference.game import GameSession, ShotRenderer, StatePredictor
+from animegamer.data.video import read_video, write_mp4
+from animegamer.inference.contact_sheet import readable_factor, upscale
+from animegamer.inference.game import SAVE_NAME, GameSession, Progress, ShotRenderer, StatePredictor
+from animegamer.inference.vocabulary import Vocabulary
 from animegamer.io import path_inside
-from animegamer.states import STATE_MAX, TagError, parse_instruction
+from animegamer.states import STATE_MAX, CharacterState, TagError, parse_instruction
 
-HISTORY_COLUMNS = ["turn", "instruction", "level", "social", "entertainment", "stamina delta", "stamina", "social bar",
-                   "entertainment bar"]
+HISTORY_COLUMNS = ["turn", "instruction", "level", "social", "ent.", "stamina ±", "stamina · social · ent."]
+HISTORY_WIDTHS = ["7%", "47%", "8%", "8%", "7%", "9%", "14%"]
+BARS = (("stamina", "#2e9e5b"), ("social", "#2f7bd8"), ("entertainment", "#d8902f"))
+CLIP_HEIGHT = 384  # pixels the clip is shown at; small clips are enlarged (nearest neighbour) to about this
+# pixel-sharp enlargement in the browser too, and the clip as large as its box
+APP_CSS = "#clip video { image-rendering: pixelated; width: 100%; height: 100%; object-fit: contain; }"
 
 
-def compose_instruction(character: str, adverb: str, motion: str, time: str, background: str, free_text: str) -> str:
-    """Free text wins; otherwise the structured form from the fields (adverb joins motion, time joins background)."""
+def compose_instruction(character: str, adverb: str, motion: str, background: str, free_text: str) -> str:
+    """Free text wins; otherwise the structured form from the fields (the adverb goes before the motion)."""
     if free_text and free_text.strip():
         return free_text.strip()
     motion_text = " ".join(x.strip() for x in (adverb, motion) if x and x.strip())
-    place = " ".join(x.strip() for x in (time, background) if x and x.strip())
+    place = (background or "").strip()
     if not (character or "").strip() and not motion_text and not place:
         return ""
     return f"Character: {(character or '').strip()}; Motion: {motion_text}; Background: {place}."
@@ -32,8 +43,38 @@ def compose_instruction(character: str, adverb: str, motion: str, time: str, bac
 def history_rows(session: GameSession | None) -> list[list]:
     if session is None:
         return []
-    return [[t.index, t.instruction, t.values.motion_level, t.values.social, t.values.entertainment, t.values.stamina,
-             t.state.stamina, t.state.social, t.state.entertainment] for t in session.turns]
+    return [[t.index, t.instruction, t.values.motion_level, t.values.social, t.values.entertainment,
+             f"{t.values.stamina:+d}", f"{t.state.stamina} · {t.state.social} · {t.state.entertainment}"]
+            for t in session.turns]
+
+
+def bars_html(session: GameSession | None) -> str:
+    """The character's three bars as static HTML (a picture, nothing to drag)."""
+    state = session.state if session is not None else CharacterState()
+    rows = []
+    for name, colour in BARS:
+        value = getattr(state, name)
+        percent = 100 * max(0, min(STATE_MAX, value)) / STATE_MAX
+        rows.append(
+            f'<div class="ag-bar" data-name="{name}" data-value="{value}" style="margin:6px 0">'
+            f'<div style="display:flex;justify-content:space-between"><span>{html.escape(name)}</span>'
+            f"<b>{value}</b></div>"
+            f'<div style="background:#ddd;border-radius:4px;height:14px">'
+            f'<div style="width:{percent:.0f}%;background:{colour};height:14px;border-radius:4px"></div></div></div>')
+    return "".join(rows)
+
+
+def large_clip(clip: Path) -> Path:
+    """``clip`` enlarged by nearest neighbour to about :data:`CLIP_HEIGHT` rows, beside it (``<stem>_xN.mp4``);
+    the clip itself when it is large already. Written once per clip."""
+    frames, fps = read_video(clip)  # (T, H, W, 3)
+    factor = readable_factor(frames.shape[1], CLIP_HEIGHT)
+    if factor == 1:
+        return clip
+    large = clip.with_name(f"{clip.stem}_x{factor}.mp4")
+    if not large.is_file():
+        write_mp4(large, upscale(frames, factor), fps=fps)
+    return large
 
 
 class WebGame:
@@ -45,8 +86,9 @@ class WebGame:
     """
 
     def __init__(self, predictor: StatePredictor, renderer: ShotRenderer | None, history_turns: int,
-                 output_dir: str | Path, seed: int = 42):
+                 output_dir: str | Path, seed: int = 42, vocabulary: Vocabulary | None = None):
         self.predictor, self.renderer, self.history_turns, self.seed = predictor, renderer, history_turns, seed
+        self.vocabulary = vocabulary
         self.output_dir = Path(output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
 
@@ -56,31 +98,33 @@ class WebGame:
                            seed=self.seed)
 
     def view(self, session: GameSession | None, status: str):
-        """(session, status, clip path or None, stamina, social, entertainment, history rows)."""
-        state = session.state if session is not None else None
+        """(session, status, clip path or None, bars HTML, history rows); the clip enlarged for the page."""
         clip = None
         if session is not None and session.turns and session.turns[-1].clip:
             try:
-                clip = str(path_inside(session.output_dir, session.turns[-1].clip))
+                clip = str(large_clip(path_inside(session.output_dir, session.turns[-1].clip)))
             except ValueError:  # never reached by the game's own clips; a guard for whatever else set the path
                 clip = None
-        bars = [getattr(state, n) if state else 50 for n in ("stamina", "social", "entertainment")]
-        return (session, status, clip, *bars, history_rows(session))
+        return (session, status, clip, bars_html(session), history_rows(session))
 
-    def play(self, character, adverb, motion, time, background, free_text, session):
-        text = compose_instruction(character, adverb, motion, time, background, free_text)
+    def play(self, character, adverb, motion, background, free_text, session, progress: Progress | None = None):
+        text = compose_instruction(character, adverb, motion, background, free_text)
         try:
             parse_instruction(text)  # validated before any model runs
         except TagError as exc:
             return self.view(session, f"**Not played:** {exc}")
         session = session or self.new_session()
+        warnings = self.vocabulary.unknown_words(text) if self.vocabulary else []
         try:
-            turn = session.play(text)
+            turn = session.play(text, progress)
         except Exception as exc:  # a turn may fail in a model; the game must survive it
             return self.view(session, f"**Turn failed:** {type(exc).__name__}: {exc}")
         v = turn.values
-        return self.view(session, f"Turn {turn.index}: motion level {v.motion_level}, social {v.social}, "
-                                  f"entertainment {v.entertainment}, stamina {v.stamina:+d}")
+        status = (f"Turn {turn.index}: motion level {v.motion_level}, social {v.social}, "
+                  f"entertainment {v.entertainment}, stamina {v.stamina:+d}")
+        if warnings:
+            status += "  \n*The model guessed: " + "; ".join(warnings) + ".*"
+        return self.view(session, status)
 
     def undo(self, session):
         if session is None or not session.turns:
@@ -91,7 +135,7 @@ class WebGame:
     def save(self, session):
         if session is None or not session.turns:
             return None, "Nothing to save yet."
-        path = session.save(Path(session.output_dir) / "game.save")
+        path = session.save(Path(session.output_dir) / SAVE_NAME)
         return str(path), f"Saved {len(session.turns)} turns."
 
     def load(self, file, session):
@@ -115,39 +159,52 @@ class WebGame:
 
 
 def build_app(predictor: StatePredictor, renderer: ShotRenderer | None, history_turns: int, output_dir: str | Path,
-              seed: int = 42, title: str = "AnimeGamer"):
+              seed: int = 42, title: str = "AnimeGamer", vocabulary: Vocabulary | None = None):
+    """The Gradio app; launch it with ``css=APP_CSS`` (pixel-sharp clip)."""
     import gradio as gr
 
-    game = WebGame(predictor, renderer, history_turns, output_dir, seed=seed)
+    game = WebGame(predictor, renderer, history_turns, output_dir, seed=seed, vocabulary=vocabulary)
+
+    def choice(label: str, entries: tuple[str, ...], value: str | None = None):
+        """A dropdown of the world's words that takes any other text too."""
+        return gr.Dropdown(choices=list(entries), value=value, label=label, allow_custom_value=True, filterable=True,
+                           elem_id=f"field-{label.lower()}")
+
+    # Gradio finds its progress tracker by this default value and passes a live one in its place
+    def play(character, adverb, motion, background, free_text, session, progress=gr.Progress()):  # noqa: B008
+        return game.play(character, adverb, motion, background, free_text, session,
+                         progress=lambda stage, done: progress(done, desc=stage))
+
+    words = vocabulary or Vocabulary((), (), (), ())
+    example = vocabulary.placeholder() if vocabulary else "Character: Qiqi; Motion: happily eat; Background: park."
     with gr.Blocks(title=title) as app:
-        gr.Markdown(f"# {title}\nDescribe what your character does next; the game renders the shot and updates "
-                    "the character's stamina, social and entertainment.")
+        gr.Markdown(f"# {title}\nChoose what your character does next (or type your own words); the game renders the "
+                    "shot and updates the character's stamina, social and entertainment.")
         session_state = gr.State(None)
         with gr.Row():
-            character = gr.Textbox(label="Character", value="Qiqi")
-            adverb = gr.Textbox(label="Adverb", placeholder="gently")
-            motion = gr.Textbox(label="Motion", placeholder="lie down")
-            time = gr.Textbox(label="Time", placeholder="night")
-            background = gr.Textbox(label="Background", placeholder="bedroom")
-        free_text = gr.Textbox(label="…or free text (overrides the fields)")
+            character = choice("Character", words.characters, words.characters[0] if words.characters else None)
+            adverb = choice("Adverb", words.adverbs)
+            motion = choice("Motion", words.motions)
+            background = choice("Background", words.backgrounds)
+        free_text = gr.Textbox(label="…or a whole instruction (overrides the fields)", placeholder=example,
+                               elem_id="free-text")
         with gr.Row():
-            play_button = gr.Button("Play turn", variant="primary")
-            undo_button = gr.Button("Undo")
-            save_button = gr.Button("Save")
-        status = gr.Markdown()
+            play_button = gr.Button("Play turn", variant="primary", elem_id="play")
+            undo_button = gr.Button("Undo", elem_id="undo")
+            save_button = gr.Button("Save", elem_id="save")
+        status = gr.Markdown(elem_id="status")
         with gr.Row():
-            video = gr.Video(label="Clip", autoplay=True)
-            with gr.Column():
-                stamina = gr.Slider(0, STATE_MAX, value=50, label="Stamina", interactive=False)
-                social = gr.Slider(0, STATE_MAX, value=50, label="Social", interactive=False)
-                entertainment = gr.Slider(0, STATE_MAX, value=50, label="Entertainment", interactive=False)
-        history = gr.Dataframe(headers=HISTORY_COLUMNS, label="History", interactive=False)
+            video = gr.Video(label="Clip", autoplay=True, loop=True, height=CLIP_HEIGHT, elem_id="clip", scale=3)
+            with gr.Column(scale=1):
+                bars = gr.HTML(bars_html(None), label="Character", elem_id="bars")
+        history = gr.Dataframe(headers=HISTORY_COLUMNS, label="History", interactive=False, wrap=True,
+                               column_widths=HISTORY_WIDTHS, elem_id="history")
         with gr.Row():
-            saved_file = gr.File(label="Saved game")
-            load_file = gr.File(label="Load a saved game", type="filepath")
-            load_button = gr.Button("Load")
-        outputs = [session_state, status, video, stamina, social, entertainment, history]
-        play_button.click(game.play, [character, adverb, motion, time, background, free_text, session_state], outputs,
+            saved_file = gr.File(label="Saved game", elem_id="saved-file")
+            load_file = gr.File(label="Load a saved game", type="filepath", elem_id="load-file")
+            load_button = gr.Button("Load", elem_id="load")
+        outputs = [session_state, status, video, bars, history]
+        play_button.click(play, [character, adverb, motion, background, free_text, session_state], outputs,
                           api_name="play")
         undo_button.click(game.undo, [session_state], outputs, api_name="undo")
         save_button.click(game.save, [session_state], [saved_file, status], api_name="save")
