@@ -18,7 +18,8 @@ replaces the level by the null level 0 (a value of its own for the embedding) an
 it, so guidance amplifies what the level changes as much as what s_a changes. A trained checkpoint records which of
 the two it learned, and loading it adopts that (it decides how the checkpoint samples).
 
-Trained parts only (LoRA in peft layout + the motion embedding) are saved and loaded, as safetensors.
+Trained parts only (LoRA in peft layout + the motion embedding) are saved and loaded, as safetensors
+(:mod:`animegamer.models.decoder_parts`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import torch
 from torch import nn
 
 from animegamer.config import DecoderConfig, SamplingConfig
+from animegamer.models.decoder_parts import load_parts, save_parts
 from animegamer.models.sampling import (
     DTYPES,
     build_scheduler,
@@ -41,13 +43,7 @@ from animegamer.models.sampling import (
     vae_decode,
     vae_encode,
 )
-from animegamer.models.weights import load_state_dict_file, save_state_dict_file
 
-ADAPTER_CONFIG = "adapter_config.json"
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
-MOTION_WEIGHTS = "motion_embedding.safetensors"
-DECODER_CONFIG = "decoder_config.json"
-NULL_SHOT_WEIGHTS = "null_shot_embeds.safetensors"  # converted release: its unconditional tokens (N, H)
 NULL_MOTION_LEVEL = 0  # the unconditional level of ``motion_guidance`` decoders (real levels are 1..5)
 
 
@@ -105,7 +101,7 @@ class AnimationShotDecoder(nn.Module):
 
         self.lora_rank, self.lora_alpha, self.lora_targets = lora_rank, lora_alpha, list(lora_targets)
         if lora_rank > 0:
-            transformer.add_adapter(self._lora_config())
+            transformer.add_adapter(self.lora_config())
         if motion_guidance and not motion_scope:
             raise ValueError("motion_guidance needs the motion scope (motion_scope=true)")
         self.motion_scope = motion_scope
@@ -171,7 +167,8 @@ class AnimationShotDecoder(nn.Module):
             motion_guidance=cfg.motion_guidance,
         )
 
-    def _lora_config(self):
+    def lora_config(self):
+        """The peft LoraConfig of this decoder's LoRA (rank, alpha, target modules)."""
         from peft import LoraConfig
 
         return LoraConfig(
@@ -201,87 +198,14 @@ class AnimationShotDecoder(nn.Module):
             linear.bias.copy_(bias)
 
     def save_trained(self, out_dir: str | Path) -> None:
-        """Write the trained parts: ``adapter_config.json`` + ``adapter_model.safetensors`` (peft layout),
-        ``motion_embedding.safetensors`` and ``decoder_config.json`` (the settings they need)."""
-        from peft.utils import get_peft_model_state_dict
-
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        if self.lora_rank > 0:
-            self._lora_config().save_pretrained(str(out))
-            save_state_dict_file(get_peft_model_state_dict(self.transformer), out / ADAPTER_WEIGHTS)
-        if self.motion_scope:
-            save_state_dict_file(self.transformer.ofs_embedding.state_dict(), out / MOTION_WEIGHTS)
-        settings = {
-            "lora_rank": self.lora_rank,
-            "lora_alpha": self.lora_alpha,
-            "lora_targets": self.lora_targets,
-            "motion_scope": self.motion_scope,
-            "num_motion_levels": self.num_motion_levels,
-            "motion_guidance": self.motion_guidance,
-        }
-        if self.motion_values is not None:
-            settings["motion_values"] = self.motion_values
-        if self.layernorm_eps:
-            settings["layernorm_eps"] = self.layernorm_eps
-        if self.release_sampler is not None:
-            settings["release_sampler"] = self.release_sampler
-        if self.null_shot is not None:
-            save_state_dict_file({"null_shot_embeds": self.null_shot}, out / NULL_SHOT_WEIGHTS)
-        from animegamer.io import atomic_write_json
-
-        atomic_write_json(out / DECODER_CONFIG, settings)
+        """Write the trained parts (LoRA, motion embedding) and the settings they need; the files are listed in
+        :mod:`animegamer.models.decoder_parts`."""
+        save_parts(self, out_dir)
 
     def load_trained(self, in_dir: str | Path) -> None:
-        """Load what :meth:`save_trained` wrote; the LoRA/motion settings must match this decoder's.
-
-        ``motion_guidance`` is taken from the checkpoint (files without it: False): how the level was dropped in
-        training decides how the checkpoint samples.
-        """
-        from peft import LoraConfig
-        from peft.utils import set_peft_model_state_dict
-
-        src = Path(in_dir)
-        if not (src / DECODER_CONFIG).is_file():
-            raise FileNotFoundError(f"no trained decoder at {src} (missing {DECODER_CONFIG})")
-        saved = json.loads((src / DECODER_CONFIG).read_text())
-        mine = {"lora_rank": self.lora_rank, "motion_scope": self.motion_scope}
-        if any(saved.get(k) != v for k, v in mine.items()):
-            raise ValueError(f"{src}: trained with {saved}, but this decoder is configured with {mine}")
-        if self.lora_rank > 0:
-            lora = LoraConfig.from_pretrained(str(src))
-            if lora.r != self.lora_rank or lora.lora_alpha != self.lora_alpha:
-                raise ValueError(f"{src}: LoRA r={lora.r} alpha={lora.lora_alpha} does not match decoder config")
-            result = set_peft_model_state_dict(self.transformer, load_state_dict_file(src / ADAPTER_WEIGHTS))
-            unexpected = getattr(result, "unexpected_keys", None) or []
-            if unexpected:
-                raise ValueError(f"{src / ADAPTER_WEIGHTS}: unexpected LoRA weights {unexpected[:3]}")
-        if self.motion_scope:
-            self.transformer.ofs_embedding.load_state_dict(load_state_dict_file(src / MOTION_WEIGHTS))
-        self.motion_guidance = bool(saved.get("motion_guidance", False))
-        self._load_release_settings(src, saved)
-
-    def _load_release_settings(self, src: Path, saved: dict) -> None:
-        """Adopt what a converted official checkpoint records (absent keys: our own decoder's behaviour)."""
-        values = saved.get("motion_values")
-        if values is not None and len(values) != self.num_motion_levels:
-            raise ValueError(f"{src}: motion_values has {len(values)} entries for {self.num_motion_levels} levels")
-        self.motion_values = [float(v) for v in values] if values is not None else None
-        self.layernorm_eps = {str(k): float(v) for k, v in saved.get("layernorm_eps", {}).items()}
-        modules = dict(self.transformer.named_modules())
-        for name, eps in self.layernorm_eps.items():
-            if not isinstance(modules.get(name), nn.LayerNorm):
-                raise ValueError(f"{src}: layernorm_eps names {name!r}, not a LayerNorm of the transformer")
-            modules[name].eps = eps
-        self.release_sampler = saved.get("release_sampler")
-        null = None
-        if (src / NULL_SHOT_WEIGHTS).is_file():
-            null = load_state_dict_file(src / NULL_SHOT_WEIGHTS)["null_shot_embeds"]
-            expected = (self.num_condition_tokens, self.hidden_size)
-            if tuple(null.shape) != expected:
-                raise ValueError(f"{src / NULL_SHOT_WEIGHTS}: shape {tuple(null.shape)}, the decoder needs {expected}")
-            null = null.float().to(self.device)
-        self.null_shot = null
+        """Load what :meth:`save_trained` wrote; the LoRA/motion settings must match this decoder's, and
+        ``motion_guidance`` (and a converted release's settings) are taken from the checkpoint."""
+        load_parts(self, in_dir)
 
     # ------------------------------------------------------------------ inference fast path
 

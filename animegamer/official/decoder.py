@@ -249,7 +249,7 @@ def convert_decoder(
     from peft import LoraConfig
 
     from animegamer.io import atomic_write_json
-    from animegamer.models.decoder import ADAPTER_WEIGHTS, DECODER_CONFIG, MOTION_WEIGHTS, NULL_SHOT_WEIGHTS
+    from animegamer.models.decoder_parts import ADAPTER_WEIGHTS, DECODER_CONFIG, MOTION_WEIGHTS, NULL_SHOT_WEIGHTS
     from animegamer.models.weights import save_state_dict_file
 
     spec = read_model_yaml(model_yaml)
