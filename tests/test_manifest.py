@@ -68,7 +68,7 @@ def test_sample_split_spreads_tagged_clips_of_the_split_films(tmp_path):
         manifest.sample_split("val", 2)
 
 
-def test_split_clips_reads_and_samples_or_exits_with_one_line(tmp_path):
+def test_split_clips_reads_and_samples_or_exits_with_one_line(tmp_path, capsys):
     from animegamer.cli import split_clips
 
     tags = "<S>Qiqi</S><MD>run</MD><EV>park</EV><ML>3</ML><MA>quickly</MA><SC>0</SC><ET>0</ET><ST>-1</ST>"
@@ -76,7 +76,9 @@ def test_split_clips_reads_and_samples_or_exits_with_one_line(tmp_path):
     write_manifest(tmp_path / "clips.jsonl", records, {"splits": {"train": ["a"], "test": []}})
     manifest, picks = split_clips(str(tmp_path / "clips.jsonl"), "train", 2)
     assert len(manifest) == 4 and [r.clip_id for r in picks] == ["a_00000", "a_00003"]
-    with pytest.raises(SystemExit, match="error: .*no tagged clips in the 'test' films"):
-        split_clips(str(tmp_path / "clips.jsonl"), "test", 2)
-    with pytest.raises(SystemExit, match="error: manifest not found"):
-        split_clips(str(tmp_path / "missing.jsonl"), "train", 2)
+    for path, split, message in (("clips.jsonl", "test", "no tagged clips in the 'test' films"),
+                                 ("missing.jsonl", "train", "manifest not found")):
+        with pytest.raises(SystemExit) as exc:
+            split_clips(str(tmp_path / path), split, 2)
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and err.startswith("error: ") and message in err and err.count("\n") == 1
