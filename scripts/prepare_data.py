@@ -49,6 +49,9 @@ import json
 import multiprocessing
 import sys
 import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -114,8 +117,8 @@ def load_finished(film_dir: Path, signature: dict) -> dict | None:
 def cut_films(cfg: PrepareDataConfig, films: dict[str, Path], cut: CutSettings, motion: MotionSettings):
     """Stages 1-2 over all films; returns (per-film saved results, film ids cut in this run, skipped films).
 
-    A KeyboardInterrupt stops the workers at once (they ignore SIGINT; the pool is terminated): films finished
-    so far have their film.json written and are kept.
+    A KeyboardInterrupt stops the workers at once (they ignore SIGINT and are terminated): films finished so far
+    have their film.json written and are kept.
     """
     out = Path(cfg.output_dir)
     done: dict[str, dict] = {}
@@ -134,6 +137,7 @@ def cut_films(cfg: PrepareDataConfig, films: dict[str, Path], cut: CutSettings, 
     fresh: set[str] = set()
 
     def finish(result: FilmResult, bar: tqdm) -> None:
+        bar.update()
         if result.error:
             skipped[result.source] = result.error
             bar.write(f"skipped {result.source}: {result.error}")
@@ -162,16 +166,36 @@ def cut_films(cfg: PrepareDataConfig, films: dict[str, Path], cut: CutSettings, 
         if cfg.workers <= 1 or len(jobs) <= 1:
             for job in jobs:
                 finish(process_film(job), bar)
-                bar.update()
         else:
-            # spawn: fresh interpreters, no inherited OpenCV/torch thread pools or locks. Leaving the block
-            # (also on Ctrl-C) terminates the workers instead of waiting for their films.
-            context = multiprocessing.get_context("spawn")
-            with context.Pool(min(cfg.workers, len(jobs)), initializer=init_worker) as pool:
-                for result in pool.imap_unordered(process_film, jobs):
-                    finish(result, bar)
-                    bar.update()
+            pooled_films(jobs, cfg.workers, lambda result: finish(result, bar))
     return done, fresh, skipped
+
+
+def pooled_films(jobs: list[FilmJob], workers: int, on_result: Callable[[FilmResult], None]) -> None:
+    """``on_result(process_film(job))`` for every job, run in worker processes, in the order films finish.
+
+    A worker that dies (killed, e.g. out of memory) breaks the pool: the films not finished by then come back with
+    ``error`` set (tried again on the next run) instead of the run hanging or ending in a traceback. An exception
+    (Ctrl-C, also inside ``on_result``) terminates the workers at once instead of waiting for their films.
+    """
+    # spawn: fresh interpreters, no inherited OpenCV/torch thread pools or locks
+    context = multiprocessing.get_context("spawn")
+    pool = ProcessPoolExecutor(min(workers, len(jobs)), mp_context=context, initializer=init_worker)
+    died = "not cut: a worker process died (killed, out of memory?)"
+    try:
+        futures = {pool.submit(process_film, job): job for job in jobs}
+        for future in as_completed(futures):
+            try:
+                result = future.result()
+            except BrokenProcessPool:
+                result = FilmResult(futures[future].film_id, futures[future].path, error=died)
+            on_result(result)
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        for process in multiprocessing.active_children():  # the pool's workers: they ignore SIGINT
+            process.terminate()
+        raise
+    pool.shutdown()
 
 
 def assign_levels(cfg: PrepareDataConfig, records: list[ClipRecord], motion: MotionSettings) -> dict:
