@@ -245,3 +245,27 @@ def test_ctrl_c_stops_at_once_and_keeps_finished_films(tmp_path):
     assert finished and not (out / "clips.jsonl").exists()
     summary = load_script().main(args(films, out, "workers=1"))
     assert summary["films_already_done"] == len(finished) and summary["films_cut"] == 6 - len(finished)
+
+
+def test_a_killed_worker_skips_its_films_instead_of_hanging(tmp_path):
+    import multiprocessing
+    import signal
+
+    script = load_script()
+    films = tmp_path / "films"
+    for i in range(4):
+        make_film(films / f"film{i}.mp4", seconds=12.25, cuts=(4.25, 8.25), speed=1.0 + i, seed=i)
+    cut = script.CutSettings(height=48, width=64)
+    jobs = [script.FilmJob(str(path), path.stem, str(tmp_path / "out"), cut) for path in sorted(films.iterdir())]
+    results = []
+
+    def on_result(result):  # the first film back: every worker is killed, as the OOM killer would
+        if not results:
+            for process in multiprocessing.active_children():
+                os.kill(process.pid, signal.SIGKILL)
+        results.append(result)
+
+    script.pooled_films(jobs, 2, on_result)  # returns (it hung forever with multiprocessing.Pool)
+    assert sorted(r.film_id for r in results) == [job.film_id for job in jobs]
+    died = [r for r in results if r.error]
+    assert died and all("worker process died" in r.error for r in died)
