@@ -276,6 +276,9 @@ def prepare(cfg: PrepareDataConfig) -> dict:
     if not films:
         fail(f"no film files found in {cfg.films}")
     cut = CutSettings.from_config(cfg)
+    if cut.frames_per_clip < 2:
+        fail(f"clip_seconds={cfg.clip_seconds} at fps={cfg.fps} gives {cut.frames_per_clip} frame(s) per clip; "
+             "a clip needs at least 2")
     registry = captioner = None
     if cfg.caption:
         try:

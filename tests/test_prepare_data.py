@@ -156,6 +156,9 @@ def test_bad_config_fails_before_any_work(tmp_path, capsys):
     with pytest.raises(SystemExit):
         script.main(args(tmp_path / "a.mp4", tmp_path / "out", "caption=true", "characters=nobody.json"))
     assert "character registry not found: nobody.json" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # a clip of one frame (was: every film skipped with a ZeroDivisionError)
+        script.main(args(tmp_path / "a.mp4", tmp_path / "out", "clip_seconds=0.05"))
+    assert "a clip needs at least 2" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 
