@@ -76,7 +76,8 @@ def test_hints_warnings_progress_and_help(shipped, tmp_path):
     stages = [part.strip() for part in progress.split("\r") if part.strip()]
     assert [s.split("  ")[0] for s in stages] == ["turn 0: MLLM: the next game state", "turn 0: denoising 1/2",
                                                     "turn 0: denoising 2/2", "turn 0: decoding",
-                                                    "turn 0: writing the clip"]
+                                                    f"turn 0: first 3 frames: {tmp_path / 'turn_000.gif'}",
+                                                    "turn 0: writing the clip"]  # SpriteWorld: 3 of 9 frames first
     assert "backgrounds: evening park, morning bedroom" in text and "play ball with Luna" in text  # :help
     assert final.turns == [] and "before leaving" not in text  # undone: nothing to save
 

@@ -1,5 +1,6 @@
 """Streaming decode: the VAE's frames chunk by chunk, together exactly the whole decode."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -28,3 +29,43 @@ def test_chunks_make_up_the_whole_decode(tiny_cogvideox_dir):
     tiled = list(decode_chunks(vae, latents))
     assert len(tiled) == 1
     torch.testing.assert_close(tiled[0], vae_decode(vae, latents), rtol=0, atol=0)
+
+
+def _gif_frames(path) -> int:
+    from PIL import Image
+
+    with Image.open(path) as image:
+        return image.n_frames
+
+
+def test_the_game_writes_the_first_frames_before_the_rest(tiny_cogvideox_dir, tmp_path):
+    """A 17-frame clip decodes in two chunks: its gif holds the first 9 frames while the rest decodes."""
+    from animegamer.config import SamplingConfig
+    from animegamer.inference.game import GameSession, Turn
+    from animegamer.inference.session import DecoderRenderer
+    from animegamer.models.decoder import AnimationShotDecoder
+    from animegamer.states import CharacterState, StateValues
+
+    torch.manual_seed(0)
+    decoder = AnimationShotDecoder.from_config(DecoderConfig(pretrained=str(tiny_cogvideox_dir), lora_rank=4,
+                                                             lora_alpha=4, motion_embed_dim=16, dtype="fp32")).eval()
+    sampling = SamplingConfig(steps=2, height=48, width=64, num_frames=17)
+    renderer = DecoderRenderer(decoder, sampling, "cpu")
+    chunks = []
+    frames = renderer.render(torch.randn(226, 32), 3, seed=1, on_frames=lambda *c: chunks.append(c))
+    assert [(len(f), i, n) for f, i, n in chunks] == [(9, 0, 2), (8, 1, 2)]
+    assert (np.concatenate([f for f, _, _ in chunks]) == frames).all() and frames.shape == (17, 48, 64, 3)
+
+    gif = tmp_path / "turn_000.gif"
+    heard = []
+
+    def progress(text, done):
+        heard.append(text)
+        if text.startswith("first 9 frames"):  # the gif on disk now: the first chunk only
+            assert _gif_frames(gif) == 9
+
+    game = GameSession(None, renderer, output_dir=tmp_path, seed=0)
+    turn = Turn(0, "instruction", StateValues(3, 0, 0, 0), CharacterState(), torch.randn(226, 32), 10)
+    game.render_turn(turn, progress)
+    assert f"first 9 frames: {gif}" in heard and heard[-1] == "writing the clip"
+    assert turn.gif == str(gif) and _gif_frames(gif) == 17

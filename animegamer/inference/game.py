@@ -44,9 +44,9 @@ class ShotRenderer(Protocol):
     fps: int
 
     def render(self, shot_embeds: torch.Tensor, motion_level: int, seed: int) -> np.ndarray:
-        """(N, H) shot representation -> (T, H, W, 3) uint8 frames. A renderer that reports its progress takes a
-        ``progress`` keyword too (:class:`animegamer.inference.session.DecoderRenderer`); it is passed only when a
-        game shows progress."""
+        """(N, H) shot representation -> (T, H, W, 3) uint8 frames. A renderer that reports its progress takes
+        ``progress`` and ``on_frames`` keywords too (:class:`animegamer.inference.session.DecoderRenderer`: the
+        clip's frames chunk by chunk as they are decoded); they are passed only when a game shows progress."""
         ...
 
 
@@ -130,12 +130,20 @@ class GameSession:
         if self.renderer is None:
             return
         shot = (turn.shot_embeds, turn.values.motion_level, turn_seed(self.seed, turn.index))
+        stem = Path(self.output_dir) / f"turn_{turn.index:03d}"
+
+        def first_frames(frames, index: int, count: int) -> None:
+            """The clip's first decoded chunk goes to its gif at once (replaced by the whole clip below)."""
+            if index == 0 and count > 1:
+                gif = write_gif(stem.with_suffix(".gif"), frames, fps=self.renderer.fps)
+                progress(f"first {len(frames)} frames: {gif}", 0.9)
+
         if progress:  # the MLLM took the first tenth of the turn (a guess: it varies with the models' sizes)
-            frames = self.renderer.render(*shot, progress=lambda stage, done: progress(stage, 0.1 + 0.85 * done))
+            frames = self.renderer.render(*shot, progress=lambda stage, done: progress(stage, 0.1 + 0.85 * done),
+                                          on_frames=first_frames)
             progress("writing the clip", 0.95)
         else:
             frames = self.renderer.render(*shot)
-        stem = Path(self.output_dir) / f"turn_{turn.index:03d}"
         turn.clip = str(write_mp4(stem.with_suffix(".mp4"), frames, fps=self.renderer.fps))
         turn.gif = str(write_gif(stem.with_suffix(".gif"), frames, fps=self.renderer.fps))
 

@@ -26,6 +26,7 @@ from animegamer.inference.game import GameSession
 from animegamer.inference.mllm_runner import HistoryTurn, MLLMRunner, TurnPrediction
 from animegamer.models.fp8 import quantize_transformer_fp8
 from animegamer.models.sampling_presets import PresetSampler, check_render_options
+from animegamer.models.streaming import decode_chunks, latent_frame_batches
 from animegamer.training.checkpoint import resolve_checkpoint
 
 
@@ -95,9 +96,12 @@ class DecoderRenderer:
         self.fps = sampling.fps
 
     def render(self, shot_embeds: torch.Tensor, motion_level: int, seed: int,
-               progress: Callable[[str, float], None] | None = None) -> np.ndarray:
+               progress: Callable[[str, float], None] | None = None,
+               on_frames: Callable[[np.ndarray, int, int], None] | None = None) -> np.ndarray:
         """``progress`` hears "denoising step/steps" after every step, then "decoding", with the fraction done
-        (the decode counted as one more step)."""
+        (the decode counted as one more step). The VAE decodes the clip chunk by chunk
+        (animegamer.models.streaming); ``on_frames(frames (t, H, W, 3), index, count)`` gets each chunk as soon as
+        it is decoded, so the first frames can be shown before the rest (together: the returned frames)."""
         generator = torch.Generator().manual_seed(seed)
         on_step = (lambda step, steps: progress(f"denoising {step}/{steps}", step / (steps + 1))) if progress else None
         with on_device(self.decoder, self.device, self.offload):
@@ -109,8 +113,13 @@ class DecoderRenderer:
             )  # (1, F, C, h, w)
             if progress:
                 progress("decoding", 1 - 1 / (self.sampling.steps + 1))
-            frames = self.decoder.decode_latents(latents)  # (1, T, H, W, 3) uint8
-        return frames[0].numpy()
+            count = len(latent_frame_batches(latents.shape[1], self.decoder.vae.num_latent_frames_batch_size))
+            chunks = []
+            for index, chunk in enumerate(decode_chunks(self.decoder.vae, latents)):  # (1, t, H, W, 3) uint8
+                chunks.append(chunk[0].numpy())
+                if on_frames is not None:
+                    on_frames(chunks[-1], index, count)
+        return np.concatenate(chunks)  # (T, H, W, 3)
 
 
 def weights_hint(key: str, path: str) -> str:
