@@ -173,6 +173,41 @@ def _check_shape(tensor: torch.Tensor | tuple[int, ...], shape: tuple[int, ...],
         raise ReleaseFileError(f"{where}: {key} has shape {found}, expected {tuple(shape)}")
 
 
+def _check_resamplers(resamplers: dict[str, torch.Tensor], hidden: int, where: str) -> tuple[int, int]:
+    """(shot_dim, Linear layers per resampler) of the two resamplers, checked: Linear-GELU-Linear... with the inner
+    layers at the output width (our ShotResampler), input shot_dim -> hidden, output hidden -> shot_dim."""
+    shot_dim = None
+    depth = {}
+    for which in RESAMPLERS:
+        linears = sorted({int(k.split(".")[2]) for k in resamplers if k.startswith(which)})
+        if not linears or linears != list(range(0, 2 * len(linears), 2)):
+            raise ReleaseFileError(f"{where}: {which}.proj layers {linears} are not Linear, GELU, Linear, ...")
+        depth[which] = len(linears)
+        for index in linears:
+            for part in ("weight", "bias"):
+                if f"{which}.mlp.{index}.{part}" not in resamplers:
+                    raise ReleaseFileError(f"{where}: {which}.proj.{index}.{part} is missing")
+        first = resamplers[f"{which}.mlp.0.weight"]
+        outer_in, width = int(first.shape[1]), int(first.shape[0])
+        if which == "input_resampler":
+            shot_dim = outer_in
+            if width != hidden:
+                raise ReleaseFileError(f"{where}: input_resampler maps to {width}, the LLM width is {hidden}")
+        elif outer_in != hidden or width != shot_dim:
+            raise ReleaseFileError(f"{where}: output_resampler is {outer_in} -> {width}, not {hidden} -> {shot_dim}")
+        for index in linears:
+            _check_shape(
+                resamplers[f"{which}.mlp.{index}.weight"],
+                (width, outer_in if index == 0 else width),
+                f"{which}.proj.{index}.weight",
+                where,
+            )
+            _check_shape(resamplers[f"{which}.mlp.{index}.bias"], (width,), f"{which}.proj.{index}.bias", where)
+    if depth["input_resampler"] != depth["output_resampler"]:
+        raise ReleaseFileError(f"{where}: the resamplers have different depths {depth}")
+    return shot_dim, depth["input_resampler"]
+
+
 def _shards(items: Iterator[tuple[str, torch.Tensor]], limit: int) -> Iterator[dict[str, torch.Tensor]]:
     shard: dict[str, torch.Tensor] = {}
     size = 0
@@ -268,36 +303,7 @@ def convert_agent(
     if lora_cfg["target_modules"] is not None and sorted(set(lora_cfg["target_modules"])) != targets:
         raise ReleaseFileError(f"{llm_yaml}: target_modules {lora_cfg['target_modules']} but the agent has {targets}")
 
-    # resamplers: Linear-GELU-Linear with the inner layer at the output width (our ShotResampler)
-    shot_dim = None
-    depth = {}
-    for which in RESAMPLERS:
-        linears = sorted({int(k.split(".")[2]) for k in resamplers if k.startswith(which)})
-        if not linears or linears != list(range(0, 2 * len(linears), 2)):
-            raise ReleaseFileError(f"{where}: {which}.proj layers {linears} are not Linear, GELU, Linear, ...")
-        depth[which] = len(linears)
-        for index in linears:
-            for part in ("weight", "bias"):
-                if f"{which}.mlp.{index}.{part}" not in resamplers:
-                    raise ReleaseFileError(f"{where}: {which}.proj.{index}.{part} is missing")
-        first = resamplers[f"{which}.mlp.0.weight"]
-        outer_in, width = int(first.shape[1]), int(first.shape[0])
-        if which == "input_resampler":
-            shot_dim = outer_in
-            if width != hidden:
-                raise ReleaseFileError(f"{where}: input_resampler maps to {width}, the LLM width is {hidden}")
-        elif outer_in != hidden or width != shot_dim:
-            raise ReleaseFileError(f"{where}: output_resampler is {outer_in} -> {width}, not {hidden} -> {shot_dim}")
-        for index in linears:
-            _check_shape(
-                resamplers[f"{which}.mlp.{index}.weight"],
-                (width, outer_in if index == 0 else width),
-                f"{which}.proj.{index}.weight",
-                where,
-            )
-            _check_shape(resamplers[f"{which}.mlp.{index}.bias"], (width,), f"{which}.proj.{index}.bias", where)
-    if depth["input_resampler"] != depth["output_resampler"]:
-        raise ReleaseFileError(f"{where}: the resamplers have different depths {depth}")
+    shot_dim, layers_per_resampler = _check_resamplers(resamplers, hidden, where)
 
     # every base weight, from the agent or else from base_dir, checked against the config's shapes
     fallback = _BaseWeights(base_dir)
@@ -394,7 +400,7 @@ def convert_agent(
             "vocabulary": RELEASED.name,
             "num_slots": num_slots,
             "shot_dim": shot_dim,
-            "resampler_layers": depth["input_resampler"],
+            "resampler_layers": layers_per_resampler,
             "resampler_gelu": "erf",
             "lora_rank": lora_cfg["r"],
             "lora_alpha": lora_cfg["lora_alpha"],
