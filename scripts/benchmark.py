@@ -155,7 +155,7 @@ def merge_existing(result: dict, earlier: dict, measured: set[str]) -> None:
 def parse(argv: list[str] | None) -> BenchmarkConfig:
     def flags(parser):
         parser.add_argument("--preset", choices=sorted(PRESET_CONFIGS), help="model sizes (picks the config too)")
-        parser.add_argument("--device", choices=["cuda", "cpu"])
+        parser.add_argument("--device", choices=["cuda", "cpu"], help="shortcut for device=...")
 
     cfg, args = parse_config(BenchmarkConfig, __doc__, argv, extra=flags)
     overrides = list(args.overrides)

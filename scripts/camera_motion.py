@@ -60,8 +60,8 @@ def make_clip(background, subject, height, width, pan: float, mover: float, coun
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--height", type=int, default=480)
-    parser.add_argument("--width", type=int, default=720)
+    parser.add_argument("--height", type=int, default=480, help="frame height of the synthetic clips")
+    parser.add_argument("--width", type=int, default=720, help="frame width of the synthetic clips")
     parser.add_argument("--preset", default="medium", help="DIS preset as in configs/prepare_data.yaml")
     args = parser.parse_args()
 

@@ -34,7 +34,8 @@ def synthetic_clip(num_frames: int, height: int, width: int) -> np.ndarray:
 def main() -> None:
     def flags(parser):
         parser.add_argument("--video", help="clip to encode (default: a synthetic clip)")
-        parser.add_argument("--text", default="Character: Qiqi; Motion: quickly run; Background: park.")
+        parser.add_argument("--text", default="Character: Qiqi; Motion: quickly run; Background: park.",
+                            help="the motion description encoded with the clip")
         parser.add_argument("--encoder-weights", help="trained encoder safetensors")
 
     cfg, args = parse_config(StageAConfig, __doc__, extra=flags)

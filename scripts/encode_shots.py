@@ -27,7 +27,8 @@ def main(argv: list[str] | None = None) -> Path:
     def flags(parser):
         parser.add_argument("--checkpoint", help="stage (a) checkpoint (default: the latest in output_dir)")
         parser.add_argument("--out", help="output TensorStore (default: output_dir/shot_targets)")
-        parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+        parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                            help="where the encoder runs (default: cuda when available)")
 
     cfg, args = parse_config(StageAConfig, __doc__, argv, extra=flags)
     try:

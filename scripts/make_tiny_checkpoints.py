@@ -14,7 +14,7 @@ from animegamer import tiny
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="checkpoints/tiny", help="output directory")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     args = parser.parse_args()
     written = tiny.build_all(Path(args.out), seed=args.seed)
     for name, path in written.items():

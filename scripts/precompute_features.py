@@ -20,7 +20,8 @@ from animegamer.data.features import precompute_features
 
 def main(argv: list[str] | None = None) -> None:
     def flags(parser):
-        parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+        parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                            help="where the feature models run (default: cuda when available)")
         parser.add_argument("--retry-skipped", action="store_true", help="try clips listed in skipped.json again")
         parser.add_argument("--shard-size", type=int, default=32, help="clips per safetensors shard")
 

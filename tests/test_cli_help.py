@@ -1,9 +1,13 @@
 """--help: config keys with their descriptions from config.py's comments, examples that fit the command, the
 usage line as the user typed it; missing weights are one line that says what to do."""
 
+import argparse
+import importlib.util
+import inspect
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -125,3 +129,29 @@ def test_split_clips_bad_manifest_exits_2(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         split_clips(str(tmp_path / "clips.jsonl"), "test", 4)
     assert exc.value.code == 2 and capsys.readouterr().err.startswith("error: ")
+
+
+ROOT = Path(__file__).resolve().parents[1]
+ENTRY_POINTS = sorted([p.name for p in ROOT.glob("*.py")] + [f"scripts/{p.name}" for p in ROOT.glob("scripts/*.py")])
+
+
+class _ParserBuilt(Exception):
+    """Raised in place of argument parsing: the test only needs the parser."""
+
+
+@pytest.mark.parametrize("script", ENTRY_POINTS)
+def test_every_flag_of_every_entry_point_has_help(script, monkeypatch):
+    built = []
+
+    def capture(self, args=None, namespace=None):
+        built.append(self)
+        raise _ParserBuilt
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", capture)
+    monkeypatch.setattr(sys, "argv", [script])
+    spec = importlib.util.spec_from_file_location(Path(script).stem, ROOT / script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with pytest.raises(_ParserBuilt):
+        module.main(*([[]] if inspect.signature(module.main).parameters else []))
+    assert [a.option_strings or a.dest for a in built[0]._actions if not a.help] == []
