@@ -1,8 +1,8 @@
 """Render the clips of a game played by inference_MLLM.py: one mp4 + gif per turn, the whole game, a contact sheet.
 
-    python inference_MLLM.py --config configs/inference.yaml game=game_demo/demo.txt
-    python inference_Decoder.py --config configs/inference.yaml
-    python inference_Decoder.py --config configs/tiny/inference.yaml         # CPU, tiny models
+    python inference_MLLM.py --config configs/spriteworld/inference.yaml     # CPU, the shipped SpriteWorld world
+    python inference_Decoder.py --config configs/spriteworld/inference.yaml  # (the two = make demo)
+    python inference_Decoder.py --config configs/inference.yaml              # full size, converted weights
 
 Reads ``output_dir`` (the MLLM results: game.json, turn_XXX/shot_embeds.safetensors, turn_XXX/state.json) and
 writes beside them::

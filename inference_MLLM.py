@@ -1,8 +1,8 @@
 """Play a game file with the MLLM: per turn the predicted shot representation, state values and character state.
 
-    python inference_MLLM.py --config configs/inference.yaml game=game_demo/demo.txt
-    python inference_MLLM.py --config configs/tiny/inference.yaml            # CPU, tiny Mistral
-    python inference_Decoder.py --config configs/inference.yaml              # then render the clips
+    python inference_MLLM.py --config configs/spriteworld/inference.yaml   # CPU, the shipped SpriteWorld world
+    python inference_Decoder.py --config configs/spriteworld/inference.yaml  # then render its clips (= make demo)
+    python inference_MLLM.py --config configs/inference.yaml game=game_demo/demo.txt   # full size, converted weights
 
 The game file holds one instruction per line (``Character: …; Motion: …; Background: ….`` or free text; blank lines
 and ``#`` comments skipped). Every instruction is checked before any model is loaded: an empty, over-long (more
