@@ -33,6 +33,7 @@ from animegamer.official.sampler import (
     sampler_schedule,
     snap_to_table,
 )
+from tests.pickle_trap import PickleTrap
 
 REF = Path(os.environ.get("ANIMEGAMER_OFFICIAL_REF", Path(__file__).parent / "data" / "official_ref"))
 
@@ -287,16 +288,6 @@ def test_layernorm_eps_follow_the_release(decoder, ref):
         assert block.attn1.norm_k.eps == eps[f"mixins.adaln_layer.key_layernorm_list.{i}"]
 
 
-class Hostile:
-    """Unpickling this would run a shell command; the release reader must refuse it instead."""
-
-    def __init__(self, marker: Path):
-        self.marker = marker
-
-    def __reduce__(self):
-        return (os.system, (f"touch {self.marker}",))
-
-
 def _copy_ckpt(tmp_path) -> tuple[Path, Path, dict]:
     src = REF / "decoder_ckpt"
     dst = tmp_path / "ckpt"
@@ -323,7 +314,7 @@ def _damage(kind: str, pt: Path, obj: dict, ckpt: Path, marker: Path) -> str:
     if kind == "not_sat":
         torch.save(module, pt)  # a bare state dict, no 'module'
         return "module"
-    torch.save({**obj, "payload": Hostile(marker)}, pt)
+    torch.save({**obj, "payload": PickleTrap(marker)}, pt)
     return "refused"
 
 

@@ -21,6 +21,7 @@ from animegamer.models.mllm import AnimeGamerMLLM
 from animegamer.official import agent
 from animegamer.official.mllm import convert_agent
 from animegamer.official.release_io import ReleaseFileError
+from tests.pickle_trap import PickleTrap
 
 TOL = 1e-4  # relative L2; the README: ~1e-6 is reachable in float32
 AGENT_BIN = REF_DIR / "mllm_agent" / "pytorch_model.bin"
@@ -174,11 +175,6 @@ def test_release_parse():
 # ---------------------------------------------------------------------- refused inputs: one line, nothing written
 
 
-class _Hostile:
-    def __reduce__(self):
-        return (print, ("this must never run",))
-
-
 def _refused(release_inputs, tmp_path, agent_bin, match, **kwargs):
     out = tmp_path / "out"
     with pytest.raises(ReleaseFileError, match=match) as info:
@@ -188,14 +184,14 @@ def _refused(release_inputs, tmp_path, agent_bin, match, **kwargs):
     assert not out.exists() or not any(out.iterdir())
 
 
-def test_hostile_and_malformed_files_refused(release_inputs, tmp_path, capsys):
-    hostile = tmp_path / "hostile.bin"
+def test_hostile_and_malformed_files_refused(release_inputs, tmp_path):
+    hostile, marker = tmp_path / "hostile.bin", tmp_path / "code_ran"
     with open(hostile, "wb") as fh:
-        pickle.dump({"llm.base_model.model.lm_head.weight": _Hostile()}, fh)
+        pickle.dump({"llm.base_model.model.lm_head.weight": PickleTrap(marker)}, fh)
     _refused(release_inputs, tmp_path, hostile, "refused|not a readable")
-    torch.save({"w": _Hostile()}, tmp_path / "hostile_zip.bin")
+    torch.save({"w": PickleTrap(marker)}, tmp_path / "hostile_zip.bin")
     _refused(release_inputs, tmp_path, tmp_path / "hostile_zip.bin", "refused")
-    assert "must never run" not in capsys.readouterr().out
+    assert not marker.exists()
     garbage = tmp_path / "garbage.bin"
     garbage.write_bytes(b"PK\x03\x04 not really a zip" * 10)
     _refused(release_inputs, tmp_path, garbage, "not a readable")

@@ -1,22 +1,12 @@
 """The release's pickles are read without executing code, and anything but weights is refused with one line."""
 
-import os
 import pickle
 
 import pytest
 import torch
 
 from animegamer.official.release_io import ReleaseFileError, load_release_pickle, tensor_dict
-
-
-class _Hostile:
-    """Unpickling this would create ``marker``: what a hostile release file could run instead."""
-
-    def __init__(self, marker):
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return (os.makedirs, (self.marker,))
+from tests.pickle_trap import PickleTrap
 
 
 def test_plain_weights_load_memory_mapped(tmp_path):
@@ -30,8 +20,8 @@ def test_hostile_pickle_is_refused_without_running(tmp_path):
     path = tmp_path / "evil.bin"
     marker = tmp_path / "ran"
     with open(path, "wb") as f:
-        pickle.dump({"x": _Hostile(marker)}, f)
-    torch.save({"payload": _Hostile(marker)}, tmp_path / "evil_zip.bin")
+        pickle.dump({"x": PickleTrap(marker)}, f)
+    torch.save({"payload": PickleTrap(marker)}, tmp_path / "evil_zip.bin")
     for p in (path, tmp_path / "evil_zip.bin"):
         with pytest.raises(ReleaseFileError, match="refused"):
             load_release_pickle(p)

@@ -27,6 +27,7 @@ from animegamer.training.checkpoint import (
 )
 from animegamer.training.optim import build_optimizer, build_scheduler, lr_factor
 from animegamer.training.run import build_accelerator, start_run, trim_metrics
+from tests.pickle_trap import PickleTrap
 
 
 def test_sampler_is_a_pure_function_of_position():
@@ -154,21 +155,11 @@ def test_a_missing_rng_state_fails_unless_allowed_and_then_is_recorded(tmp_path,
         check_resume(tmp_path, "latest", num_processes=2)
 
 
-class _Trap:
-    """Unpickling this creates ``path``: what a hostile RNG file could run instead."""
-
-    def __init__(self, path):
-        self.path = str(path)
-
-    def __reduce__(self):
-        return (os.makedirs, (self.path,))
-
-
 def test_an_rng_state_holding_code_is_refused_and_never_run(tmp_path):
     _toy_run(tmp_path, 2)
     marker = tmp_path / "code_ran"
     rng = tmp_path / "checkpoints" / "step_0000002" / "random_states_0.pkl"
-    torch.save({"random_state": _Trap(marker)}, rng)
+    torch.save({"random_state": PickleTrap(marker)}, rng)
     with pytest.raises(CheckpointError, match=r"random_states_0\.pkl cannot be read"):
         check_resume(tmp_path, "latest", num_processes=1)
     with pytest.raises(CheckpointError, match=r"random_states_0\.pkl cannot be read"):
