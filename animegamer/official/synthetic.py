@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from animegamer.cli import fail
+
 LLM = "llm.base_model.model."
 RELEASE_FRAME_TOKENS = 256  # <frame_00000> … <frame_00255> open the release tokenizer's added tokens
 
@@ -137,8 +139,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     from transformers import AutoTokenizer
 
-    vocab_total = len(AutoTokenizer.from_pretrained(args.tokenizer))
-    base_vocab = AutoTokenizer.from_pretrained(args.tokenizer).vocab_size
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+    except (OSError, ValueError) as exc:
+        fail(f"{args.tokenizer}: not a readable tokenizer ({str(exc).splitlines()[0]})")
+    vocab_total, base_vocab = len(tokenizer), tokenizer.vocab_size
     config = {
         "hidden_size": args.hidden_size,
         "intermediate_size": args.hidden_size * 11 // 4,
@@ -169,7 +174,7 @@ def main(argv: list[str] | None = None) -> None:
         }
         result = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(child_args)], capture_output=True, text=True)
         if result.returncode != 0:
-            raise SystemExit(f"error: the conversion failed: {result.stderr.strip().splitlines()[-1]}")
+            fail(f"the conversion failed: {result.stderr.strip().splitlines()[-1]}")
         report = {
             "agent_file_mb": agent.stat().st_size / 1024**2,
             "shard_mb": args.shard_mb,
