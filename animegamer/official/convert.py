@@ -8,13 +8,13 @@
       inference.yaml    what inference_MLLM.py, inference_Decoder.py, python -m animegamer.play and app.py take
       conversion.json   what was converted, from which files, with which sizes
 
-Everything is built in a temp directory beside ``out`` and renamed to ``out`` at the end: a bad input leaves nothing.
+Everything is built in a temp directory beside ``out``, flushed to disk and renamed to ``out`` at the end: a bad input
+or a crash leaves nothing half written.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -24,6 +24,7 @@ import yaml
 
 from animegamer.io import atomic_write_json, atomic_write_text
 from animegamer.official.release_io import ReleaseFileError
+from animegamer.training.checkpoint import replace_dir
 
 INFERENCE_FILE = "inference.yaml"
 SUMMARY_FILE = "conversion.json"
@@ -147,9 +148,7 @@ def convert_release(
             },
         }
         atomic_write_json(work / SUMMARY_FILE, json.loads(json.dumps(summary, default=str)))
-        if out.exists():
-            out.rmdir()  # empty (checked above)
-        os.replace(work, out)
+        replace_dir(work, out)  # fsynced, then renamed in (an existing out is empty: checked above)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return summary
