@@ -130,8 +130,9 @@ def weights_hint(key: str, path: str) -> str:
     if key.endswith("_checkpoint"):
         return (f"train it first, point {key}= at a trained checkpoint or set {key}='' to run untrained parts; "
                 "to play now: make play (the shipped SpriteWorld world)")
-    return ("convert the released AnimeGamer weights with scripts/convert_official.py (checkpoints/README.md), "
-            "or play the shipped SpriteWorld world: make play (--config configs/spriteworld/inference.yaml)")
+    return ("convert the released AnimeGamer weights with scripts/convert_official.py (README: 'Play the released "
+            "weights'), or play the shipped SpriteWorld world: make play "
+            "(--config configs/spriteworld/inference.yaml)")
 
 
 def check_checkpoints(cfg: InferenceConfig, mllm: bool = True, decoder: bool = True) -> None:
