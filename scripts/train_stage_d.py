@@ -99,8 +99,11 @@ def latent_shape(cfg: StageDConfig, decoder: AnimationShotDecoder) -> tuple[int,
     """(F, C, h, w) of a ``teacher.num_frames`` x ``teacher.height`` x ``teacher.width`` clip, from the VAE's
     config alone (training never loads the VAE)."""
     path = Path(cfg.decoder.pretrained) / "vae" / "config.json"
-    vae = json.loads(path.read_text())
-    temporal, spatial = int(vae["temporal_compression_ratio"]), 2 ** (len(vae["block_out_channels"]) - 1)
+    try:
+        vae = json.loads(path.read_text())
+        temporal, spatial = int(vae["temporal_compression_ratio"]), 2 ** (len(vae["block_out_channels"]) - 1)
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{path}: not a CogVideoX VAE config ({exc})") from None
     s = cfg.teacher
     if (s.num_frames - 1) % temporal or s.height % spatial or s.width % spatial:
         raise ValueError(f"teacher: {s.num_frames} frames at {s.height}x{s.width}: need frames = {temporal}k + 1 "
