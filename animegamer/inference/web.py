@@ -14,7 +14,7 @@ import html
 import tempfile
 from pathlib import Path
 
-from animegamer.data.video import read_video, write_mp4
+from animegamer.data.video import VideoReadError, probe_video, read_video, write_mp4
 from animegamer.inference.contact_sheet import readable_factor, upscale
 from animegamer.inference.game import SAVE_NAME, GameSession, Progress, ShotRenderer, StatePredictor
 from animegamer.inference.vocabulary import Vocabulary
@@ -66,15 +66,16 @@ def bars_html(session: GameSession | None) -> str:
 
 def large_clip(clip: Path) -> Path:
     """``clip`` enlarged by nearest neighbour to about :data:`CLIP_HEIGHT` rows, beside it (``<stem>_xN.mp4``);
-    the clip itself when it is large already. Written once per clip."""
-    frames, fps = read_video(clip)  # (T, H, W, 3)
-    factor = readable_factor(frames.shape[1], CLIP_HEIGHT)
-    if factor == 1:
+    the clip itself when it is large already, or when it cannot be read (the page then shows it small)."""
+    try:
+        factor = readable_factor(probe_video(clip).height, CLIP_HEIGHT)
+        large = clip.with_name(f"{clip.stem}_x{factor}.mp4")
+        if factor > 1 and not large.is_file():  # written once per clip
+            frames, fps = read_video(clip)  # (T, H, W, 3)
+            write_mp4(large, upscale(frames, factor), fps=fps)
+    except (VideoReadError, OSError, ValueError):
         return clip
-    large = clip.with_name(f"{clip.stem}_x{factor}.mp4")
-    if not large.is_file():
-        write_mp4(large, upscale(frames, factor), fps=fps)
-    return large
+    return large if factor > 1 else clip
 
 
 class WebGame:
