@@ -102,7 +102,11 @@ def read_lines(lines: TextIO, out: TextIO, prompt=None) -> Iterator[str]:
 def autosave(session: GameSession, out: TextIO) -> None:
     """Leaving with unsaved turns saves them to the game's directory instead of losing them."""
     if session.unsaved and session.turns:
-        path = session.save(Path(session.output_dir) / SAVE_NAME)
+        try:
+            path = session.save(Path(session.output_dir) / SAVE_NAME)
+        except OSError as exc:  # a full disk: say so, the game ends either way
+            print(f"error: could not save the game before leaving: {exc}", file=out)
+            return
         print(f"saved {len(session.turns)} turns to {path} before leaving (continue with :load {path})", file=out)
 
 
