@@ -229,3 +229,27 @@ def test_configs_line_up_with_stage_c():
         assert d.student_steps == 4 and d.teacher.scheduler == "ddim"
     paper = load_config(ROOT / "configs" / "stage_d.yaml")
     assert (paper.teacher.steps, paper.teacher.guidance_scale, paper.teacher.num_frames) == (50, 6.0, 17)
+
+
+def test_two_processes(run, tmp_path):
+    """The same script under accelerate with 2 CPU processes (DDP): one run, every rank's RNG state saved."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    out = tmp_path / "ddp"
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
+           str(port), str(ROOT / "scripts" / "train_stage_d.py"),
+           *_argv(run, out, "train.max_steps=2", "train.batch_size=1", "train.checkpoint_every=2")]
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((out / "run_info.json").read_text())["num_processes"] == 2
+    step = out / "checkpoints" / "step_0000002"
+    assert (step / "random_states_1.pkl").is_file() and (step / "decoder" / SAMPLER_FILE).is_file()
+    assert all(torch.isfinite(torch.tensor(_losses(out))))
