@@ -57,6 +57,8 @@ def check_render_options(cfg, device: str) -> None:
     from animegamer.models.fp8 import fp8_unavailable
 
     if cfg.sampling.preset == "distilled":
+        if cfg.fast:
+            raise ValueError("fast=true and sampling.preset=distilled are two different samplers: pick one")
         if cfg.compat == "released":
             raise ValueError("sampling.preset=distilled samples with the stage (d) student; compat=released samples "
                              "with the release's own sampler: use compat=fixed")
