@@ -235,13 +235,13 @@ def convert_decoder(
     out_dir: str | Path,
     model_yaml: str | Path | None = None,
     base_dir: str | Path | None = None,
-    overwrite: bool = False,
 ) -> dict:
     """Convert the release's SAT decoder directory into ``out_dir/CogVideoX/`` and ``out_dir/decoder/``.
 
     ``model_yaml`` is the release's SAT model YAML (None: the released CogVideoX-2B values); ``base_dir`` a diffusers
     CogVideoX-2b folder whose ``vae/`` and ``scheduler/`` are hard-linked (or copied) beside the transformer.
-    Everything is built in a temp dir inside ``out_dir`` and renamed into place at the end: a bad input raises
+    ``out_dir/CogVideoX`` and ``out_dir/decoder`` must not exist yet (FileExistsError). Everything is built in a
+    temp dir inside ``out_dir`` and renamed into place at the end: a bad input raises
     :class:`ReleaseFileError` (one line naming the file) and leaves nothing behind. Returns a JSON-able summary
     with the ``decoder_config`` / ``sampling`` overrides an inference.yaml needs.
     """
@@ -264,8 +264,8 @@ def convert_decoder(
     out = Path(out_dir)
     targets = {"CogVideoX": out / "CogVideoX", "decoder": out / "decoder"}
     existing = [str(p) for p in targets.values() if p.exists()]
-    if existing and not overwrite:
-        raise FileExistsError(f"{existing[0]} exists (pass overwrite to replace it)")
+    if existing:
+        raise FileExistsError(f"{existing[0]} exists; choose a new output directory")
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".decoder-convert.", dir=out))
     try:
@@ -300,8 +300,6 @@ def convert_decoder(
         atomic_write_json(decoder_dir / DECODER_CONFIG, settings)
 
         for name, target in targets.items():
-            if target.exists():
-                shutil.rmtree(target)
             if (tmp / name).exists():
                 os.replace(tmp / name, target)
     finally:
