@@ -118,6 +118,11 @@ def test_exact_resume_and_checkpoint_files(tmp_path):
     with pytest.raises(FileNotFoundError):
         resolve_checkpoint(tmp_path / "nothing")
     assert find_resume(tmp_path / "empty", "latest") is None and find_resume(tmp_path, "") is None
+    # a latest file names a step directory beside it, never a path out of the checkpoint folder
+    (tmp_path / "a" / "checkpoints" / "latest").write_text(f"../../b/checkpoints/{ckpts[0].name}\n")
+    for path in (tmp_path / "a", tmp_path / "a" / "checkpoints" / "latest"):
+        with pytest.raises(FileNotFoundError, match="not a step_N directory"):
+            resolve_checkpoint(path)
 
 
 # ---------------------------------------------------------------- resume safety (issue 22)

@@ -87,15 +87,22 @@ def list_checkpoints(output_dir: str | Path) -> list[Path]:
     return sorted(done, key=lambda p: int(p.name[len(STEP_PREFIX) :]))
 
 
+def _latest_step_dir(latest: Path) -> Path:
+    """The step directory a ``latest`` file names: a bare ``step_X`` beside it, never a path elsewhere (a
+    checkpoint folder may come from someone else)."""
+    name = latest.read_text(errors="replace").strip()
+    if not STEP_DIR.fullmatch(name):
+        raise FileNotFoundError(f"checkpoint not found: {latest} names {name[:60]!r}, not a {STEP_PREFIX}N directory")
+    return latest.parent / name
+
+
 def resolve_checkpoint(path: str | Path) -> Path:
     """A checkpoint directory from a path that may be a run dir, its ``checkpoints/latest`` file, or a step dir."""
     path = Path(path)
     if path.is_file() and path.name == "latest":
-        path = path.parent / path.read_text().strip()
-    elif path.name == "latest" and not path.exists() and (path.parent / "latest").is_file():
-        path = path.parent / (path.parent / "latest").read_text().strip()
+        path = _latest_step_dir(path)
     elif (path / "checkpoints" / "latest").is_file():
-        path = path / "checkpoints" / (path / "checkpoints" / "latest").read_text().strip()
+        path = _latest_step_dir(path / "checkpoints" / "latest")
     if not path.is_dir():
         raise FileNotFoundError(f"checkpoint not found: {path}")
     return path
