@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     except TagError as exc:
         fail(str(exc))
     try:
-        check_checkpoints(cfg, decoder=False)  # the weights folders: one line saying what to do when missing
+        check_checkpoints(cfg, decoder=False, base_only=True)  # missing weights: one line saying what to do
         tokenizer, base_vocab = load_tokenizer(cfg.mllm.pretrained, cfg.mllm.vocabulary, cfg.mllm.num_slots)
     except FileNotFoundError as exc:
         fail(str(exc))
@@ -73,7 +73,11 @@ def main(argv: list[str] | None = None) -> None:
             )
     except InstructionError as exc:
         fail(str(exc))
-    checkpoint = resolve_checkpoint(cfg.mllm_checkpoint) if cfg.mllm_checkpoint else None  # checked above
+    try:
+        check_checkpoints(cfg, decoder=False)
+    except FileNotFoundError as exc:
+        fail(str(exc))
+    checkpoint = resolve_checkpoint(cfg.mllm_checkpoint) if cfg.mllm_checkpoint else None  # checked just above
     if checkpoint is None:
         print(
             "warning: mllm_checkpoint is empty: running the base model with freshly initialised (untrained) LoRA, "

@@ -103,7 +103,7 @@ def test_empty_checkpoint_runs_the_fresh_model_with_a_warning(tmp_path, tiny_mis
          "turn 2: instruction is"),
         (b"Qiqi sleeps\n\xff\xfe bad bytes\n", [], "not UTF-8"),
         (b"Qiqi <ANIME_3> runs\n", [], "reserved token"),
-        (b"Qiqi runs\n", ["mllm_checkpoint=/no/such/checkpoint"], "checkpoint not found"),
+        (b"Qiqi runs\n", ["mllm_checkpoint=/no/such/checkpoint"], "not found: mllm_checkpoint=/no/such/checkpoint"),
         (None, [], "game file not found"),
     ],
     ids=["empty-field", "no-lines", "too-long", "undecodable", "reserved-token", "no-checkpoint", "no-game"],

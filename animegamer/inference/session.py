@@ -135,10 +135,11 @@ def weights_hint(key: str, path: str) -> str:
             "(--config configs/spriteworld/inference.yaml)")
 
 
-def check_checkpoints(cfg: InferenceConfig, mllm: bool = True, decoder: bool = True) -> None:
+def check_checkpoints(cfg: InferenceConfig, mllm: bool = True, decoder: bool = True, base_only: bool = False) -> None:
     """Every weights folder the config names, before any model loads, so a wrong path costs no loading time:
     FileNotFoundError with one line naming every missing key and path and what to do (:func:`weights_hint` of the
-    first). An empty checkpoint means "none" (untrained parts, with a warning); the base folders are always needed."""
+    first). An empty checkpoint means "none" (untrained parts, with a warning); the base folders are always needed.
+    ``base_only`` checks the base folders alone (inference_MLLM checks its input with the tokenizer first)."""
     named = []
     if mllm:
         named += [("mllm.pretrained", cfg.mllm.pretrained), ("mllm_checkpoint", cfg.mllm_checkpoint)]
@@ -147,7 +148,7 @@ def check_checkpoints(cfg: InferenceConfig, mllm: bool = True, decoder: bool = T
     missing = []
     for key, value in named:
         trained = key.endswith("_checkpoint")
-        if trained and not value:
+        if trained and (base_only or not value):
             continue
         try:
             found = resolve_checkpoint(value) if trained else Path(value)
