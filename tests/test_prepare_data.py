@@ -232,8 +232,11 @@ def test_ctrl_c_stops_at_once_and_keeps_finished_films(tmp_path):
     import time
 
     films = tmp_path / "films"
+    # The two films the workers take first are short, the other four four times longer: when the first film.json
+    # appears, most of the work is still ahead, however slowly a loaded machine runs all of it.
     for i in range(6):
-        make_film(films / f"film{i}.mp4", seconds=6.25, cuts=(2.25, 4.25), speed=1.0 + i, seed=i)
+        seconds, cuts = (6.25, (2.25, 4.25)) if i < 2 else (24.25, (4.25, 8.25, 12.25, 16.25, 20.25))
+        make_film(films / f"film{i}.mp4", seconds=seconds, cuts=cuts, speed=1.0 + i, seed=i)
     out = tmp_path / "out"
     command = [sys.executable, str(SCRIPT), *args(films, out, "workers=2")]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
