@@ -31,6 +31,7 @@ from animegamer.data.manifest import ManifestError, read_manifest
 from animegamer.data.sequences import windows_from_config
 from animegamer.data.stage_b import StageBCollator, StageBDataset, filter_windows, move_batch
 from animegamer.data.tensor_store import TensorStore
+from animegamer.inference.vocabulary import Vocabulary, save_vocabulary
 from animegamer.io import atomic_write_text
 from animegamer.models.mllm import AnimeGamerMLLM, load_tokenizer
 from animegamer.tokens import TurnLayout, get_vocabulary
@@ -125,8 +126,16 @@ def main(argv: list[str] | None = None) -> None:
     collator = StageBCollator(pad_id=pad_id, max_seq_len=cfg.max_seq_len, pack=cfg.pack_sequences)
     batches = resumable_batches(dataset, accelerator, train, cfg.seed, step, cfg.data.num_workers, collator)
 
+    # the words the games offer and check instructions against: those of the clips this run trains on
+    records = dataset.records
+    vocabulary = Vocabulary.from_shots(
+        tags for tags in (records[c].shot_tags() for c in sorted({c for w in dataset.windows for c in w.clip_ids}))
+        if tags is not None
+    )
+
     def save(path: Path, state: dict | None) -> None:
         unwrapped.save_trained(path, state_dict=state)
+        save_vocabulary(vocabulary, path)
 
     def checkpoint(at_step: int, logs: dict) -> None:
         # every process takes part in gathering; only the main process writes

@@ -231,6 +231,14 @@ def test_train_stage_b_resumes_exactly(tmp_path, tiny_mistral_dir, capsys):
     for part in ("ce", "mse", "cos", "state_acc", "lr", "tokens_per_s"):
         assert len(logged_a[part]) == 6, part
     assert json.loads((final / "trainer_state.json").read_text())["step"] == 6
+    # the games' vocabulary: the words of the clips the run trained on, beside the weights
+    from animegamer.data.manifest import read_manifest
+    from animegamer.inference.vocabulary import load_vocabulary
+
+    vocabulary = load_vocabulary(final)
+    trained = [r.shot_tags() for r in read_manifest(tmp_path / "data" / "clips.jsonl").records if r.shot_tags()]
+    assert vocabulary is not None and set(vocabulary.characters) <= {t.subject for t in trained}
+    assert vocabulary.motions and set(vocabulary.motions) <= {t.motion for t in trained}
 
 
 def test_train_stage_b_two_processes(tmp_path, tiny_mistral_dir):
