@@ -250,6 +250,26 @@ def test_released_compat_samples_with_the_release_sampler(fresh_decoder, convert
         decoder.use_compat("official")
 
 
+def test_compat_switch_back_restores_the_loaded_weights_exactly(fresh_decoder, converted, ref):
+    _, summary = converted
+    s_a, decoder = ref[1]["s_a"], fresh_decoder
+    sampling = _clip_sampling(summary)
+    before = {n: p.detach().clone() for n, p in decoder.transformer.named_parameters()}
+    fixed = decoder.sample(s_a, torch.tensor([3]), sampling, decode=False)
+    decoder.use_compat("released")
+    assert {p.dtype for p in decoder.transformer.parameters()} == {torch.float16}  # the release's whole-model fp16
+    decoder.use_compat("fixed")
+    after = dict(decoder.transformer.named_parameters())
+    assert all(after[n].dtype == p.dtype and torch.equal(after[n], p) for n, p in before.items())
+    assert {p.dtype for p in decoder.trainable_parameters()} == {torch.float32}
+    assert torch.equal(decoder.sample(s_a, torch.tensor([3]), sampling, decode=False), fixed)
+    decoder.use_compat("released")
+    decoder.merge_lora()  # as load_renderer does after use_compat: the switch back keeps it merged, in fp32
+    decoder.use_compat("fixed")
+    assert decoder.dtype == torch.float32
+    assert rel(decoder.sample(s_a, torch.tensor([3]), sampling, decode=False), fixed) < 1e-5
+
+
 def test_merged_lora_samples_like_unmerged(fresh_decoder, converted, ref):
     _, summary = converted
     s_a = ref[1]["s_a"]

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -127,6 +128,7 @@ class AnimationShotDecoder(nn.Module):
         self.layernorm_eps: dict[str, float] = {}
         self.release_sampler: dict | None = None
         self.compat = "fixed"  # released: sample() runs the release's own sampler (animegamer.official.sampler)
+        self._before_release: dict[str, torch.Tensor] | None = None  # use_compat: the tensors fp16 replaced
         self.register_buffer("null_shot", None, persistent=False)
 
     # ------------------------------------------------------------------ building and saving
@@ -211,13 +213,52 @@ class AnimationShotDecoder(nn.Module):
 
     def use_compat(self, compat: str) -> None:
         """``released``: for a converted official checkpoint (one that carries ``release_sampler``), sample() runs
-        the release's own sampler (animegamer.official.sampler, its quirks included) with the transformer in the
-        release's dtype (fp16); our own checkpoints are unaffected. ``fixed``: our sampling path."""
+        the release's own sampler (animegamer.official.sampler, its quirks included) with the whole transformer in
+        the release's dtype (fp16), LoRA and motion embedding included, as the release casts its whole model (SAT's
+        ``fp16: True``); our own checkpoints are unaffected. ``fixed``: our sampling path, in the loaded dtypes.
+
+        Switching is exact both ways: the tensors the cast changes are kept on the CPU (the transformer's size in
+        its loaded dtype) and put back by ``fixed``, so a cast-back never carries fp16 rounding into the trained
+        fp32 parts or the frozen weights. A merged LoRA stays merged across the switch.
+        """
         if compat not in ("released", "fixed"):
             raise ValueError(f"compat={compat!r} is not one of ['fixed', 'released']")
         self.compat = compat
-        if compat == "released" and self.release_sampler is not None:
-            self.transformer.to(DTYPES[self.release_sampler.get("dtype", "fp32")])
+        if self.release_sampler is None:
+            return
+        if compat == "released" and self._before_release is None:
+            dtype = DTYPES[self.release_sampler.get("dtype", "fp32")]
+            with self._lora_unmerged():
+                self._before_release = {
+                    name: tensor.detach().to("cpu", copy=True)
+                    for name, tensor in self._float_tensors()
+                    if tensor.dtype != dtype
+                }
+                self.transformer.to(dtype)
+        elif compat == "fixed" and self._before_release is not None:
+            with self._lora_unmerged():
+                for name, tensor in self._float_tensors():
+                    if name in self._before_release:
+                        tensor.data = self._before_release[name].to(tensor.device)
+            self._before_release = None
+
+    def _float_tensors(self):
+        """(name, tensor) of the transformer's floating parameters and buffers (what ``.to(dtype)`` casts)."""
+        tensors = [*self.transformer.named_parameters(), *self.transformer.named_buffers()]
+        return [(name, t) for name, t in tensors if t.is_floating_point()]
+
+    @contextmanager
+    def _lora_unmerged(self):
+        """Unmerge the merged LoRA layers for the block and merge them again after it, so that the base weights
+        kept or restored by :meth:`use_compat` are always the unmerged ones."""
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        merged = [m for m in self.transformer.modules() if isinstance(m, BaseTunerLayer) and m.merged]
+        for module in merged:
+            module.unmerge()
+        yield
+        for module in merged:
+            module.merge()
 
     def merge_lora(self) -> None:
         """Fold the LoRA into the base weights (inference): the same outputs up to the weights' rounding, and no
