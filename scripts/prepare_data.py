@@ -61,6 +61,7 @@ from animegamer.cli import fail, parse_config
 from animegamer.config import PrepareDataConfig
 from animegamer.data.captioning import Captioner, caption_records
 from animegamer.data.characters import RegistryError, read_character_registry
+from animegamer.data.cuts import require_whole_frames
 from animegamer.data.films import (
     FILM_RECORD,
     CutSettings,
@@ -279,6 +280,10 @@ def prepare(cfg: PrepareDataConfig) -> dict:
     if cut.frames_per_clip < 2:
         fail(f"clip_seconds={cfg.clip_seconds} at fps={cfg.fps} gives {cut.frames_per_clip} frame(s) per clip; "
              "a clip needs at least 2")
+    try:
+        require_whole_frames(cut)
+    except ValueError as exc:
+        fail(str(exc))
     registry = captioner = None
     if cfg.caption:
         try:

@@ -69,6 +69,22 @@ def test_plan_clips_back_to_back_within_scenes():
     assert plans[1].times[-1] == pytest.approx(4.0)  # closing frame included, still inside the scene
 
 
+def test_clip_length_must_be_a_whole_number_of_frames(tmp_path):
+    # 2.1 s at 8 fps is 16.8 frame steps: cut as 18 frames (2.125 s) the clips drifted from the 2.1 s plan
+    # (2 of 4 "moved") and their records said 2.1 s; a scene's last clip could cross its cut.
+    uneven = CutSettings(height=48, width=64, fps=8, clip_seconds=2.1, cut_check_threshold=0)
+    with pytest.raises(ValueError, match=r"clip_seconds=2.1 at fps=8 is 16.8 frame steps.* e\.g\. 2 or 2\.125"):
+        plan_clips([(0.0, 9.0)], uneven, native_fps=16)
+    make_film(tmp_path / "film.mp4", seconds=9.0, cuts=(4.5,))
+    with pytest.raises(ValueError, match="not a whole number"):
+        cut_film(tmp_path / "film.mp4", "film", tmp_path / "out", uneven)
+    even = CutSettings(height=48, width=64, fps=8, clip_seconds=2.125, cut_check_threshold=0)
+    result = cut_film(tmp_path / "film.mp4", "film", tmp_path / "out", even)
+    assert [(r.start, r.end) for r in result.records] == [(0.0, 2.125), (2.125, 4.25), (4.5, 6.625), (6.625, 8.75)]
+    assert (result.check["planned"], result.check["written"], result.check["moved"]) == (4, 4, 0)
+    assert probe_video(tmp_path / "out" / result.records[-1].video).num_frames == 18
+
+
 def test_cut_film_writes_two_second_clips_in_order(tmp_path):
     truth = make_film(tmp_path / "film.mp4", seconds=6.75, cuts=(2.25, 4.5), bars=(8, 8, 0, 0))
     result = cut_film(tmp_path / "film.mp4", "film", tmp_path / "out", SMALL)

@@ -159,6 +159,11 @@ def test_bad_config_fails_before_any_work(tmp_path, capsys):
     with pytest.raises(SystemExit):  # a clip of one frame (was: every film skipped with a ZeroDivisionError)
         script.main(args(tmp_path / "a.mp4", tmp_path / "out", "clip_seconds=0.05"))
     assert "a clip needs at least 2" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:  # 16.8 frame steps (was: clips drifting from the plan, across cuts)
+        script.main(args(tmp_path / "a.mp4", tmp_path / "out", "clip_seconds=2.1"))
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "error: clip_seconds=2.1 at fps=8 is 16.8 frame steps" in err
+    assert len(err.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
 
 

@@ -115,12 +115,30 @@ def detect_scenes(path: str | Path, box: Box | None = None, threshold: float = 2
     return [(float(start.seconds), float(end.seconds)) for start, end in scenes]
 
 
+def require_whole_frames(settings: CutSettings) -> None:
+    """Raise ValueError unless ``clip_seconds * fps`` is a whole number of frame steps.
+
+    A clip is ``clip_seconds * fps + 1`` frames on the ``fps`` grid (2 s at 8 fps: the VAE's 17 = 4k + 1), and
+    back-to-back clips share their boundary frame. A fractional count has no such grid: the frames would be
+    rounded to a different length than the plan's ``clip_seconds``, so clips would drift from their planned
+    starts and a scene's last clip could run past the scene's end, across the cut.
+    """
+    steps = settings.clip_seconds * settings.fps
+    if abs(steps - round(steps)) > 1e-6:
+        below, above = int(np.floor(steps)) / settings.fps, int(np.ceil(steps)) / settings.fps
+        raise ValueError(
+            f"clip_seconds={settings.clip_seconds:g} at fps={settings.fps} is {steps:g} frame steps, not a whole "
+            f"number; set clip_seconds to a multiple of 1/fps, e.g. {below:g} or {above:g}"
+        )
+
+
 def plan_clips(scenes: list[tuple[float, float]], settings: CutSettings, native_fps: float) -> list[ClipPlan]:
     """Back-to-back clips from the start of every scene, in timestamp order, numbered through the film.
 
     A clip fits when its closing frame (``start + clip_seconds``) is a frame of the same scene, i.e. lies at
     least one source frame before the scene's end.
     """
+    require_whole_frames(settings)
     step = 1.0 / native_fps if native_fps > 0 else 0.0
     grid = np.arange(settings.frames_per_clip) / settings.fps  # (F,)
     plans: list[ClipPlan] = []
