@@ -6,6 +6,8 @@ import io
 import json
 import math
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -138,6 +140,46 @@ def test_good_save_loads_without_its_clip_paths(played, tmp_path):
     assert all(torch.equal(a.shot_embeds, b.shot_embeds) for a, b in zip(loaded.turns, session.turns, strict=True))
     assert session.turns[-1].clip and all(t.clip == "" and t.gif == "" for t in loaded.turns)
     assert loaded.history_turns == K and loaded.seed == session.seed
+
+
+def with_declared_tensor(save: Path, out: Path, key: str, shape: tuple[int, int]) -> Path:
+    """A copy of ``save`` whose safetensors header also declares an F32 tensor ``key`` of ``shape``, its data a
+    sparse hole at the end of the file (gigabytes declared, nothing written to disk)."""
+    raw = save.read_bytes()
+    size = int.from_bytes(raw[:8], "little")
+    header, data = json.loads(raw[8 : 8 + size]), raw[8 + size :]
+    header[key] = {"dtype": "F32", "shape": list(shape), "data_offsets": [len(data), len(data) + 4 * math.prod(shape)]}
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(out, "wb") as fh:
+        fh.write(len(text).to_bytes(8, "little") + text + data)
+        fh.truncate(8 + len(text) + header[key]["data_offsets"][1])
+    return out
+
+
+READ_UNDER_A_DATA_LIMIT = """
+import resource, sys
+from animegamer.inference.saved import SaveError, read_save
+data = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmData:")) * 1024
+resource.setrlimit(resource.RLIMIT_DATA, (data + 2**30, resource.RLIM_INFINITY))
+try:
+    read_save(sys.argv[1], history_turns=int(sys.argv[2]))
+except SaveError as exc:
+    print(exc)
+"""
+
+
+def test_extra_tensor_is_refused_from_the_header_before_it_is_read(played, tmp_path):
+    # The extra key declares 4 GiB; the reader runs with 1 GiB of writable memory to spare, so opening the save's
+    # tensors for torch (a copy-on-write map of the whole file) fails. The old reader opened and read every tensor
+    # before checking the keys (a RuntimeError traceback here); the header alone refuses it now.
+    _, save = played
+    bad = with_declared_tensor(save, tmp_path / "big.save", "turn_00002", (32768, 32768))
+    result = subprocess.run([sys.executable, "-c", READ_UNDER_A_DATA_LIMIT, str(bad), str(K)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == (f"{bad}: tensors: ['turn_00000', 'turn_00001', 'turn_00002'] do not match the "
+                                     "2 turns (expected ['turn_00000', 'turn_00001'])")
 
 
 def test_web_load_serves_only_files_inside_the_tab_folder(played, tmp_path):

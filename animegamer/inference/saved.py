@@ -114,31 +114,86 @@ def _instruction(value: Any, field: str, max_chars: int, validate: Callable[[str
     return text
 
 
-def _read_file(path: Path) -> tuple[Any, set[str], dict[str, torch.Tensor]]:
-    """(parsed metadata JSON, every tensor key, the turns' tensors); a tensor's dtype and rank are checked
-    before its data is read."""
-    if not path.is_file():
-        raise FileNotFoundError(f"saved game not found: {path}")
+def _metadata(fh) -> Any:
+    """The parsed ``game`` metadata JSON of an open save."""
+    raw = (fh.metadata() or {}).get("game")
+    if raw is None:
+        raise SaveError("not an animegamer saved game (no 'game' metadata)")
     try:
-        with safe_open(str(path), framework="pt", device="cpu") as fh:
-            raw = (fh.metadata() or {}).get("game")
-            if raw is None:
-                raise SaveError("not an animegamer saved game (no 'game' metadata)")
-            keys, shots = set(fh.keys()), {}
-            for key in sorted(keys - {"empty"}):  # "empty": the placeholder of a save with no turn, never read
-                view = fh.get_slice(key)
-                if view.get_dtype() != "F32" or len(view.get_shape()) != 2:
-                    raise SaveError(f"tensor {key}: dtype {view.get_dtype()} shape {tuple(view.get_shape())}, "
-                                    "expected F32 (num_slots, shot_dim)")
-                shots[key] = fh.get_tensor(key)
-    except (OSError, SafetensorError) as exc:
-        raise SaveError(f"not an animegamer saved game ({exc})") from None
-    try:
-        return json.loads(raw), keys, shots
+        return json.loads(raw)
     except json.JSONDecodeError as exc:
         raise SaveError(f"metadata 'game' is not valid JSON ({exc.msg})") from None
     except RecursionError:
         raise SaveError("metadata 'game' is nested too deeply") from None
+
+
+def _check_top(meta: Any, history_turns: int) -> dict:
+    """The save's top-level fields: format, seed, K and a list of turns."""
+    meta = _dict(meta, "game", SAVE_KEYS)
+    if meta["format"] != SAVE_FORMAT:
+        raise SaveError(f"format: {meta['format']!r} is not {SAVE_FORMAT!r}")
+    _int(meta["seed"], "seed", 0, 2**63 - 1)
+    saved_k = _int(meta["history_turns"], "history_turns", 0, 10**6)
+    if saved_k != history_turns:
+        raise SaveError(f"history_turns: the game was played with K={saved_k} earlier turns in the MLLM's window, "
+                        f"this game runs K={history_turns} (start it with history_turns={saved_k} to continue it)")
+    if not isinstance(meta["turns"], list):
+        raise SaveError(f"turns: expected a list, got {type(meta['turns']).__name__}")
+    return meta
+
+
+def _check_header(header: dict[str, tuple[str, tuple[int, ...]]], num_turns: int, shot_shape) -> None:
+    """Tensor keys, dtypes and shapes as the safetensors header declares them ({key: (dtype, shape)}): one F32
+    shot per turn, all of one shape (``shot_shape`` if given). Checked before any tensor data is read, so a save
+    declaring extra or oversized tensors costs nothing to refuse."""
+    expected_keys = {turn_key(i) for i in range(num_turns)} or {"empty"}
+    if header.keys() != expected_keys:
+        raise SaveError(f"tensors: {sorted(header)[:4]} do not match the {num_turns} turns "
+                        f"(expected {sorted(expected_keys)[:4]})")
+    shots = {key: shape for key, (dtype, shape) in header.items() if key != "empty"}
+    for key in sorted(shots):
+        dtype, shape = header[key]
+        if dtype != "F32" or len(shape) != 2:
+            raise SaveError(f"tensor {key}: dtype {dtype} shape {shape}, expected F32 (num_slots, shot_dim)")
+        if shot_shape is not None and shape != tuple(shot_shape):
+            raise SaveError(f"tensor {key}: shape {shape}, expected {tuple(shot_shape)}")
+    if len(set(shots.values())) > 1:
+        raise SaveError(f"tensors: turns have different shapes {sorted(set(shots.values()))}")
+
+
+def _header(fh) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """{key: (dtype, shape)} of an open safetensors file, from its header alone."""
+    header = {}
+    for key in fh.keys():
+        view = fh.get_slice(key)
+        header[key] = (view.get_dtype(), tuple(view.get_shape()))
+    return header
+
+
+def _read_file(path: Path, history_turns: int, shot_shape) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(the checked top of the metadata, the turns' shots by key).
+
+    The metadata and the tensor keys, count, dtypes and shapes are checked from the header first, through a
+    read-only numpy handle that maps the file without committing memory for it. safetensors' torch handle maps
+    the whole file copy-on-write as it opens, so a save declaring huge or extra tensors must be refused before
+    one is opened. Only then are the shots read (and checked finite); the ``empty`` placeholder of a save with no
+    turn is never read. The header is checked again in the torch handle, in case the file changed in between.
+    """
+    if not path.is_file():
+        raise FileNotFoundError(f"saved game not found: {path}")
+    try:
+        with safe_open(str(path), framework="numpy") as fh:
+            meta = _check_top(_metadata(fh), history_turns)
+            _check_header(_header(fh), len(meta["turns"]), shot_shape)
+        with safe_open(str(path), framework="pt", device="cpu") as fh:
+            header = _header(fh)
+            _check_header(header, len(meta["turns"]), shot_shape)
+            shots = {key: fh.get_tensor(key) for key in sorted(header) if key != "empty"}
+    except (OSError, SafetensorError) as exc:
+        raise SaveError(f"not an animegamer saved game ({exc})") from None
+    for key, shot in shots.items():
+        check_shot(shot, f"tensor {key}", shot_shape)
+    return meta, shots
 
 
 def read_save(
@@ -163,27 +218,7 @@ def read_save(
 
 
 def _read_save(path: Path, history_turns: int, shot_shape, validate, max_chars: int) -> SavedGame:
-    meta, keys, shots = _read_file(path)
-    meta = _dict(meta, "game", SAVE_KEYS)
-    if meta["format"] != SAVE_FORMAT:
-        raise SaveError(f"format: {meta['format']!r} is not {SAVE_FORMAT!r}")
-    seed = _int(meta["seed"], "seed", 0, 2**63 - 1)
-    saved_k = _int(meta["history_turns"], "history_turns", 0, 10**6)
-    if saved_k != history_turns:
-        raise SaveError(f"history_turns: the game was played with K={saved_k} earlier turns in the MLLM's window, "
-                        f"this game runs K={history_turns} (start it with history_turns={saved_k} to continue it)")
-    if not isinstance(meta["turns"], list):
-        raise SaveError(f"turns: expected a list, got {type(meta['turns']).__name__}")
-    expected_keys = {turn_key(i) for i in range(len(meta["turns"]))} or {"empty"}
-    if keys != expected_keys:
-        raise SaveError(f"tensors: {sorted(keys)[:4]} do not match the {len(meta['turns'])} turns "
-                        f"(expected {sorted(expected_keys)[:4]})")
-    for key, shot in shots.items():
-        check_shot(shot, f"tensor {key}", shot_shape)
-    shapes = {tuple(t.shape) for t in shots.values()}
-    if len(shapes) > 1:
-        raise SaveError(f"tensors: turns have different shapes {sorted(shapes)}")
-
+    meta, shots = _read_file(path, history_turns, shot_shape)
     turns, state = [], CharacterState()
     for position, raw in enumerate(meta["turns"]):
         field = f"turns[{position}]"
@@ -205,4 +240,4 @@ def _read_save(path: Path, history_turns: int, shot_shape, validate, max_chars: 
             if not isinstance(raw[name], str):
                 raise SaveError(f"{field}.{name}: expected a string, got {type(raw[name]).__name__}")
         turns.append(SavedTurn(position, instruction, values, state, shots[turn_key(position)], prompt_tokens))
-    return SavedGame(seed, saved_k, turns)
+    return SavedGame(meta["seed"], meta["history_turns"], turns)
