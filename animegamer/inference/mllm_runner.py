@@ -186,6 +186,14 @@ def predict_turn(model, history: list[HistoryTurn], instruction: str, compat: st
         chosen, probs = decode_states(model, prefilled)
         shot_embeds = prefilled.shot_embeds
         if official:
+            # A second pass over the prompt, on purpose: the release reads s_a from a pass whose current frame
+            # block is bidirectional (agent.frame_block_mask, B2), and the state tags come after that block, so
+            # their keys/values depend on the mask from the block on. Decoding the states from the shot pass's
+            # cache instead was measured on the tiny converted reference set (0, 1, 2 history turns): the
+            # first-field open tag's hidden state moved by 0.53 / 0.10 / 0.10 relative, value probabilities by up
+            # to 0.25, and with no history the chosen values changed. Only the causal prefix before the current
+            # frame block could be shared (53% / 69% of the prompt with 1 / 2 history turns, same hidden state to
+            # 3e-7 relative).
             shots = torch.stack([h.shot_embeds for h in history]) if history else None  # (M, N, shot_dim)
             shot_embeds = agent.shot_pass(model, prefilled.sequence, shots, last_positions=False)["shot_embeds"]
     finally:
