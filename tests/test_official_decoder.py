@@ -270,6 +270,21 @@ def test_compat_switch_back_restores_the_loaded_weights_exactly(fresh_decoder, c
     assert rel(decoder.sample(s_a, torch.tensor([3]), sampling, decode=False), fixed) < 1e-5
 
 
+def test_compat_switch_keeps_only_what_fp16_loses_of_bf16_weights(converted):
+    _, summary = converted
+    cfg = DecoderConfig(**summary["decoder_config"], dtype="bf16", gradient_checkpointing=False)
+    decoder = load_decoder(summary["decoder_checkpoint"], cfg)
+    before = {n: t.detach().clone() for n, t in decoder._float_tensors()}
+    decoder.use_compat("released")
+    kept = [values for _, _, values in decoder._lost_to_release.values()]
+    frozen = sum(t.numel() for n, t in before.items() if t.dtype == torch.bfloat16)
+    trained = sum(p.numel() for p in decoder.trainable_parameters())
+    assert sum(t.numel() for t in kept) < trained + frozen // 100  # the fp32 trained parts, few bf16 elements
+    decoder.use_compat("fixed")
+    after = dict(decoder._float_tensors())
+    assert all(after[n].dtype == t.dtype and torch.equal(after[n], t) for n, t in before.items())
+
+
 def test_merged_lora_samples_like_unmerged(fresh_decoder, converted, ref):
     _, summary = converted
     s_a = ref[1]["s_a"]

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from animegamer.config import DecoderConfig, SamplingConfig
-from animegamer.models.decoder_parts import load_parts, save_parts
+from animegamer.models.decoder_parts import cast_keeping_lost, load_parts, restore_cast, save_parts
 from animegamer.models.sampling import (
     DTYPES,
     build_scheduler,
@@ -128,7 +128,7 @@ class AnimationShotDecoder(nn.Module):
         self.layernorm_eps: dict[str, float] = {}
         self.release_sampler: dict | None = None
         self.compat = "fixed"  # released: sample() runs the release's own sampler (animegamer.official.sampler)
-        self._before_release: dict[str, torch.Tensor] | None = None  # use_compat: the tensors fp16 replaced
+        self._lost_to_release: dict | None = None  # use_compat: what the cast to the release's dtype lost
         self.register_buffer("null_shot", None, persistent=False)
 
     # ------------------------------------------------------------------ building and saving
@@ -217,30 +217,23 @@ class AnimationShotDecoder(nn.Module):
         the release's dtype (fp16), LoRA and motion embedding included, as the release casts its whole model (SAT's
         ``fp16: True``); our own checkpoints are unaffected. ``fixed``: our sampling path, in the loaded dtypes.
 
-        Switching is exact both ways: the tensors the cast changes are kept on the CPU (the transformer's size in
-        its loaded dtype) and put back by ``fixed``, so a cast-back never carries fp16 rounding into the trained
-        fp32 parts or the frozen weights. A merged LoRA stays merged across the switch.
+        Switching is exact both ways: what the cast loses is kept on the CPU (:func:`cast_keeping_lost`: for
+        bf16 frozen weights a few elements, for fp32 ones and the fp32 trained parts whole tensors) and put back by
+        ``fixed``. A merged LoRA stays merged across the switch.
         """
         if compat not in ("released", "fixed"):
             raise ValueError(f"compat={compat!r} is not one of ['fixed', 'released']")
         self.compat = compat
         if self.release_sampler is None:
             return
-        if compat == "released" and self._before_release is None:
-            dtype = DTYPES[self.release_sampler.get("dtype", "fp32")]
+        if compat == "released" and self._lost_to_release is None:
             with self._lora_unmerged():
-                self._before_release = {
-                    name: tensor.detach().to("cpu", copy=True)
-                    for name, tensor in self._float_tensors()
-                    if tensor.dtype != dtype
-                }
-                self.transformer.to(dtype)
-        elif compat == "fixed" and self._before_release is not None:
+                dtype = DTYPES[self.release_sampler.get("dtype", "fp32")]
+                self._lost_to_release = cast_keeping_lost(self._float_tensors(), dtype)
+        elif compat == "fixed" and self._lost_to_release is not None:
             with self._lora_unmerged():
-                for name, tensor in self._float_tensors():
-                    if name in self._before_release:
-                        tensor.data = self._before_release[name].to(tensor.device)
-            self._before_release = None
+                restore_cast(self._float_tensors(), self._lost_to_release)
+            self._lost_to_release = None
 
     def _float_tensors(self):
         """(name, tensor) of the transformer's floating parameters and buffers (what ``.to(dtype)`` casts)."""

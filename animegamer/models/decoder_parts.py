@@ -11,6 +11,9 @@ converted from the official release (animegamer.official.decoder) also records, 
 value its motion embedding sees per level (``motion_values``), LayerNorm eps diffusers' config cannot express
 (``layernorm_eps``) and its sampler's settings (``release_sampler``); loading adopts them, and their absence means
 this project's own behaviour.
+
+:func:`cast_keeping_lost` and :func:`restore_cast` keep what a cast to the release's dtype loses, so that the
+decoder's ``use_compat`` can switch to the release's fp16 and back exactly.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from animegamer.io import atomic_write_json
@@ -110,3 +114,40 @@ def _load_release_settings(decoder, src: Path, saved: dict) -> None:
             raise ValueError(f"{src / NULL_SHOT_WEIGHTS}: shape {tuple(null.shape)}, the decoder needs {expected}")
         null = null.float().to(decoder.device)
     decoder.null_shot = null
+
+
+# (original dtype, flat indices of the changed elements or None for the whole tensor, their original values): CPU
+Lost = tuple[torch.dtype, torch.Tensor | None, torch.Tensor]
+
+
+def cast_keeping_lost(tensors: list[tuple[str, torch.Tensor]], dtype: torch.dtype) -> dict[str, Lost]:
+    """Cast ``tensors`` (name, parameter or buffer) in place to ``dtype``; return, per tensor the cast changed, what
+    casting back would not give again, on the CPU: the elements whose round trip differs (bf16 weights lose only
+    their few values below fp16's subnormal step), or the whole original when most of them do (float32)."""
+    lost: dict[str, Lost] = {}
+    for name, tensor in tensors:
+        if tensor.dtype == dtype:
+            continue
+        cast = tensor.data.to(dtype)
+        changed = cast.to(tensor.dtype).ne(tensor.data).reshape(-1)  # (numel,)
+        if 3 * int(changed.sum()) > changed.numel():
+            lost[name] = (tensor.dtype, None, tensor.data.to("cpu", copy=True))
+        else:
+            index = changed.nonzero().squeeze(-1)
+            lost[name] = (tensor.dtype, index.cpu(), tensor.data.reshape(-1)[index].cpu())
+        tensor.data = cast
+    return lost
+
+
+def restore_cast(tensors: list[tuple[str, torch.Tensor]], lost: dict[str, Lost]) -> None:
+    """Undo :func:`cast_keeping_lost` exactly: each tensor back in its dtype, its lost elements put back."""
+    for name, tensor in tensors:
+        if name not in lost:
+            continue
+        dtype, index, values = lost[name]
+        if index is None:
+            tensor.data = values.to(tensor.device)
+            continue
+        data = tensor.data.to(dtype).contiguous()
+        data.view(-1)[index.to(data.device)] = values.to(data.device)
+        tensor.data = data
