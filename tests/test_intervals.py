@@ -54,11 +54,11 @@ def _records(system: str, values: dict[tuple[str, int], float]) -> list[MetricRe
 
 
 def test_split_table_counts_each_split_and_writes_files(tmp_path):
-    marks = ({"depends": "full"}, {"depends": "history", "held_out_pair": True}, {"depends": "new"})
+    marks = ({"depends": "full"}, {"depends": "history", "held_out_pair": True, "reach": 3}, {"depends": "new"})
     games = [SimpleNamespace(game_id=g, shots=(None,) * 3, marks=marks) for g in ("g0", "g1")]
     games.append(SimpleNamespace(game_id="old", shots=(None,) * 2))  # no marks: counted in "all" only
     splits = turn_splits(games)
-    assert splits[("g0", 1)] == ("all", "history", "held_out") and splits[("old", 0)] == ("all",)
+    assert splits[("g0", 1)] == ("all", "history", "far", "held_out") and splits[("old", 0)] == ("all",)
     assert splits[("g0", 0)] == ("all", "full", "seen")
     values = {("g0", 0): 21.0, ("g0", 1): 18.0, ("g0", 2): 19.0, ("g1", 0): 23.0, ("g1", 1): 16.0, ("g1", 2): 20.0,
               ("old", 0): 25.0, ("old", 1): 25.0}

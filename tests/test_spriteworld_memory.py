@@ -85,6 +85,9 @@ def test_the_companion_follows_after_a_social_shot_until_sleep():
     assert [m.companion for m in memory] == ["", "Kai", "Kai", "", "", "", ""]
     assert FOLLOW_SHOTS == 2
     assert [m.depends for m in memory][:3] == ["full", "history", "history"]
+    # the companion was last in view the turn before; the friend said as "friend" at turn 4 was last seen at turn 2
+    assert [m.reach for m in memory][:3] == [0, 1, 1]
+    assert memory[4].reach in (0, 1, 2) and (memory[4].friend_word != "friend" or memory[4].reach >= 2)
     # drawn: Kai's shirt shows at the right edge of the walk with a companion, not without
     walk = shots[1]
     alone, followed = render_shot(walk, 0, num_frames=5), render_shot(walk, 0, num_frames=5, companion="Kai")
@@ -108,7 +111,9 @@ def test_instructions_leave_out_what_history_fixes_and_still_resolve(memory_data
             words |= omitted
             assert row["depends"] in ("full", "history", "new")
             if omitted or row["companion"]:
-                assert row["depends"] == "history"
+                assert row["depends"] == "history" and row["reach"] >= 1
+            if row["depends"] != "history":
+                assert row["reach"] == 0
             assert parse_tags(row["tags"]).instruction() == instruction
         assert rows[0]["depends"] in ("full", "new")  # the first turn says everything
     assert {"still", "here"} <= words

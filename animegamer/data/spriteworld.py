@@ -772,7 +772,7 @@ def film_game(records: list[ClipRecord]) -> list[dict[str, Any]]:
             "render_seed": record.extra.get("render_seed"),
             **drawing_settings(record.extra),
             # the turn's marks (memory world / held-out pairs): what it depends on, whether it pairs held-out
-            **{k: record.extra[k] for k in ("depends", "held_out_pair") if k in record.extra},
+            **{k: record.extra[k] for k in ("depends", "held_out_pair", "reach") if k in record.extra},
         })
     return turns
 

@@ -26,7 +26,10 @@ record's ``extra`` keeps the full spec, the home and the companion, so the clip 
 - ``depends``: ``history`` when the instruction leaves something out, or an earlier turn showed the home drawn
   now, or the companion stands in the shot; ``new`` when the shot shows the home for the first time (nothing
   earlier tells its colours); ``full`` otherwise (the instruction names everything drawn);
-- ``held_out_pair``: the shot pairs its hero with a held-out action, or with a held-out friend in view.
+- ``held_out_pair``: the shot pairs its hero with a held-out action, or with a held-out friend in view;
+- ``reach``: how many turns back the latest turn showing what the instruction leaves unsaid is (the time and the
+  place: 1; the home: its latest indoor turn; the friend: its latest turn in view). Only a history of at least
+  ``reach`` turns shows it; the evaluation's ``far`` split holds the turns with reach >= 2.
 
 Held-out pairs (``"Momo:fly"``: Momo never flies in a training film; ``"Qiqi:Luna"``: they never meet, either
 way round) are removed from the training films' action choices and friends; in held-out films the held-out
@@ -105,6 +108,7 @@ class ShotMemory:
     companion: str  # the friend following the hero, drawn beside; "" none
     depends: str  # full | history | new
     held_out_pair: bool
+    reach: int = 0  # how many turns back the latest turn showing what this one leaves unsaid is (0: nothing)
 
     def tags(self, spec, motion_level: int) -> ShotTags:
         """The shot's tag line as its instruction says it (what history fixes left out), values by the rules."""
@@ -119,7 +123,7 @@ class ShotMemory:
     def extra(self) -> dict:
         """The record / game-row fields: drawing settings (home, companion) and marks."""
         return {"home": self.home.to_list() if self.home else None, "companion": self.companion,
-                "depends": self.depends, "held_out_pair": self.held_out_pair}
+                "depends": self.depends, "held_out_pair": self.held_out_pair, "reach": self.reach}
 
 
 def film_memory(rng: np.random.Generator, shots: Sequence, friend: str, held_out: HeldOutPairs,
@@ -130,7 +134,9 @@ def film_memory(rng: np.random.Generator, shots: Sequence, friend: str, held_out
 
     look = HomeLook(int(rng.integers(len(WALLS))), int(rng.integers(len(FLOORS))), bool(rng.random() < 0.5))
     out: list[ShotMemory] = []
-    follow, friend_shown, indoors_shown, places = 0, False, False, []
+    follow, places = 0, []
+    last_friend: int | None = None  # the latest turn with the friend in view
+    last_indoors: int | None = None  # the latest turn that showed the home
     for t, spec in enumerate(shots):
         social = bool(spec.friend)
         companion = friend if memory and not social and follow > 0 and spec.action != "sleep" else ""
@@ -147,21 +153,28 @@ def film_memory(rng: np.random.Generator, shots: Sequence, friend: str, held_out
                 place_word = HERE
             elif spec.place == HOME_PLACE and HOME_PLACE in places and draw_place < SAY_HOME:
                 place_word = HOME
-            if social and friend_shown and draw_friend < OMIT_FRIEND:
+            if social and last_friend is not None and draw_friend < OMIT_FRIEND:
                 friend_word = FRIEND
         indoors = memory and spec.place in INDOORS
         omitted = {time_word, place_word, friend_word} & set(MEMORY_WORDS)
-        if omitted or companion or (indoors and indoors_shown):
+        home_seen = indoors and last_indoors is not None
+        if omitted or companion or home_seen:
             depends = "history"
         elif indoors:
             depends = "new"
         else:
             depends = "full"
+        # where the unsaid is last shown: the turn before (time, place), the latest home / friend in view
+        needs = [1] if {time_word, place_word} & {STILL, LATER, HERE} else []
+        if home_seen:
+            needs.append(t - last_indoors)
+        if friend_word == FRIEND or companion:
+            needs.append(t - last_friend)
         in_view = spec.friend or companion
         out.append(ShotMemory(time_word, place_word, friend_word, look if indoors else None, companion, depends,
-                              held_out.pairs(spec.character, spec.action, in_view)))
-        friend_shown = friend_shown or bool(in_view)
-        indoors_shown = indoors_shown or indoors
+                              held_out.pairs(spec.character, spec.action, in_view), max(needs, default=0)))
+        last_friend = t if in_view else last_friend
+        last_indoors = t if indoors else last_indoors
         places.append(spec.place)
     return out
 

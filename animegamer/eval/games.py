@@ -31,7 +31,8 @@ class GroundTruthGame(BenchmarkGame):
 
     # per turn: {"video": path} and/or {"spec", "render_seed"} + spriteworld.drawing_settings (blocking ...)
     clips: tuple[dict, ...] = ()
-    # per turn: {"depends": "full" | "history" | "new", "held_out_pair": bool} (SpriteWorld's memory world), or ()
+    # per turn: {"depends": "full" | "history" | "new", "held_out_pair": bool, "reach": int} (SpriteWorld's memory
+    # world, animegamer.data.spriteworld_memory), or ()
     marks: tuple[dict, ...] = ()
 
     def has_clips(self) -> bool:
@@ -70,7 +71,8 @@ def _read_data_game(jsonl: Path) -> GroundTruthGame:
             clip.update(drawing_settings(row))
         clips.append(clip)
         if row.get("depends") is not None:
-            marks.append({"depends": str(row["depends"]), "held_out_pair": bool(row.get("held_out_pair", False))})
+            marks.append({"depends": str(row["depends"]), "held_out_pair": bool(row.get("held_out_pair", False)),
+                          "reach": int(row.get("reach", 0))})
     if not shots:
         raise BenchmarkError(f"{jsonl}: no turns")
     characters = {shot.subject for shot in shots}

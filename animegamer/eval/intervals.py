@@ -9,6 +9,7 @@ Splits (from the games' per-turn marks, ``GroundTruthGame.marks``; SpriteWorld's
 
     all        every turn
     history    turns whose picture depends on something only earlier turns show (the instruction leaves it out)
+    far        history-dependent turns whose unsaid part was last shown 2 or more turns back (only K >= 2 sees it)
     full       turns whose instruction names everything the picture shows
     held_out   turns with a (character, action) or (character, friend) pair no training film has
     seen       the other marked turns (the yardstick of held_out)
@@ -34,10 +35,11 @@ import numpy as np
 from animegamer.eval.metrics import MetricRecord
 from animegamer.io import atomic_write_json, atomic_write_text
 
-SPLITS = ("all", "history", "full", "held_out", "seen")
+SPLITS = ("all", "history", "far", "full", "held_out", "seen")
 SPLIT_TITLES = {
     "all": "all turns",
     "history": "history-dependent turns (the instruction leaves out what earlier turns fixed)",
+    "far": "history beyond the turn before (what the instruction leaves unsaid was last shown 2+ turns back)",
     "full": "fully specified turns (the instruction names everything drawn)",
     "held_out": "held-out pairs (a character with an action or friend no training film pairs it with)",
     "seen": "seen pairs (the other turns of the same games)",
@@ -76,7 +78,8 @@ def bootstrap_interval(per_game: Sequence[Sequence[float]], *, resamples: int = 
 
 def turn_splits(games: Iterable) -> dict[tuple[str, int], tuple[str, ...]]:
     """``(game_id, turn) -> split names`` of every turn of ``games`` (objects with ``game_id``, ``shots`` and
-    optionally ``marks``: per turn ``{"depends": "full" | "history" | "new", "held_out_pair": bool}``)."""
+    optionally ``marks``, per turn ``{"depends": "full" | "history" | "new", "held_out_pair": bool,
+    "reach": int}``)."""
     splits = {}
     for game in games:
         marks = getattr(game, "marks", ()) or ()
@@ -86,6 +89,8 @@ def turn_splits(games: Iterable) -> dict[tuple[str, int], tuple[str, ...]]:
                 mark = marks[turn]
                 if mark.get("depends") in ("history", "full"):
                     names.append(mark["depends"])
+                if mark.get("depends") == "history" and mark.get("reach", 0) >= 2:
+                    names.append("far")
                 names.append("held_out" if mark.get("held_out_pair") else "seen")
             splits[(game.game_id, turn)] = tuple(names)
     return splits
