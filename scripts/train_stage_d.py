@@ -40,15 +40,13 @@ its teacher), optimizer + scheduler + RNG state, trainer_state.json}. Play it wi
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
-from typing import NoReturn
 
 import torch
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
-from animegamer.cli import parse_config
+from animegamer.cli import fail
 from animegamer.config import StageDConfig
 from animegamer.data.features import motion_level_of
 from animegamer.data.manifest import ManifestError, read_manifest
@@ -58,7 +56,7 @@ from animegamer.models.fewstep import FewStepSampler, alpha_at, alpha_schedule
 from animegamer.models.sampling import guidance_scales
 from animegamer.models.trained import DECODER_DIR, load_decoder
 from animegamer.training.batches import resumable_batches
-from animegamer.training.checkpoint import find_resume, load_checkpoint, save_checkpoint, skip_model_weights_in_state
+from animegamer.training.checkpoint import check_resume, save_checkpoint, skip_model_weights_in_state
 from animegamer.training.distill import (
     ConditionDataset,
     segment_boundaries,
@@ -69,7 +67,7 @@ from animegamer.training.distill import (
     teacher_segment,
 )
 from animegamer.training.optim import build_optimizer, build_scheduler
-from animegamer.training.run import build_accelerator, configure_deepspeed, start_run
+from animegamer.training.run import build_accelerator, configure_deepspeed, parse_stage_config, restore, start_run
 
 
 class Plan:
@@ -157,18 +155,8 @@ def compute_loss(model, teacher: AnimationShotDecoder, batch: dict, plan: Plan, 
     return torch.nn.functional.mse_loss(prediction, target)
 
 
-def fail(message: str) -> NoReturn:
-    print(f"error: {message}", file=sys.stderr)
-    raise SystemExit(2)
-
-
 def main(argv: list[str] | None = None) -> Path:
-    def flags(parser):
-        parser.add_argument("--resume", help="'latest' or a checkpoint path (same as train.resume=...)")
-
-    cfg, args = parse_config(StageDConfig, __doc__, argv, extra=flags)
-    if args.resume:
-        cfg.train.resume = args.resume
+    cfg = parse_stage_config(StageDConfig, __doc__, argv)
     train = cfg.train
     if cfg.teacher.scheduler != "ddim":
         fail(f"teacher.scheduler={cfg.teacher.scheduler!r}: the teacher's ODE is the deterministic DDIM sampler "
@@ -180,21 +168,22 @@ def main(argv: list[str] | None = None) -> Path:
     skip_model_weights_in_state(accelerator)
     say = accelerator.print
 
-    # ---- data, teacher and student: bad input fails here, before the run writes anything
+    # ---- the resume checkpoint, the data, teacher and student: bad input fails here, before anything of the run is
+    # written (a failed retry leaves a finished run's files alone) and, for the first two, before a model is built
     try:
+        resume = check_resume(cfg.output_dir, train.resume, accelerator.num_processes, train.allow_rng_reset)
         dataset, left_out = build_dataset(cfg)
         set_seed(cfg.seed)
         student = build_student(cfg)
         teacher = build_teacher(cfg, accelerator.device)
         plan = Plan(cfg, student)
     except (ManifestError, FileNotFoundError, ValueError) as exc:
-        fail(str(exc))
+        fail(str(exc))  # CheckpointError is a ValueError
     tcfg = student.transformer.config
     want = (student.num_condition_tokens, tcfg.num_attention_heads * tcfg.attention_head_dim)
     if tuple(dataset[0]["shot_embeds"].shape) != want:
         fail(f"conditions in {cfg.conditions} are s_a of {tuple(dataset[0]['shot_embeds'].shape)}; the decoder "
              f"takes {want}")
-    out = start_run(accelerator, cfg, "stage_d")
     for line in left_out[:20]:
         say(f"left out {line}")
     say(
@@ -220,12 +209,9 @@ def main(argv: list[str] | None = None) -> Path:
         core.load_trained(path / DECODER_DIR)
 
     # ---- resume: weights, optimizer, lr schedule and every process's RNG; the data order is a function of step
-    step = 0
     set_seed(cfg.seed + accelerator.process_index)  # noise and segments differ per process
-    resume_from = find_resume(cfg.output_dir, train.resume)
-    if resume_from is not None:
-        step = load_checkpoint(accelerator, resume_from, load_weights)["step"]
-        say(f"resumed from {resume_from} at step {step}")
+    step = restore(accelerator, resume, load_weights, train.allow_rng_reset)
+    out = start_run(accelerator, cfg, "stage_d", resume)
     batches = resumable_batches(dataset, accelerator, train, cfg.seed, step, cfg.data.num_workers)
 
     # ---- loop

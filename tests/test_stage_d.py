@@ -1,7 +1,6 @@
 """Stage (d): the distillation pieces (teacher segments, target, student step), a real tiny run, resume, configs."""
 
 import csv
-import importlib.util
 import json
 from itertools import pairwise
 from pathlib import Path
@@ -9,8 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from animegamer.config import DecoderConfig, SamplingConfig, load_config
-from animegamer.models.decoder import AnimationShotDecoder
+from animegamer.config import SamplingConfig, load_config
 from animegamer.models.fewstep import SAMPLER_FILE, FewStepSampler, alpha_schedule, ddim_step, fewstep_sample
 from animegamer.models.sampling import guidance_scales
 from animegamer.models.trained import load_decoder
@@ -23,22 +21,23 @@ from animegamer.training.distill import (
     teacher_segment,
 )
 from tests.stage_b_data import clip_id, write_stage_b_data
+from tests.stage_scripts import (
+    ROOT,
+    check_bad_resumes_leave_the_run_alone,
+    launch_two_processes,
+    load_script,
+    logged_losses,
+    tiny_decoder_config,
+    write_decoder_run,
+)
 
-ROOT = Path(__file__).resolve().parents[1]
 TINY_CONFIG = ROOT / "configs" / "tiny" / "stage_d.yaml"
 SLOTS, SHOT_DIM = 226, 32
 UNCAPTIONED = clip_id(0, 3)
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def _load_script():
-    spec = importlib.util.spec_from_file_location("train_stage_d", ROOT / "scripts" / "train_stage_d.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-train_stage_d = _load_script()
+train_stage_d = load_script("train_stage_d")
 
 
 @pytest.fixture(scope="module")
@@ -47,16 +46,9 @@ def run(tmp_path_factory, tiny_cogvideox_dir):
     root = tmp_path_factory.mktemp("stage_d")
     write_stage_b_data(root, films=1, clips_per_film=4, num_slots=SLOTS, shot_dim=SHOT_DIM, uncaptioned=(UNCAPTIONED,))
     torch.manual_seed(0)
-    cfg = DecoderConfig(pretrained=str(tiny_cogvideox_dir), lora_rank=4, lora_alpha=4, motion_embed_dim=16,
-                        gradient_checkpointing=False, dtype="fp32")
-    decoder = AnimationShotDecoder.from_config(cfg, with_vae=False)
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in decoder.trainable_parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    cfg = tiny_decoder_config(tiny_cogvideox_dir)
     stage_c = root / "stage_c"
-    decoder.save_trained(stage_c / "checkpoints" / "step_0000003" / "decoder")
-    (stage_c / "checkpoints" / "latest").write_text("step_0000003\n")
+    write_decoder_run(cfg, stage_c, 3, torch.Generator().manual_seed(1))
     overrides = [
         f"decoder.pretrained={tiny_cogvideox_dir}",
         f"data.manifest={root / 'clips.jsonl'}",
@@ -73,10 +65,6 @@ def run(tmp_path_factory, tiny_cogvideox_dir):
 
 def _argv(run, out: Path, *extra: str) -> list[str]:
     return ["--config", str(TINY_CONFIG), *run["overrides"], f"output_dir={out}", *extra]
-
-
-def _losses(run_dir: Path) -> list[float]:
-    return [float(r["value"]) for r in csv.DictReader(open(run_dir / "metrics.csv")) if r["name"] == "loss"]
 
 
 # ---------------------------------------------------------------- pure pieces
@@ -173,7 +161,7 @@ def test_run_writes_a_decoder_checkpoint_and_resumes_exactly(run, tmp_path, caps
     assert [p.name for p in steps] == ["step_0000001", "step_0000002", "step_0000003"]
     for name in ("adapter_model.safetensors", "motion_embedding.safetensors", "decoder_config.json", SAMPLER_FILE):
         assert (steps[-1] / "decoder" / name).is_file(), name
-    losses = _losses(straight)
+    losses = logged_losses(straight)
     assert len(losses) == 3 and all(torch.isfinite(torch.tensor(losses)))
     rows = list(csv.DictReader(open(straight / "metrics.csv")))
     segments = [r for r in rows if r["name"].startswith("loss_segment_")]
@@ -197,7 +185,7 @@ def test_run_writes_a_decoder_checkpoint_and_resumes_exactly(run, tmp_path, caps
     again = load_state_dict_file(list_checkpoints(resumed)[-1] / "decoder" / "adapter_model.safetensors")
     for k, v in final.items():
         torch.testing.assert_close(again[k], v, rtol=0, atol=1e-6, msg=k)
-    assert _losses(resumed)[-1] == pytest.approx(losses[-1], abs=1e-6)  # step 3's loss, after the resume
+    assert logged_losses(resumed)[-1] == pytest.approx(losses[-1], abs=1e-6)  # step 3's loss, after the resume
 
 
 def test_user_mistakes_exit_2_with_one_line(run, tmp_path, capsys):
@@ -233,23 +221,32 @@ def test_configs_line_up_with_stage_c():
 
 def test_two_processes(run, tmp_path):
     """The same script under accelerate with 2 CPU processes (DDP): one run, every rank's RNG state saved."""
-    import os
-    import socket
-    import subprocess
-    import sys
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     out = tmp_path / "ddp"
-    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
-           str(port), str(ROOT / "scripts" / "train_stage_d.py"),
-           *_argv(run, out, "train.max_steps=2", "train.batch_size=1", "train.checkpoint_every=2")]
-    result = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    result = launch_two_processes(
+        "train_stage_d", _argv(run, out, "train.max_steps=2", "train.batch_size=1", "train.checkpoint_every=2")
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads((out / "run_info.json").read_text())["num_processes"] == 2
     step = out / "checkpoints" / "step_0000002"
     assert (step / "random_states_1.pkl").is_file() and (step / "decoder" / SAMPLER_FILE).is_file()
-    assert all(torch.isfinite(torch.tensor(_losses(out))))
+    assert all(torch.isfinite(torch.tensor(logged_losses(out))))
+
+
+def test_a_bad_resume_fails_in_one_line_and_leaves_the_finished_run_alone(run, tmp_path, capsys):
+    out = train_stage_d.main(_argv(run, tmp_path / "done", "train.max_steps=1", "train.checkpoint_every=1"))
+    check_bad_resumes_leave_the_run_alone(train_stage_d.main, lambda *extra: _argv(run, out, *extra), out, capsys)
+
+
+def test_resume_without_an_rng_state_needs_allow_rng_reset(run, tmp_path, capsys):
+    out = train_stage_d.main(_argv(run, tmp_path / "done", "train.max_steps=1", "train.checkpoint_every=1"))
+    (out / "checkpoints" / "step_0000001" / "random_states_0.pkl").unlink()
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        train_stage_d.main(_argv(run, out, "train.max_steps=2", "--resume", "latest"))
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and "train.allow_rng_reset=true" in err and "\n" not in err, err
+    train_stage_d.main(_argv(run, out, "train.max_steps=2", "train.allow_rng_reset=true", "--resume", "latest"))
+    assert "not an exact resume" in capsys.readouterr().err
+    info = json.loads((out / "run_info.json").read_text())
+    assert info["resumed_step"] == 1 and "random_states_0.pkl is missing" in info["rng_reset"]
+    assert [p.name for p in list_checkpoints(out)] == ["step_0000001", "step_0000002"]

@@ -16,7 +16,7 @@ from accelerate import Accelerator, PartialState
 from accelerate.tracking import GeneralTracker
 from accelerate.utils import ProjectConfiguration, parse_flag_from_env
 
-from animegamer.cli import fail
+from animegamer.cli import fail, parse_config
 from animegamer.config import TrainConfig, to_yaml
 from animegamer.io import atomic_path, atomic_write_json, atomic_write_text
 from animegamer.training.checkpoint import ResumePoint, load_checkpoint
@@ -98,6 +98,19 @@ def trim_metrics(path: Path, last_step: int) -> int:
         with atomic_path(path) as tmp, open(tmp, "w", newline="") as fh:
             csv.writer(fh).writerows(kept)
     return len(rows) - len(kept)
+
+
+def parse_stage_config(schema: type, doc: str | None, argv: list[str] | None = None) -> Any:
+    """A training stage's config from ``--config FILE key=value ... [--resume latest|PATH]``; ``--resume`` is the
+    same as ``train.resume=...`` and wins over it. Config errors exit with one ``error:`` line (code 2)."""
+
+    def flags(parser):
+        parser.add_argument("--resume", help="'latest' or a checkpoint path (same as train.resume=...)")
+
+    cfg, args = parse_config(schema, doc, argv, extra=flags)
+    if args.resume:
+        cfg.train.resume = args.resume
+    return cfg
 
 
 def build_accelerator(output_dir: str, train: TrainConfig):

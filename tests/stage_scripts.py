@@ -1,0 +1,87 @@
+"""What the decoder stage tests (c, d) share: loading a stage script, a stage checkpoint to start from, its
+metrics, a 2-process launch, and the check that a bad resume leaves a finished run alone."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+from animegamer.config import DecoderConfig
+from animegamer.models.decoder import AnimationShotDecoder
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_script(name: str) -> ModuleType:
+    """``scripts/<name>.py`` as a module (scripts/ is not a package), so tests call its ``main`` and helpers."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def tiny_decoder_config(pretrained: str | Path) -> DecoderConfig:
+    """The tiny decoder the stage tests train: LoRA rank 4, fp32, no gradient checkpointing."""
+    return DecoderConfig(pretrained=str(pretrained), lora_rank=4, lora_alpha=4, motion_embed_dim=16,
+                         gradient_checkpointing=False, dtype="fp32")
+
+
+def write_decoder_run(cfg: DecoderConfig, run_dir: Path, step: int, generator: torch.Generator) -> Path:
+    """A finished stage run's decoder: ``run_dir/checkpoints/step_N/decoder`` + ``latest``. Its trained parts
+    (LoRA, motion embedding) are moved by 0.05 * N(0, 1) so that starting from it is observable (fresh LoRA B is 0).
+    The decoder is built from the current torch seed; returns the step directory."""
+    decoder = AnimationShotDecoder.from_config(cfg, with_vae=False)
+    with torch.no_grad():
+        for p in decoder.trainable_parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=generator))
+    step_dir = run_dir / "checkpoints" / f"step_{step:07d}"
+    decoder.save_trained(step_dir / "decoder")
+    (run_dir / "checkpoints" / "latest").write_text(f"{step_dir.name}\n")
+    return step_dir
+
+
+def logged_losses(run_dir: Path) -> list[float]:
+    """The ``loss`` values of a run's metrics.csv, in step order."""
+    with open(run_dir / "metrics.csv", newline="") as fh:
+        return [float(r["value"]) for r in csv.DictReader(fh) if r["name"] == "loss"]
+
+
+def launch_two_processes(script: str, argv: list[str], **env: str) -> subprocess.CompletedProcess:
+    """``scripts/<script>.py argv`` under ``accelerate launch`` with 2 CPU processes (DDP over gloo)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1", **env}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           "--main_process_port", str(port), str(ROOT / "scripts" / f"{script}.py"), *argv]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+
+
+def check_bad_resumes_leave_the_run_alone(main: Callable[[list[str]], Path], argv: Callable[..., list[str]],
+                                          out: Path, capsys) -> None:
+    """``out`` is a finished run with a checkpoint at step 1; ``argv(*extra)`` the arguments that made it. Resuming
+    from a mistyped path, and from ``latest`` once its optimizer.bin is truncated, must each end in one
+    ``error: ...`` line naming the problem, exit code 2, and leave config.yaml, run_info.json and metrics.csv
+    byte-identical."""
+    kept = {name: (out / name).read_bytes() for name in ("config.yaml", "run_info.json", "metrics.csv")}
+    optimizer = out / "checkpoints" / "step_0000001" / "optimizer.bin"
+    optimizer.write_bytes(optimizer.read_bytes()[:100])
+    capsys.readouterr()
+    for resume, needle in [("latest", f"{optimizer}: damaged or truncated"),
+                           (str(out.parent / "nonexistent"), "checkpoint not found")]:
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv("train.max_steps=2", "--resume", resume))
+        err = capsys.readouterr().err.strip()
+        assert exit_info.value.code == 2 and err.startswith("error: ") and needle in err and "\n" not in err, err
+        assert {name: (out / name).read_bytes() for name in kept} == kept
