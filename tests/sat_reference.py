@@ -1,59 +1,18 @@
-"""Random SAT decoder checkpoints of any size, and a float64 forward of them written from the facts of
-tests/data/official_ref/README.md (independent of diffusers and of the converter), for generality tests."""
+"""A float64 forward of SAT decoder checkpoints written from the facts of tests/data/official_ref/README.md
+(independent of diffusers and of the converter), for generality tests. The random checkpoints themselves come from
+the package (animegamer.official.synthetic, which the benchmark's ``official`` part uses too)."""
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from animegamer.official.sat_layout import PREFIX, SatDecoderSpec, expected_shapes
+from animegamer.official.sat_layout import SatDecoderSpec
+from animegamer.official.synthetic import write_random_checkpoint
 
-
-def _sincos_1d(dim: int, positions: torch.Tensor) -> torch.Tensor:
-    """[sin, cos] of positions (n,) at ω_k = 10000^(-k / (dim/2)) -> (n, dim), float64."""
-    omega = 1.0 / 10000 ** (torch.arange(dim // 2, dtype=torch.float64) / (dim / 2))
-    angles = positions.double()[:, None] * omega[None]
-    return torch.cat([angles.sin(), angles.cos()], dim=1)
-
-
-def position_table(spec: SatDecoderSpec) -> torch.Tensor:
-    """(1, text_length + video tokens, H): zeros for the conditioning tokens, then per token (t, i, j) the temporal
-    part (H/4 channels, frame index) and the spatial part (3H/4: first half the column j, second the row i,
-    positions divided by the interpolation scale)."""
-    h = spec.hidden_size
-    rows, cols = spec.latent_height // spec.patch_size, spec.latent_width // spec.patch_size
-    t_idx, i_idx, j_idx = torch.meshgrid(
-        torch.arange(spec.latent_frames), torch.arange(rows), torch.arange(cols), indexing="ij"
-    )
-    spatial = 3 * h // 4
-    temporal = _sincos_1d(h // 4, t_idx.flatten().double())
-    width = _sincos_1d(spatial // 2, j_idx.flatten().double() / spec.width_interpolation)
-    height = _sincos_1d(spatial // 2, i_idx.flatten().double() / spec.height_interpolation)
-    video = torch.cat([temporal, width, height], dim=1)  # (T*rows*cols, H)
-    return torch.cat([torch.zeros(spec.text_length, h, dtype=torch.float64), video])[None].float()
-
-
-def write_random_checkpoint(out: Path, spec: SatDecoderSpec, seed: int, iteration: int = 7) -> dict:
-    """``out/latest`` + ``out/<iteration>/mp_rank_00_model_states.pt`` with random weights; returns the state dict."""
-    g = torch.Generator().manual_seed(seed)
-    state = {}
-    for key, shape in expected_shapes(spec).items():
-        if key.endswith("pos_embedding"):
-            state[key] = position_table(spec)
-        elif len(shape) == 1:  # norm weights 1 + 0.1 N, other vectors 0.1 N
-            base = 1.0 if key.endswith("weight") else 0.0
-            state[key] = base + 0.1 * torch.randn(shape, generator=g)
-        else:
-            fan_in = math.prod(shape[1:])
-            state[key] = torch.randn(shape, generator=g) / fan_in**0.5
-    (out / str(iteration)).mkdir(parents=True)
-    (out / "latest").write_text(str(iteration))
-    module = {PREFIX + k: v for k, v in state.items()}
-    torch.save({"module": module, "iteration": iteration}, out / str(iteration) / "mp_rank_00_model_states.pt")
-    return state
+__all__ = ["sat_forward", "write_random_checkpoint"]
 
 
 def sat_forward(state, spec: SatDecoderSpec, x, timestep, flow, tokens) -> torch.Tensor:

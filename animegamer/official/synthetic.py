@@ -1,4 +1,6 @@
-"""Random agent weights and a stand-in tokenizer in the release's layout, and the memory a conversion takes.
+"""Random release files (SAT decoder checkpoints, agent weights, a stand-in tokenizer) and the memory a conversion
+takes. Tests, the memory measurement below and the benchmark's ``official`` part build their release-layout inputs
+here.
 
     python -m animegamer.official.synthetic --tokenizer TOKENIZER_DIR --hidden-size 2048 --layers 8 --shard-mb 256
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 import tempfile
@@ -21,6 +24,7 @@ from pathlib import Path
 import torch
 
 from animegamer.cli import fail
+from animegamer.official.sat_layout import PREFIX, SatDecoderSpec, expected_shapes
 
 LLM = "llm.base_model.model."
 RELEASE_FRAME_TOKENS = 256  # <frame_00000> … <frame_00255> open the release tokenizer's added tokens
@@ -60,6 +64,89 @@ def build_release_tokenizer(out_dir: str | Path, base_vocab: int) -> Path:
     out_dir = Path(out_dir)
     fast.save_pretrained(str(out_dir))
     return out_dir
+
+
+def _sincos_1d(dim: int, positions: torch.Tensor) -> torch.Tensor:
+    """[sin, cos] of positions (n,) at ω_k = 10000^(-k / (dim/2)) -> (n, dim), float64."""
+    omega = 1.0 / 10000 ** (torch.arange(dim // 2, dtype=torch.float64) / (dim / 2))
+    angles = positions.double()[:, None] * omega[None]
+    return torch.cat([angles.sin(), angles.cos()], dim=1)
+
+
+def position_table(spec: SatDecoderSpec) -> torch.Tensor:
+    """(1, text_length + video tokens, H): zeros for the conditioning tokens, then per token (t, i, j) the temporal
+    part (H/4 channels, frame index) and the spatial part (3H/4: first half the column j, second the row i,
+    positions divided by the interpolation scale), as tests/data/official_ref/README.md describes SAT's table."""
+    h = spec.hidden_size
+    rows, cols = spec.latent_height // spec.patch_size, spec.latent_width // spec.patch_size
+    t_idx, i_idx, j_idx = torch.meshgrid(
+        torch.arange(spec.latent_frames), torch.arange(rows), torch.arange(cols), indexing="ij"
+    )
+    spatial = 3 * h // 4
+    temporal = _sincos_1d(h // 4, t_idx.flatten().double())
+    width = _sincos_1d(spatial // 2, j_idx.flatten().double() / spec.width_interpolation)
+    height = _sincos_1d(spatial // 2, i_idx.flatten().double() / spec.height_interpolation)
+    video = torch.cat([temporal, width, height], dim=1)  # (T*rows*cols, H)
+    return torch.cat([torch.zeros(spec.text_length, h, dtype=torch.float64), video])[None].float()
+
+
+def write_random_checkpoint(
+    out: Path, spec: SatDecoderSpec, seed: int, iteration: int = 7, dtype: torch.dtype = torch.float32
+) -> dict:
+    """``out/latest`` + ``out/<iteration>/mp_rank_00_model_states.pt`` (SAT's layout: ``{"module": {prefixed
+    tensors}, "iteration": n}``) with random weights of every tensor ``spec`` implies, stored in ``dtype``; returns
+    the state dict (unprefixed). Weights N(0,1)/sqrt(fan_in), norm weights 1 + 0.1 N, other vectors 0.1 N, the
+    position table SAT's fixed sin-cos one (as the reference set draws them)."""
+    g = torch.Generator().manual_seed(seed)
+    state = {}
+    for key, shape in expected_shapes(spec).items():
+        if key.endswith("pos_embedding"):
+            tensor = position_table(spec)
+        elif len(shape) == 1:
+            base = 1.0 if key.endswith("weight") else 0.0
+            tensor = base + 0.1 * torch.randn(shape, generator=g)
+        else:
+            tensor = torch.randn(shape, generator=g) / math.prod(shape[1:]) ** 0.5
+        state[key] = tensor.to(dtype)
+    (out / str(iteration)).mkdir(parents=True)
+    (out / "latest").write_text(str(iteration))
+    module = {PREFIX + k: v for k, v in state.items()}
+    torch.save({"module": module, "iteration": iteration}, out / str(iteration) / "mp_rank_00_model_states.pt")
+    return state
+
+
+def sat_model_yaml(spec: SatDecoderSpec) -> dict:
+    """A SAT model YAML tree (VDM_Decoder/configs/cogvideox_2b.yaml's structure, the fields
+    :func:`~animegamer.official.sat_layout.read_model_yaml` reads) that describes ``spec``."""
+    return {"model": {
+        "clip_img_encoder_config": {"target": f"FrozenOpenCLIPImageEmbedder_{spec.image_tokens}"},
+        "denoiser_config": {"params": {
+            "num_idx": spec.num_idx,
+            "discretization_config": {"params": {"shift_scale": spec.shift_scale, "linear_start": spec.linear_start,
+                                                 "linear_end": spec.linear_end}},
+        }},
+        "sampler_config": {"params": {
+            "num_steps": spec.sample_steps,
+            "guider_config": {"params": {"scale": spec.guidance_scale, "exp": spec.guidance_exponent}},
+        }},
+        "network_config": {"params": {
+            "hidden_size": spec.hidden_size, "num_layers": spec.num_layers, "num_attention_heads": spec.num_heads,
+            "time_embed_dim": spec.time_embed_dim, "in_channels": spec.in_channels,
+            "out_channels": spec.out_channels, "patch_size": spec.patch_size, "num_frames": spec.num_frames,
+            "time_compressed_rate": spec.time_compressed_rate, "latent_height": spec.latent_height,
+            "latent_width": spec.latent_width, "elementwise_affine": spec.elementwise_affine,
+            "flow_condition": True, "have_ip_cross_attn": False,
+            "modules": {
+                "patch_embed_config": {"params": {"text_hidden_size": spec.text_hidden_size,
+                                                  "ip_hidden_size": spec.ip_hidden_size, "use_attention_mix": False}},
+                "lora_config": {"params": {"r": spec.lora_rank, "lora_alpha": spec.lora_alpha}},
+                "adaln_layer_config": {"params": {"qk_ln": True}},
+                "pos_embed_config": {"params": {"text_length": spec.text_length,
+                                                "height_interpolation": spec.height_interpolation,
+                                                "width_interpolation": spec.width_interpolation}},
+            },
+        }},
+    }}  # fmt: skip
 
 
 LORA_MODULES = {"self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"), "mlp": ("gate_proj", "up_proj", "down_proj")}
@@ -109,8 +196,7 @@ def random_agent_state(config: dict, lora_rank: int, shot_dim: int, vocab_total:
 
 
 _CHILD = """
-import json, sys, threading, time
-from animegamer.official.mllm import convert_agent
+import importlib, json, sys, threading, time
 peak = {"rss": 0, "anon": 0, "file": 0}
 def poll():
     while True:
@@ -119,13 +205,29 @@ def poll():
         peak["rss"] = max(peak["rss"], kb["RssAnon"] + kb["RssFile"] + kb.get("RssShmem", 0))
         peak["anon"], peak["file"] = max(peak["anon"], kb["RssAnon"]), max(peak["file"], kb["RssFile"])
         time.sleep(0.02)
-threading.Thread(target=poll, daemon=True).start()
 args = json.loads(sys.argv[1])
+module, name = args["function"].split(":")
+function = getattr(importlib.import_module(module), name)
+threading.Thread(target=poll, daemon=True).start()
 start = time.perf_counter()
-convert_agent(**args)
+function(**args["kwargs"])
+seconds = time.perf_counter() - start
 time.sleep(0.1)
-print(json.dumps({"seconds": time.perf_counter() - start, **{k + "_mb": v / 1024 for k, v in peak.items()}}))
+print(json.dumps({"seconds": seconds, **{k + "_mb": v / 1024 for k, v in peak.items()}}))
 """
+
+
+def measure_conversion(function: str, kwargs: dict) -> dict[str, float]:
+    """Run ``function`` ("module:name", e.g. "animegamer.official.convert:convert_release") with JSON ``kwargs`` in
+    a child process, so that its peak memory is its own and not the caller's: returns seconds and the child's peak
+    RSS (``rss_mb``), anonymous (``anon_mb``, what the conversion holds) and file-backed (``file_mb``: libraries and
+    the memory-mapped input, page cache the kernel can drop). Raises RuntimeError with the child's last error line."""
+    payload = json.dumps({"function": function, "kwargs": kwargs})
+    result = subprocess.run([sys.executable, "-c", _CHILD, payload], capture_output=True, text=True)
+    if result.returncode != 0:
+        lines = result.stderr.strip().splitlines() or ["(no output)"]
+        raise RuntimeError(f"the conversion failed: {lines[-1]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -172,14 +274,11 @@ def main(argv: list[str] | None = None) -> None:
             "llm_yaml": str(root / "llm.yaml"),
             "shard_bytes": args.shard_mb * 1024**2,
         }
-        result = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(child_args)], capture_output=True, text=True)
-        if result.returncode != 0:
-            fail(f"the conversion failed: {result.stderr.strip().splitlines()[-1]}")
-        report = {
-            "agent_file_mb": agent.stat().st_size / 1024**2,
-            "shard_mb": args.shard_mb,
-            **json.loads(result.stdout.strip().splitlines()[-1]),
-        }
+        try:
+            measured = measure_conversion("animegamer.official.mllm:convert_agent", child_args)
+        except RuntimeError as exc:
+            fail(str(exc))
+        report = {"agent_file_mb": agent.stat().st_size / 1024**2, "shard_mb": args.shard_mb, **measured}
     print(json.dumps(report, indent=1))
 
 
