@@ -1,19 +1,13 @@
 """Stage (c): the MLLM predictions cache, decoder-only adaptation, exact resume, configs."""
 
-import csv
 import hashlib
-import importlib.util
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from animegamer.config import DecoderConfig, MLLMConfig, load_config
+from animegamer.config import MLLMConfig, load_config
 from animegamer.data.manifest import read_manifest
 from animegamer.data.stage_b import clip_turn
 from animegamer.data.stage_c import (
@@ -25,14 +19,21 @@ from animegamer.data.stage_c import (
 )
 from animegamer.data.tensor_store import TensorStore
 from animegamer.inference.mllm_runner import predict_turn
-from animegamer.models.decoder import AnimationShotDecoder
 from animegamer.models.mllm import AnimeGamerMLLM
 from animegamer.models.trained import load_decoder
 from animegamer.models.weights import load_state_dict_file
 from animegamer.training.checkpoint import list_checkpoints
 from tests.stage_b_data import clip_id, write_stage_b_data
+from tests.stage_scripts import (
+    ROOT,
+    check_bad_resumes_leave_the_run_alone,
+    launch_two_processes,
+    load_script,
+    logged_losses,
+    tiny_decoder_config,
+    write_decoder_run,
+)
 
-ROOT = Path(__file__).resolve().parents[1]
 TINY_CONFIG = ROOT / "configs" / "tiny" / "stage_c.yaml"
 SLOTS, SHOT_DIM = 226, 32  # the tiny CogVideoX's condition tokens and width
 LATENT_SHAPE = (4, 2, 4, 6)  # (C, F, h, w): 2 latent frames of 4x6, the smallest the tiny decoder takes
@@ -40,14 +41,7 @@ NO_FEATURES, NO_TARGET = clip_id(1, 3), clip_id(0, 2)
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def _load_script():
-    spec = importlib.util.spec_from_file_location("train_stage_c", ROOT / "scripts" / "train_stage_c.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-train_stage_c = _load_script()
+train_stage_c = load_script("train_stage_c")
 
 
 def _digest(directory: Path) -> dict[str, str]:
@@ -72,15 +66,8 @@ def runs(tmp_path_factory, tiny_cogvideox_dir, tiny_mistral_dir):
     )
 
     torch.manual_seed(0)
-    decoder_cfg = DecoderConfig(pretrained=str(tiny_cogvideox_dir), lora_rank=4, lora_alpha=4, motion_embed_dim=16,
-                                gradient_checkpointing=False, dtype="fp32")
-    decoder = AnimationShotDecoder.from_config(decoder_cfg, with_vae=False)
-    with torch.no_grad():
-        for p in decoder.trainable_parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=g))
     stage_a = root / "stage_a"
-    decoder.save_trained(stage_a / "checkpoints" / "step_0000007" / "decoder")
-    (stage_a / "checkpoints" / "latest").write_text("step_0000007\n")
+    write_decoder_run(tiny_decoder_config(tiny_cogvideox_dir), stage_a, 7, g)
 
     mllm_cfg = MLLMConfig(pretrained=str(tiny_mistral_dir), shot_dim=SHOT_DIM, lora_rank=4, lora_alpha=4,
                           gradient_checkpointing=False, dtype="fp32")
@@ -117,10 +104,6 @@ def _trained(step_dir: Path) -> dict[str, torch.Tensor]:
     return {**load_state_dict_file(step_dir / "decoder/adapter_model.safetensors"),
             **{f"motion.{k}": v for k, v in load_state_dict_file(step_dir / "decoder/motion_embedding.safetensors")
                .items()}}
-
-
-def _losses(run_dir: Path) -> list[float]:
-    return [float(r["value"]) for r in csv.DictReader(open(run_dir / "metrics.csv")) if r["name"] == "loss"]
 
 
 def test_predictions_are_teacher_forced_made_once_and_checked(runs, tmp_path, monkeypatch, capsys):
@@ -216,7 +199,7 @@ def test_only_the_decoder_trains_and_resume_is_exact(runs, tmp_path, capsys):
         tuple(p.shape) for p in trainable
     )
     torch.testing.assert_close(decoder.transformer.ofs_embedding.linear_2.weight, w[3]["motion.linear_2.weight"])
-    losses = _losses(straight)
+    losses = logged_losses(straight)
     assert len(losses) == 4 and all(torch.isfinite(torch.tensor(losses)))
 
     # exact resume: 2 steps, stop, resume to 4 == 4 straight steps
@@ -226,7 +209,7 @@ def test_only_the_decoder_trains_and_resume_is_exact(runs, tmp_path, capsys):
     final = _trained(list_checkpoints(resumed)[-1])
     for k, v in w[3].items():
         torch.testing.assert_close(final[k], v, rtol=0, atol=1e-6, msg=k)
-    assert _losses(resumed) == pytest.approx(losses, abs=1e-6)
+    assert logged_losses(resumed) == pytest.approx(losses, abs=1e-6)
 
 
 @pytest.mark.parametrize("motion_loss_weight", [0.0, 10.0])
@@ -253,20 +236,12 @@ def test_overfitting_one_batch(runs, motion_loss_weight):
     assert all(torch.equal(p, frozen[n]) for n, p in decoder.named_parameters() if not p.requires_grad)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_two_processes_share_the_predictions(runs, tmp_path):
     out = tmp_path / "ddp"
-    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "--main_process_port", str(_free_port()), str(ROOT / "scripts" / "train_stage_c.py"),
-           *_argv(runs, out, "train.max_steps=2", "train.batch_size=1", "train.checkpoint_every=2")]
-    result = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    result = launch_two_processes(
+        "train_stage_c", _argv(runs, out, "train.max_steps=2", "train.batch_size=1", "train.checkpoint_every=2"),
+        TOKENIZERS_PARALLELISM="false",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads((out / "run_info.json").read_text())["num_processes"] == 2
     assert (out / "checkpoints" / "step_0000002" / "random_states_1.pkl").is_file()
@@ -310,14 +285,4 @@ def test_configs_line_up_with_stages_a_and_b():
 
 def test_a_bad_resume_fails_in_one_line_and_leaves_the_finished_run_alone(runs, tmp_path, capsys):
     out = train_stage_c.main(_argv(runs, tmp_path / "done", "train.max_steps=1", "train.checkpoint_every=1"))
-    kept = {name: (out / name).read_bytes() for name in ("config.yaml", "run_info.json", "metrics.csv")}
-    optimizer = out / "checkpoints" / "step_0000001" / "optimizer.bin"
-    optimizer.write_bytes(optimizer.read_bytes()[:100])
-    capsys.readouterr()
-    for resume, needle in [("latest", f"{optimizer}: damaged or truncated"),
-                           (str(tmp_path / "nonexistent"), "checkpoint not found")]:
-        with pytest.raises(SystemExit) as exit_info:
-            train_stage_c.main(_argv(runs, out, "train.max_steps=2", "--resume", resume))
-        err = capsys.readouterr().err.strip()
-        assert exit_info.value.code == 2 and err.startswith("error: ") and needle in err and "\n" not in err, err
-        assert {name: (out / name).read_bytes() for name in kept} == kept
+    check_bad_resumes_leave_the_run_alone(train_stage_c.main, lambda *extra: _argv(runs, out, *extra), out, capsys)
