@@ -52,7 +52,7 @@ from animegamer.data.features import motion_level_of
 from animegamer.data.manifest import ManifestError, read_manifest
 from animegamer.data.tensor_store import TensorStore
 from animegamer.models.decoder import AnimationShotDecoder
-from animegamer.models.fewstep import FewStepSampler, alpha_at, alpha_schedule
+from animegamer.models.fewstep import SAMPLER_FILE, FewStepSampler, alpha_at, alpha_schedule
 from animegamer.models.sampling import guidance_scales
 from animegamer.models.trained import DECODER_DIR, load_decoder
 from animegamer.training.batches import resumable_batches
@@ -108,6 +108,18 @@ def latent_shape(cfg: StageDConfig, decoder: AnimationShotDecoder) -> tuple[int,
                          f"and sizes divisible by {spatial}")
     channels = decoder.transformer.config.in_channels
     return (s.num_frames - 1) // temporal + 1, channels, s.height // spatial, s.width // spatial
+
+
+def check_resumed_sampler(checkpoint: Path, plan: Plan, num_train_timesteps: int) -> None:
+    """A resume continues the same distillation: the checkpoint's student timesteps and teacher settings must be
+    this config's (else one LoRA would be trained on two step plans and its sampler.json would describe only the
+    last)."""
+    saved = FewStepSampler.load(checkpoint / DECODER_DIR, num_train_timesteps)
+    for what, was, now in (("timesteps", saved.timesteps, plan.sampler.timesteps),
+                           ("teacher", saved.teacher, plan.sampler.teacher)):
+        if was != now:
+            raise ValueError(f"{checkpoint / DECODER_DIR / SAMPLER_FILE}: the run distilled {what} {was}, this config "
+                             f"gives {now} (student_steps and teacher.* must stay those of the run it resumes)")
 
 
 def build_teacher(cfg: StageDConfig, device) -> AnimationShotDecoder:
@@ -177,6 +189,8 @@ def main(argv: list[str] | None = None) -> Path:
         student = build_student(cfg)
         teacher = build_teacher(cfg, accelerator.device)
         plan = Plan(cfg, student)
+        if resume is not None:
+            check_resumed_sampler(resume.path, plan, student.noise_scheduler.config.num_train_timesteps)
     except (ManifestError, FileNotFoundError, ValueError) as exc:
         fail(str(exc))  # CheckpointError is a ValueError
     tcfg = student.transformer.config

@@ -182,6 +182,11 @@ def test_run_writes_a_decoder_checkpoint_and_resumes_exactly(run, tmp_path, caps
     train_stage_d.main(_argv(run, tmp_path / "b", *common, "train.max_steps=2"))
     resumed = train_stage_d.main(_argv(run, tmp_path / "b", *common, "train.max_steps=3", "--resume", "latest"))
     assert "resumed from" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:  # another step plan cannot continue this run
+        train_stage_d.main(_argv(run, tmp_path / "b", *common, "train.max_steps=4", "student_steps=4", "--resume",
+                                 "latest"))
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and "the run distilled timesteps" in err and "\n" not in err, err
     again = load_state_dict_file(list_checkpoints(resumed)[-1] / "decoder" / "adapter_model.safetensors")
     for k, v in final.items():
         torch.testing.assert_close(again[k], v, rtol=0, atol=1e-6, msg=k)
