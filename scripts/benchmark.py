@@ -17,6 +17,11 @@ Measured, after warm-up (CUDA events on a GPU, perf_counter on a CPU), with peak
 - ``options``: the real-time options of the rendering side by side: presets standard / fast / distilled, each
   cache hook, FP8 on a capable GPU; seconds, transformer calls per clip and the time to the first streamed frames
   (animegamer.bench.options);
+- ``official``: random weights in the official release's on-disk layout (SAT decoder directory, peft agent .bin,
+  tokenizer at the release's ids) at the preset's sizes, converted by scripts/convert_official.py's code (seconds,
+  peak RSS), then one turn in ``compat=released`` (the release's sampler, fp16 decoder, 200-token state
+  generation: the stand-in for the official code, which cannot be installed here) and in ``compat=fixed`` with our
+  fast path, with the ratio and the call counts (animegamer.bench.official);
 - ``stage_a`` / ``stage_b``: one optimizer step of each stage, eager and (with ``compile``) compiled: clips/s and
   tokens/s with MFU against a matmul peak measured in the same run (animegamer.bench.training).
 
@@ -47,6 +52,7 @@ from animegamer.bench.models import (
     build_mllm,
     build_tokenizer,
 )
+from animegamer.bench.official import bench_official
 from animegamer.bench.options import bench_options
 from animegamer.bench.report import markdown
 from animegamer.bench.timing import device_name, matmul_peak_flops
@@ -58,7 +64,7 @@ from animegamer.io import atomic_write_json, atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESET_CONFIGS = {"full": ROOT / "configs" / "benchmark.yaml", "tiny": ROOT / "configs" / "tiny" / "benchmark.yaml"}
-PARTS = ("turn", "options", "stage_a", "stage_b")
+PARTS = ("turn", "options", "official", "stage_a", "stage_b")
 FORMAT = "animegamer-benchmark-v1"
 
 CONVENTIONS = {
@@ -136,7 +142,7 @@ def merge_existing(result: dict, earlier: dict, measured: set[str]) -> None:
     """Copy into ``result`` the parts of ``earlier`` that are not among the ``measured`` ones."""
     dates = {**{part: earlier["date"] for part in PARTS}, **earlier.get("merged_from", {})}
     merged = {}
-    for part in ("turn", "options"):
+    for part in ("turn", "options", "official"):
         if part not in measured and part in earlier:
             result[part] = earlier[part]
             merged[part] = dates[part]
@@ -278,6 +284,13 @@ def main(argv: list[str] | None = None) -> dict:
                     result["options"] = bench_options(decoder, shot, torch.tensor([3]), cfg.sampling, device,
                                                       cfg.warmup, cfg.repeats)
                     del decoder
+                elif part == "official":
+                    # at full size the release files and their conversion take about 40 GB of the temp dir's disk
+                    with tempfile.TemporaryDirectory(dir=tmp) as work:
+                        result["official"] = bench_official(
+                            cfg.preset, device, Path(work), cfg.sampling.steps, cfg.dtype, cfg.warmup, cfg.repeats,
+                            cfg.compile, seed=cfg.seed,
+                        )
                 elif part == "stage_a":
                     script = load_script("train_stage_a")
                     run_cfg = load_config(cfg.stage_a, schema=StageAConfig)

@@ -75,6 +75,43 @@ def options_table(result: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
+def official_table(result: dict[str, Any]) -> list[str]:
+    """The ``official`` part: release-layout weights converted, then one turn ``released`` vs ``fixed`` + fast."""
+    off = result.get("official")
+    if not off:
+        return []
+    st, conv, files = off["settings"], off["conversion"], off["release_files"]
+    rel, fix, speed = off["released"], off["fixed"], off["speedup"]
+    mem = "GPU memory allocated" if result["device"]["type"] == "cuda" else "process RSS"
+    dec, llm = st["decoder"], st["mllm"]
+    lines = [
+        f"**Official release weights** (random, release layout: SAT DiT H {dec['hidden_size']} × {dec['num_layers']} "
+        f"layers, LoRA r={dec['lora_rank']}, {dec['sat_dtype']}; Mistral H {llm['hidden_size']} × "
+        f"{llm['num_hidden_layers']} layers, LoRA r={llm['lora_rank']}): agent .bin {files['agent_bin_mb']:,.1f} MB + "
+        f"decoder checkpoint {files['decoder_checkpoint_mb']:,.1f} MB converted in {_s(conv['seconds'])} s, peak RSS "
+        f"{conv['rss_mb']:,.0f} MB ({conv['anon_mb']:,.0f} MB anonymous, {conv['file_mb']:,.0f} MB file-backed), "
+        f"{conv['converted_mb']:,.1f} MB written.",
+        "",
+        f"One turn on the converted weights, no history, {st['steps']} steps at {st['height']}×{st['width']}, "
+        f"{st['num_frames']} frames; {st['dtype']} weights (released decoder: {st['released_decoder_dtype']}):",
+        "",
+        "| part | released (s) | fixed + fast path (s) | speedup | released / fixed calls |",
+        "| --- | ---: | ---: | ---: | ---: |",
+        f"| MLLM turn | {_s(rel['mllm_s'])} | {_s(fix['mllm_s'])} | {_ratio(speed['mllm'])} | "
+        f"{rel['llm_forward_passes']} / {fix['llm_forward_passes']} LLM forward passes |",
+        f"| denoising | {_s(rel['denoise_s'])} | {_s(fix['denoise_s'])} | {_ratio(speed['denoise'])} | "
+        f"{rel['transformer_calls']} / {fix['transformer_calls']} transformer calls "
+        f"({rel['transformer_rows']} / {fix['transformer_rows']} rows) |",
+        f"| VAE decode | {_s(rel['vae_decode_s'])} | {_s(fix['vae_decode_s'])} | {_ratio(speed['vae_decode'])} | |",
+        f"| **turn** | **{_s(rel['turn_s'])}** | **{_s(fix['turn_s'])}** | **{_ratio(speed['turn'])}** | |",
+        f"| peak {mem} (GB) | {_gb(rel['peak_memory_gb'])} | {_gb(fix['peak_memory_gb'])} | | |",
+        "",
+        off["note"],
+        "",
+    ]
+    return lines
+
+
 def markdown(result: dict[str, Any]) -> str:
     """The tables of one benchmark run, headed by device, date and versions."""
     dev = result["device"]
@@ -141,6 +178,7 @@ def markdown(result: dict[str, Any]) -> str:
             lines.append(f"One eager CFG-batched denoising step by SDPA kernel: {backends}.")
         lines.append("")
     lines += options_table(result)
+    lines += official_table(result)
     train = result.get("training", {})
     if train:
         lines += [
