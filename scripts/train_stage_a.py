@@ -35,7 +35,7 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 from tqdm.auto import tqdm
 
-from animegamer.cli import fail, parse_config
+from animegamer.cli import fail
 from animegamer.config import StageAConfig
 from animegamer.data.features import (
     build_stage_a_dataset,
@@ -53,7 +53,7 @@ from animegamer.training.batches import resumable_batches
 from animegamer.training.checkpoint import check_resume, save_checkpoint, skip_model_weights_in_state
 from animegamer.training.losses import diffusion_loss
 from animegamer.training.optim import build_optimizer, lr_factor
-from animegamer.training.run import build_accelerator, restore, start_run
+from animegamer.training.run import build_accelerator, parse_stage_config, restore, start_run
 
 
 class EncoderDecoder(nn.Module):
@@ -86,12 +86,7 @@ def compute_loss(model, core: EncoderDecoder, batch: dict, cfg: StageAConfig) ->
 
 
 def main(argv: list[str] | None = None) -> Path:
-    def flags(parser):
-        parser.add_argument("--resume", help="'latest' or a checkpoint path (same as train.resume=...)")
-
-    cfg, args = parse_config(StageAConfig, __doc__, argv, extra=flags)
-    if args.resume:
-        cfg.train.resume = args.resume
+    cfg = parse_stage_config(StageAConfig, __doc__, argv)
     train = cfg.train
 
     accelerator = build_accelerator(cfg.output_dir, train)

@@ -25,7 +25,7 @@ import torch
 from accelerate.utils import DistributedType, set_seed
 from tqdm.auto import tqdm
 
-from animegamer.cli import fail, parse_config
+from animegamer.cli import fail
 from animegamer.config import StageBConfig
 from animegamer.data.manifest import ManifestError, read_manifest
 from animegamer.data.sequences import windows_from_config
@@ -38,7 +38,7 @@ from animegamer.tokens import TurnLayout, get_vocabulary
 from animegamer.training.batches import resumable_batches
 from animegamer.training.checkpoint import check_resume, save_checkpoint, skip_model_weights_in_state
 from animegamer.training.optim import build_optimizer, build_scheduler
-from animegamer.training.run import build_accelerator, configure_deepspeed, restore, start_run
+from animegamer.training.run import build_accelerator, configure_deepspeed, parse_stage_config, restore, start_run
 
 LOSS_PARTS = ("loss", "ce", "mse", "cos", "state_acc")
 
@@ -83,12 +83,7 @@ def gather_needed(accelerator) -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
-    def flags(parser):
-        parser.add_argument("--resume", help="'latest' or a checkpoint path (same as train.resume=...)")
-
-    cfg, args = parse_config(StageBConfig, __doc__, argv, extra=flags)
-    if args.resume:
-        cfg.train.resume = args.resume
+    cfg = parse_stage_config(StageBConfig, __doc__, argv)
     train = cfg.train
     out_dir = Path(cfg.output_dir)
     accelerator = build_accelerator(cfg.output_dir, train)

@@ -35,7 +35,7 @@ import torch
 from accelerate.utils import gather_object, set_seed
 from tqdm.auto import tqdm
 
-from animegamer.cli import fail, parse_config
+from animegamer.cli import fail
 from animegamer.config import StageCConfig
 from animegamer.data.manifest import ManifestError, read_manifest
 from animegamer.data.stage_c import (
@@ -55,7 +55,7 @@ from animegamer.training.batches import resumable_batches
 from animegamer.training.checkpoint import check_resume, save_checkpoint, skip_model_weights_in_state
 from animegamer.training.losses import diffusion_loss
 from animegamer.training.optim import build_optimizer, build_scheduler
-from animegamer.training.run import build_accelerator, configure_deepspeed, restore, start_run
+from animegamer.training.run import build_accelerator, configure_deepspeed, parse_stage_config, restore, start_run
 
 
 def load_frozen_mllm(cfg: StageCConfig, device: torch.device) -> AnimeGamerMLLM:
@@ -87,12 +87,7 @@ def compute_loss(model, decoder: AnimationShotDecoder, batch: dict, cfg: StageCC
 
 
 def main(argv: list[str] | None = None) -> Path:
-    def flags(parser):
-        parser.add_argument("--resume", help="'latest' or a checkpoint path (same as train.resume=...)")
-
-    cfg, args = parse_config(StageCConfig, __doc__, argv, extra=flags)
-    if args.resume:
-        cfg.train.resume = args.resume
+    cfg = parse_stage_config(StageCConfig, __doc__, argv)
     if not cfg.predictions_cache:
         cfg.predictions_cache = str(Path(cfg.output_dir) / "predictions")
     train = cfg.train
