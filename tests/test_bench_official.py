@@ -8,11 +8,18 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from animegamer.bench.official import release_sizes, write_release
 from animegamer.official.agent import RELEASE_MAX_NEW_TOKENS
-from animegamer.official.sat_layout import MODEL_STATES, expected_shapes, read_model_yaml, read_sat_checkpoint
-from animegamer.official.synthetic import measure_conversion
+from animegamer.official.sat_layout import (
+    MODEL_STATES,
+    SatDecoderSpec,
+    expected_shapes,
+    read_model_yaml,
+    read_sat_checkpoint,
+)
+from animegamer.official.synthetic import measure_conversion, sat_model_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -44,6 +51,8 @@ def test_release_files_have_the_release_layout(tmp_path):
     assert (full.decoder.hidden_size, full.decoder.num_layers, full.decoder.lora_rank) == (1920, 30, 64)
     assert (full.mistral["hidden_size"], full.mistral["num_hidden_layers"], full.lora_rank) == (4096, 32, 32)
     assert full.sat_dtype == torch.float16
+    (tmp_path / "full.yaml").write_text(yaml.safe_dump(sat_model_yaml(full.decoder)))
+    assert read_model_yaml(tmp_path / "full.yaml") == SatDecoderSpec()  # the released cogvideox_2b.yaml's values
 
 
 def test_a_failing_conversion_is_reported_in_one_line(tmp_path):
@@ -78,6 +87,8 @@ def test_official_part_writes_every_field(tmp_path):
     assert len(released["release_values"]) == 4
     # fixed: one prefill, 3 cached steps for the later fields, the frame-block shot pass
     assert fixed["llm_forward_passes"] == 5 and fixed["release_values"] is None
+    assert released["vae_decode_s"] == fixed["vae_decode_s"]  # one call, timed once
+    assert list(off["speedup"]) == ["mllm", "denoise", "turn"]
     for key, value in off["speedup"].items():
         assert math.isfinite(value) and value > 0, key
     assert off["speedup"]["turn"] == pytest.approx(released["turn_s"] / fixed["turn_s"])
