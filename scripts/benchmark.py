@@ -180,6 +180,10 @@ def parse(argv: list[str] | None) -> BenchmarkConfig:
         print(f"error: parts must be among {list(PARTS)} and device cuda|cpu (got {cfg.parts}, {cfg.device})",
               file=sys.stderr)
         raise SystemExit(2)
+    if cfg.preset == "full" and "official" in cfg.parts and cfg.device != "cuda":
+        print("error: parts=[official] at --preset full builds and plays the 7B + 2B release on a GPU; use --device "
+              "cuda (or --preset tiny on a CPU)", file=sys.stderr)
+        raise SystemExit(2)
     if cfg.device == "cuda" and not torch.cuda.is_available():
         print("error: device=cuda but no CUDA device is visible; use --device cpu (with --preset tiny)",
               file=sys.stderr)

@@ -97,3 +97,12 @@ def test_official_part_writes_every_field(tmp_path):
     table = (tmp_path / "benchmark.md").read_text()
     assert "**Official release weights**" in table
     assert f"| {passes} / 5 LLM forward passes |" in table
+
+
+def test_full_size_needs_a_gpu(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        load_script().main(["--preset", "full", "--device", "cpu", "parts=[official]", f"output_dir={tmp_path}"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: parts=[official] at --preset full") and "\n" not in err
+    assert not (tmp_path / "benchmark.json").exists()
