@@ -119,7 +119,9 @@ def test_tiny_benchmark_writes_every_field(tmp_path, monkeypatch):
     timings = list(_timings(data))
     assert len(timings) > 40
     for key, value in timings:
-        assert math.isfinite(value) and value > 0, (key, value)
+        # >= 0: the plain path's state decoding is a difference of two medians (clamped at 0), which a busy CPU can
+        # make vanish; every other timing is a measured duration
+        assert math.isfinite(value) and (value > 0 or key.endswith("mllm_states_s") and value == 0), (key, value)
     assert turn["ours"]["turn_s"] == pytest.approx(
         turn["ours"]["mllm_s"] + turn["ours"]["denoise_s"] + turn["ours"]["vae_decode_s"]
     )
