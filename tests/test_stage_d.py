@@ -5,6 +5,7 @@ import json
 from itertools import pairwise
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -255,3 +256,22 @@ def test_resume_without_an_rng_state_needs_allow_rng_reset(run, tmp_path, capsys
     info = json.loads((out / "run_info.json").read_text())
     assert info["resumed_step"] == 1 and "random_states_0.pkl is missing" in info["rng_reset"]
     assert [p.name for p in list_checkpoints(out)] == ["step_0000001", "step_0000002"]
+
+
+def test_shipped_spriteworld_student_renders_in_four_calls():
+    """The 4-step student shipped in checkpoints/spriteworld/stage_d (``make demo-fast``) loads through the game's
+    renderer and samples a clip in 4 CFG-free transformer calls."""
+    from animegamer.inference.session import load_renderer
+
+    cfg = load_config("configs/spriteworld/inference.yaml",
+                      ["sampling.preset=distilled", "decoder_checkpoint=checkpoints/spriteworld/stage_d"])
+    renderer = load_renderer(cfg, "cpu", offload=False)
+    calls = []
+    hook = renderer.decoder.transformer.register_forward_hook(lambda *_: calls.append(1))
+    steps = []
+    shot = torch.randn(cfg.mllm.num_slots, cfg.mllm.shot_dim, generator=torch.Generator().manual_seed(0))
+    frames = renderer.render(shot, 3, seed=0, progress=lambda stage, done: steps.append(stage))
+    hook.remove()
+    assert len(calls) == 4 and [s for s in steps if s.startswith("denoising")][-1] == "denoising 4/4"
+    assert frames.shape == (cfg.sampling.num_frames, cfg.sampling.height, cfg.sampling.width, 3)
+    assert frames.dtype == np.uint8 and frames.std() > 5  # a picture, not a flat frame
