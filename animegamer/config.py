@@ -87,7 +87,7 @@ class MLLMConfig:
     num_slots: int = 226  # query slots per turn (= shot tokens N)
     shot_dim: int = 1920  # width of a shot representation s_a
     resampler_layers: int = 2  # MLP depth of the input/output resamplers
-    resampler_gelu: str = "tanh"  # resampler activation: tanh (our checkpoints) | erf (the release's, converted weights)
+    resampler_gelu: str = "tanh"  # resampler GELU: tanh (our checkpoints) | erf (the release, converted)
     lora_rank: int = 32
     lora_alpha: int = 32
     lora_dropout: float = 0.05
