@@ -1,7 +1,6 @@
 """The benchmark's ``official`` part at tiny sizes on the CPU: release-layout files written, converted by the real
 converter in a child process, one turn timed in ``released`` and ``fixed``, through scripts/benchmark.py."""
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -20,16 +19,9 @@ from animegamer.official.sat_layout import (
     read_sat_checkpoint,
 )
 from animegamer.official.synthetic import measure_conversion, sat_model_yaml
+from tests.stage_scripts import load_script
 
-ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("benchmark_script", ROOT / "scripts" / "benchmark.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_release_files_have_the_release_layout(tmp_path):
@@ -61,7 +53,7 @@ def test_a_failing_conversion_is_reported_in_one_line(tmp_path):
 
 
 def test_official_part_writes_every_field(tmp_path):
-    script = load_script()
+    script = load_script("benchmark")
     threads = torch.get_num_threads()
     try:
         script.main(["--preset", "tiny", "--device", "cpu", f"output_dir={tmp_path}", "parts=[official]",
@@ -101,7 +93,9 @@ def test_official_part_writes_every_field(tmp_path):
 
 def test_full_size_needs_a_gpu(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
-        load_script().main(["--preset", "full", "--device", "cpu", "parts=[official]", f"output_dir={tmp_path}"])
+        load_script("benchmark").main(
+            ["--preset", "full", "--device", "cpu", "parts=[official]", f"output_dir={tmp_path}"]
+        )
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: parts=[official] at --preset full") and "\n" not in err
