@@ -71,7 +71,7 @@ from animegamer.config import (
 )
 from animegamer.data.features import META_FILE, clip_frame_indices, feature_settings, fit_frames
 from animegamer.data.manifest import ClipRecord, Manifest, read_manifest
-from animegamer.data.spriteworld import lexicon
+from animegamer.data.spriteworld import caption_tags, lexicon
 from animegamer.data.tensor_store import TensorStore
 from animegamer.data.video import read_video
 from animegamer.inference.contact_sheet import contact_sheet
@@ -301,8 +301,8 @@ def fill_features(
         latents = vae_encode(vae, frames)  # (B, F, C, h, w)
         clip_tokens = clip(frames[:, picks].flatten(0, 1).permute(0, 3, 1, 2))  # (B * K, Nc, Dc)
         clip_tokens = clip_tokens.unflatten(0, (len(batch), len(picks)))  # (B, K, Nc, Dc)
-        text_tokens = t5([r.shot_tags().motion_text() for r in batch])  # (B, Nt, Dt)
-        places = [r.shot_tags().environment for r in batch]
+        text_tokens = t5([caption_tags(r).motion_text() for r in batch])  # (B, Nt, Dt)
+        places = [caption_tags(r).environment for r in batch]
         masks = None
         if all(p in scenery for p in places):
             pixels = figure_pixels(frames, torch.stack([scenery[p] for p in places]))  # (B, T, H, W)
@@ -433,7 +433,7 @@ def sample_preview(cfg: SpriteWorldPretrainConfig, store: TensorStore, manifest:
     real = read_clips(manifest, records, cfg, progress=False).numpy()
     rows = []
     for i, r in enumerate(records):
-        rows += [(generated[i], ["sample:", *r.shot_tags().motion_text().split("; ")]), (real[i], ["real clip"])]
+        rows += [(generated[i], ["sample:", *caption_tags(r).motion_text().split("; ")]), (real[i], ["real clip"])]
     return contact_sheet(rows, path, frames_per_row=9)
 
 
@@ -479,7 +479,7 @@ def main(argv: list[str] | None = None) -> Path:
         psnr, scale = earlier["vae_psnr_db"], earlier["vae_scaling_factor"]
     else:
         clips = read_clips(manifest, train_records, cfg)
-        places = [r.shot_tags().environment for r in train_records]
+        places = [caption_tags(r).environment for r in train_records]
         backgrounds, place_of = static_backgrounds(clips, places)
         vae = train_vae(cfg, clips, log, backgrounds[place_of])
         scenery = {places[i]: backgrounds[place_of[i]] for i in range(len(places))}

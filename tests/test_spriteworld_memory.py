@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from animegamer.data.manifest import read_manifest
-from animegamer.data.spriteworld import CHARACTERS, ShotSpec, plan_films, render_shot, write_dataset
+from animegamer.data.spriteworld import CHARACTERS, ShotSpec, caption_tags, plan_films, render_shot, write_dataset
 from animegamer.data.spriteworld_home import FLOORS, WALLS, HomeLook, home_background
 from animegamer.data.spriteworld_memory import (
     FOLLOW_SHOTS,
@@ -117,6 +117,23 @@ def test_instructions_leave_out_what_history_fixes_and_still_resolve(memory_data
             assert parse_tags(row["tags"]).instruction() == instruction
         assert rows[0]["depends"] in ("full", "new")  # the first turn says everything
     assert {"still", "here"} <= words
+
+
+def test_the_decoder_caption_says_every_word_the_instruction_leaves_out(memory_data):
+    """The base model and stage (a) learn from the clip's full caption; only the MLLM reads the typed words."""
+    shortened = 0
+    for record in memory_data.records:
+        full, typed = caption_tags(record), record.shot_tags()
+        spec = ShotSpec(**{k: record.extra[k] for k in SPEC_KEYS})
+        assert full == spec.tags(typed.values.motion_level)
+        assert not set(full.environment.split()) & set(MEMORY_WORDS)
+        assert full.values == typed.values and full.subject == typed.subject
+        shortened += full != typed
+        if set(typed.environment.split()) & set(MEMORY_WORDS) or "friend" in typed.motion.split():
+            assert full != typed
+        else:
+            assert full == typed
+    assert shortened > 0
 
 
 def test_a_word_that_refers_to_nothing_is_a_clear_error():

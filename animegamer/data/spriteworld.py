@@ -195,6 +195,20 @@ class ShotSpec:
         return asdict(self)
 
 
+def caption_tags(record: ClipRecord) -> ShotTags:
+    """The tag line a captioner watching the clip would write: every word said, even where the record's own
+    ``tags`` say it as a memory instruction does (``later here``). The decoder side (the base text-to-video model,
+    stage (a)'s text tokens, the places' scenery) learns from what the clip shows; only the MLLM reads the
+    instruction as the player typed it. Records without a drawn spec (not SpriteWorld) keep their tags."""
+    tags = record.shot_tags()
+    extra = record.extra or {}
+    if tags is None or not all(k in extra for k in ("character", "action", "place", "time", "adverb")):
+        return tags
+    spec = ShotSpec(**{k: extra[k] for k in ("character", "action", "place", "time", "adverb")},
+                    friend=extra.get("friend", ""))
+    return spec.tags(tags.values.motion_level)
+
+
 def spec_from_instruction(instruction: Instruction, *, source: str = "", line: int | None = None) -> ShotSpec:
     """The ShotSpec a structured SpriteWorld instruction describes; anything outside the world raises TagError."""
     def fail(message: str, field_name: str) -> TagError:
