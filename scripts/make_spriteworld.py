@@ -14,7 +14,7 @@ import time
 from animegamer.cli import parse_config
 from animegamer.config import SpriteWorldConfig
 from animegamer.data.manifest import read_manifest
-from animegamer.data.spriteworld import write_dataset
+from animegamer.spriteworld import write_dataset
 
 
 def main() -> None:

@@ -7,7 +7,7 @@ random tiny CogVideoX draws noise, so this script plays the part of the pretrain
 
 1. the frozen text encoder: a tiny random T5 (seeded, never trained, as the issue asks) + sentencepiece tokenizer,
    written to ``output_dir/{text_encoder,tokenizer}`` by :func:`animegamer.tiny.build_tiny_t5`; the tokenizer's
-   corpus holds every SpriteWorld word (:func:`animegamer.data.spriteworld.lexicon`), so each is one token and a
+   corpus holds every SpriteWorld word (:func:`animegamer.spriteworld.lexicon`), so each is one token and a
    caption's place always sits at the same token positions (split into letters, "noon" took 4 and moved the place
    of the caption by up to 10 positions, which the MLLM, predicting the shot token by token, could not follow);
 2. the VAE — ``output_dir/vae/`` (diffusers ``AutoencoderKLCogVideoX``, one block per ``vae_channels`` entry:
@@ -71,11 +71,11 @@ from animegamer.config import (
 )
 from animegamer.data.features import META_FILE, clip_frame_indices, feature_settings, fit_frames
 from animegamer.data.manifest import ClipRecord, Manifest, read_manifest
-from animegamer.data.spriteworld import caption_tags, lexicon
 from animegamer.data.tensor_store import TensorStore
 from animegamer.data.video import read_video
 from animegamer.inference.contact_sheet import contact_sheet
 from animegamer.io import atomic_write_json, atomic_write_jsonl, atomic_write_text
+from animegamer.spriteworld import caption_tags, lexicon
 from animegamer.tiny import COGVIDEOX_2B_SCHEDULER, build_tiny_t5, write_model_index
 from animegamer.training.checkpoint import write_dir_atomically
 from animegamer.training.optim import build_scheduler

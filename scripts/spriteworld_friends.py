@@ -33,7 +33,7 @@ def colour_pixels(frames: np.ndarray, colour) -> float:
 
 def second_character(frames: np.ndarray, hero: str, scenery: np.ndarray) -> str:
     """The character other than ``hero`` whose shirt shows most in ``frames``, beyond the scenery's own pixels."""
-    from animegamer.data.spriteworld import CHARACTERS
+    from animegamer.spriteworld import CHARACTERS
 
     if frames.shape[1:3] != scenery.shape[:2]:
         import cv2
@@ -45,8 +45,8 @@ def second_character(frames: np.ndarray, hero: str, scenery: np.ndarray) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from animegamer.data.spriteworld_home import HomeLook, home_background
     from animegamer.data.video import read_video
+    from animegamer.spriteworld.home import HomeLook, home_background
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--eval-dir", required=True, help="an evaluation's output_dir (with clips/<system>/...)")

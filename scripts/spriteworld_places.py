@@ -60,7 +60,7 @@ def true_background(record: ClipRecord) -> str:
 
 def full_instruction(record: ClipRecord) -> str:
     """The instruction naming the shot's time, place and friend (a memory clip's own may leave them out)."""
-    from animegamer.data.spriteworld import ShotSpec
+    from animegamer.spriteworld import ShotSpec
 
     keys = ("character", "action", "place", "time", "adverb", "friend")
     if all(k in record.extra for k in keys):

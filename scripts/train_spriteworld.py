@@ -102,7 +102,7 @@ def losses_of(metrics_csv: Path, names: tuple[str, ...] = ("loss",), count: int 
 
 def step_data(configs: dict[str, Path]) -> dict:
     from animegamer.data.manifest import read_manifest, write_manifest
-    from animegamer.data.spriteworld import write_dataset
+    from animegamer.spriteworld import write_dataset
 
     data_cfg = load_config(configs["data"])
     manifest = read_manifest(write_dataset(data_cfg))
@@ -113,7 +113,7 @@ def step_data(configs: dict[str, Path]) -> dict:
 
 
 def step_pretrain(cfg: SpriteWorldRunConfig, configs: dict[str, Path]) -> dict:
-    from animegamer.data.spriteworld import lexicon
+    from animegamer.spriteworld import lexicon
     from animegamer.tiny import build_tiny_clip, build_tiny_mistral
 
     models = Path(cfg.output_dir) / "models"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from animegamer.config import CLIPConfig, SpriteWorldConfig
-from animegamer.data.spriteworld import write_dataset
+from animegamer.spriteworld import write_dataset
 
 
 def make_spriteworld(root: Path) -> Path:

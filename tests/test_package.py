@@ -20,6 +20,25 @@ def test_import_is_light():
     assert out.stdout.strip() == "[]"
 
 
+def test_real_data_path_never_imports_spriteworld():
+    """Every module of animegamer.data / inference / models / training imports without the SpriteWorld package:
+    the real-data path stands on its own (SpriteWorld lives in animegamer.spriteworld, beside it)."""
+    code = (
+        "import importlib, pkgutil, sys\n"
+        "names = []\n"
+        "for part in ('data', 'inference', 'models', 'training'):\n"
+        "    package = importlib.import_module(f'animegamer.{part}')\n"
+        "    names += [m.name for m in pkgutil.walk_packages(package.__path__, f'animegamer.{part}.')]\n"
+        "for name in names:\n"
+        "    importlib.import_module(name)\n"
+        "print(len(names), sorted(m for m in sys.modules if m.startswith('animegamer.spriteworld')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    count, loaded = out.stdout.strip().split(" ", 1)
+    assert int(count) >= 30  # 40 modules today: the walk found the packages' modules, not nothing
+    assert loaded == "[]"
+
+
 def test_video_round_trip(tmp_path):
     frames = make_clip_frames(16, 48, 64, speed=2.0)
     path = write_mp4(tmp_path / "a.mp4", frames, fps=8)

@@ -12,7 +12,11 @@ import pytest
 
 from animegamer.config import SpriteWorldConfig, load_config
 from animegamer.data.manifest import read_manifest
-from animegamer.data.spriteworld import (
+from animegamer.data.video import read_video
+from animegamer.spriteworld.animate import animate, fit_motion_bins, motion_level, motion_scope, render_shot
+from animegamer.spriteworld.draw import background
+from animegamer.spriteworld.films import plan_films, write_dataset
+from animegamer.spriteworld.world import (
     ACTIONS,
     ADVERB_SPEED,
     CHARACTERS,
@@ -20,18 +24,9 @@ from animegamer.data.spriteworld import (
     TIMES,
     TRANSITIONS,
     ShotSpec,
-    animate,
-    fit_motion_bins,
     lexicon,
-    motion_level,
-    motion_scope,
-    plan_films,
-    render_shot,
     spec_from_instruction,
-    write_dataset,
 )
-from animegamer.data.spriteworld_draw import background
-from animegamer.data.video import read_video
 from animegamer.states import TagError, parse_instruction, parse_tags, read_game_file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -432,7 +427,7 @@ def test_instructions_outside_the_world_are_rejected(line, field):
 
 
 def test_demo_game_is_in_the_world():
-    from animegamer.data.spriteworld_memory import resolve_game
+    from animegamer.spriteworld.memory import resolve_game
 
     instructions = read_game_file(str(ROOT / "game_demo" / "spriteworld.txt"))
     specs = resolve_game(instructions)  # the memory world's words (still, here, home ...) resolved by earlier turns

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from animegamer.data.manifest import read_manifest
-from animegamer.data.spriteworld import CHARACTERS, ShotSpec, caption_tags, plan_films, render_shot, write_dataset
-from animegamer.data.spriteworld_home import FLOORS, WALLS, HomeLook, home_background
-from animegamer.data.spriteworld_memory import (
+from animegamer.spriteworld import CHARACTERS, ShotSpec, caption_tags, plan_films, render_shot, write_dataset
+from animegamer.spriteworld.home import FLOORS, WALLS, HomeLook, home_background
+from animegamer.spriteworld.memory import (
     FOLLOW_SHOTS,
     MEMORY_WORDS,
     GameMemory,
@@ -196,7 +196,7 @@ def test_training_tags_are_the_training_records_tag_lines(memory_data):
     import dataclasses
 
     from animegamer.config import SpriteWorldConfig
-    from animegamer.data.spriteworld import training_tags
+    from animegamer.spriteworld import training_tags
 
     cfg = SpriteWorldConfig(**{k: v for k, v in memory_data.meta["config"].items()})
     train = set(memory_data.meta["splits"]["train"])

@@ -5,8 +5,8 @@ import json
 import pytest
 
 from animegamer.config import load_config
-from animegamer.data.spriteworld import plan_films
 from animegamer.inference.vocabulary import Vocabulary, load_vocabulary, save_vocabulary
+from animegamer.spriteworld import plan_films
 from animegamer.states import parse_tags
 
 

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 
-from animegamer.data.spriteworld import drawing_settings
 from animegamer.eval.benchmark import INDEX_NAME, BenchmarkError, BenchmarkGame, load_benchmark
 from animegamer.io import iter_jsonl
 from animegamer.states import ShotTags, parse_tags
@@ -29,10 +28,10 @@ from animegamer.states import ShotTags, parse_tags
 class GroundTruthGame(BenchmarkGame):
     """A benchmark game whose turns also have their real clip (``clips[turn]``: a video path or a shot spec)."""
 
-    # per turn: {"video": path} and/or {"spec", "render_seed"} + spriteworld.drawing_settings (blocking ...)
+    # per turn: {"video": path} and/or {"spec", "render_seed"} + spriteworld.films.drawing_settings (blocking ...)
     clips: tuple[dict, ...] = ()
     # per turn: {"depends": "full" | "history" | "new", "held_out_pair": bool, "reach": int} (SpriteWorld's memory
-    # world, animegamer.data.spriteworld_memory), or ()
+    # world, animegamer.spriteworld.memory), or ()
     marks: tuple[dict, ...] = ()
 
     def has_clips(self) -> bool:
@@ -48,7 +47,7 @@ class GroundTruthGame(BenchmarkGame):
             frames, _ = read_video(video)
             return frames
         if source.get("spec") is not None and source.get("render_seed") is not None:
-            from animegamer.data.spriteworld import ShotSpec, render_shot
+            from animegamer.spriteworld import ShotSpec, drawing_settings, render_shot  # SpriteWorld games only
 
             return render_shot(ShotSpec(**source["spec"]), int(source["render_seed"]), **drawing_settings(source))
         raise FileNotFoundError(f"{self.path}: ground-truth clip of turn {turn} not found ({video or 'no video'})")
@@ -66,7 +65,9 @@ def _read_data_game(jsonl: Path) -> GroundTruthGame:
         clip: dict = {}
         if row.get("video"):
             clip["video"] = str(root / row["video"])
-        if row.get("spec") is not None:
+        if row.get("spec") is not None:  # a SpriteWorld turn: its clip can be drawn again
+            from animegamer.spriteworld import drawing_settings
+
             clip["spec"], clip["render_seed"] = row["spec"], row.get("render_seed")
             clip.update(drawing_settings(row))
         clips.append(clip)

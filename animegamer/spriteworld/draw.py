@@ -1,4 +1,4 @@
-"""Drawing for SpriteWorld (animegamer.data.spriteworld): figures, props and backgrounds with OpenCV.
+"""Drawing for SpriteWorld (animegamer.spriteworld): figures, props and backgrounds with OpenCV.
 
 A figure is drawn from a :class:`Pose` in *body units*: ``u`` points where the character faces, ``v`` points up,
 the origin is between the feet and a standing figure is about 27 units tall. ``unit`` pixels per body unit
@@ -321,7 +321,7 @@ class _Canvas:
         self.sx, self.sy = width / DESIGN_W, height / DESIGN_H
         self.light = LIGHT[time]
         self.time = time
-        self.wall, self.floor = wall, floor  # a home's own colours (spriteworld_home); None: the rooms' defaults
+        self.wall, self.floor = wall, floor  # a home's own colours (home.py); None: the rooms' defaults
 
     def lit(self, color: RGB) -> RGB:
         return tuple(int(min(255, c * k)) for c, k in zip(color, self.light, strict=True))
@@ -505,7 +505,7 @@ def background(place: str, time: str, height: int, width: int, wall: RGB | None 
                floor: RGB | None = None) -> np.ndarray:
     """The static (H, W, 3) uint8 picture of ``place`` at ``time`` (read-only; copy before drawing on it).
 
-    ``wall`` / ``floor`` recolour the indoor rooms (a film's own home, spriteworld_home); outdoors ignores them."""
+    ``wall`` / ``floor`` recolour the indoor rooms (a film's own home, home.py); outdoors ignores them."""
     if place not in _PAINTERS:
         raise ValueError(f"unknown place {place!r}; one of {sorted(_PAINTERS)}")
     if time not in SKY:

@@ -7,7 +7,7 @@
 - **The companion.** After a social shot the friend follows the hero for a few shots, standing at the right edge,
   breathing; not in the instruction, not part of the shot's true motion (it hardly moves).
 
-Drawing only; the rules deciding what a film's facts are live in :mod:`animegamer.data.spriteworld_memory`.
+Drawing only; the rules deciding what a film's facts are live in :mod:`animegamer.spriteworld.memory`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from animegamer.data.spriteworld_draw import DESIGN_H, GROUND, Character, Pose, background, draw_figure
+from animegamer.spriteworld.draw import DESIGN_H, GROUND, Character, Pose, background, draw_figure
 
 INDOORS = ("bedroom", "kitchen")
 # Home palettes (RGB), index 0 first; walls light, floors darker, each pair clearly apart at 64x96.

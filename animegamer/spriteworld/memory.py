@@ -2,10 +2,10 @@
 (character, action) / (character, friend) pairs held out of the training films.
 
 Switched on by ``SpriteWorldConfig.memory`` / ``held_out_pairs``; with both off the world is the one of
-:mod:`animegamer.data.spriteworld`, bit for bit (every draw below uses its own random stream, seeded by the
+:mod:`animegamer.spriteworld.films`, bit for bit (every draw below uses its own random stream, seeded by the
 dataset seed and the film's index, so the films' shots are the same with or without memory).
 
-**Facts a film keeps** (drawn, never said; :mod:`animegamer.data.spriteworld_home`):
+**Facts a film keeps** (drawn, never said; :mod:`animegamer.spriteworld.home`):
 
 - its home: wall and floor colours and a mirrored or designed furniture layout of the bedroom and kitchen;
 - a companion: after a social shot the friend follows the hero for the next ``FOLLOW_SHOTS`` shots (not while the
@@ -43,7 +43,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from animegamer.data.spriteworld_home import FLOORS, INDOORS, WALLS, HomeLook
+from animegamer.spriteworld.home import FLOORS, INDOORS, WALLS, HomeLook
+from animegamer.spriteworld.world import ACTIONS, CHARACTERS, TIMES, spec_from_instruction
 from animegamer.states import Instruction, ShotTags, StateValues, TagError
 
 STILL, LATER, HERE, HOME, FRIEND = "still", "later", "here", "home", "friend"
@@ -64,8 +65,6 @@ class HeldOutPairs:
     @classmethod
     def parse(cls, items: Sequence[str]) -> HeldOutPairs:
         """``["Momo:fly", "Qiqi:Luna"]`` -> the pairs; anything outside the world raises ValueError."""
-        from animegamer.data.spriteworld import ACTIONS, CHARACTERS
-
         actions, friends = set(), set()
         for item in items:
             who, _, what = str(item).partition(":")
@@ -112,8 +111,6 @@ class ShotMemory:
 
     def tags(self, spec, motion_level: int) -> ShotTags:
         """The shot's tag line as its instruction says it (what history fixes left out), values by the rules."""
-        from animegamer.data.spriteworld import ACTIONS
-
         a = ACTIONS[spec.action]
         values = StateValues(motion_level=int(motion_level), social=a.social, entertainment=a.entertainment,
                              stamina=a.stamina)
@@ -130,8 +127,6 @@ def film_memory(rng: np.random.Generator, shots: Sequence, friend: str, held_out
                 memory: bool = True) -> list[ShotMemory]:
     """The memory of one film's shots (module doc). With ``memory`` off every word is said, nothing extra is
     drawn and only the held-out marks are set (every turn ``full``)."""
-    from animegamer.data.spriteworld import TIMES
-
     look = HomeLook(int(rng.integers(len(WALLS))), int(rng.integers(len(FLOORS))), bool(rng.random() < 0.5))
     out: list[ShotMemory] = []
     follow, places = 0, []
@@ -189,10 +184,8 @@ class GameMemory:
     places: list[str] = field(default_factory=list)
 
     def resolve(self, instruction: Instruction, *, source: str = "", line: int | None = None):
-        """The :class:`~animegamer.data.spriteworld.ShotSpec` of ``instruction`` given the earlier turns (and
+        """The :class:`~animegamer.spriteworld.world.ShotSpec` of ``instruction`` given the earlier turns (and
         remember it); a word that refers to nothing yet (``here`` on the first turn) raises TagError."""
-        from animegamer.data.spriteworld import TIMES, spec_from_instruction
-
         if not instruction.structured:
             raise TagError("free text is not a SpriteWorld instruction", source=source, line=line, field="format")
         time_word, _, place_word = instruction.background.partition(" ")
