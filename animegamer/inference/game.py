@@ -52,6 +52,8 @@ class ShotRenderer(Protocol):
 
 # hears what a turn is doing now ("MLLM: ...", "denoising 3/20", "decoding", ...) and the fraction of it done
 Progress = Callable[[str, float], None]
+# gets a clip's first decoded frames (t, H, W, 3) uint8 and the gif they were written to, before the rest decode
+Preview = Callable[[np.ndarray, Path], None]
 
 
 @dataclass
@@ -103,9 +105,9 @@ class GameSession:
         window = self.turns[-self.history_turns :] if self.history_turns > 0 else []
         return [HistoryTurn(t.instruction, t.shot_embeds, t.values) for t in window]
 
-    def play(self, instruction: str, progress: Progress | None = None) -> Turn:
+    def play(self, instruction: str, progress: Progress | None = None, preview: Preview | None = None) -> Turn:
         """Validate the instruction (before any model runs), predict, update the state, render; ``progress`` hears
-        each stage of the turn."""
+        each stage of the turn, ``preview`` the clip's first frames while the rest decode (:meth:`render_turn`)."""
         parsed = parse_instruction(instruction, max_chars=self.max_instruction_chars)
         text = parsed.render()
         if progress:
@@ -120,13 +122,15 @@ class GameSession:
             shot_embeds=prediction.shot_embeds.detach().float().cpu(),
             prompt_tokens=prediction.prompt_tokens,
         )
-        self.render_turn(turn, progress)
+        self.render_turn(turn, progress, preview)
         self.turns.append(turn)
         return turn
 
-    def render_turn(self, turn: Turn, progress: Progress | None = None) -> None:
+    def render_turn(self, turn: Turn, progress: Progress | None = None, preview: Preview | None = None) -> None:
         """Render ``turn``'s clip (mp4 + gif) into this session's output directory; no-op without a renderer.
-        The seed depends on the game seed and the turn index only, so a re-render gives the same clip."""
+        The seed depends on the game seed and the turn index only, so a re-render gives the same clip. With
+        ``progress`` or ``preview``, the first decoded chunk of a clip that decodes in several goes to the turn's gif
+        at once and to ``preview(frames (t, H, W, 3), gif path)``; the whole clip replaces the gif after."""
         if self.renderer is None:
             return
         shot = (turn.shot_embeds, turn.values.motion_level, turn_seed(self.seed, turn.index))
@@ -136,12 +140,16 @@ class GameSession:
             """The clip's first decoded chunk goes to its gif at once (replaced by the whole clip below)."""
             if index == 0 and count > 1:
                 gif = write_gif(stem.with_suffix(".gif"), frames, fps=self.renderer.fps)
-                progress(f"first {len(frames)} frames: {gif}", 0.9)
+                if progress:
+                    progress(f"first {len(frames)} frames: {gif}", 0.9)
+                if preview:
+                    preview(frames, gif)
 
-        if progress:  # the MLLM took the first tenth of the turn (a guess: it varies with the models' sizes)
-            frames = self.renderer.render(*shot, progress=lambda stage, done: progress(stage, 0.1 + 0.85 * done),
-                                          on_frames=first_frames)
-            progress("writing the clip", 0.95)
+        if progress or preview:  # the MLLM took the first tenth of the turn (a guess: it varies with model sizes)
+            heard = (lambda stage, done: progress(stage, 0.1 + 0.85 * done)) if progress else None
+            frames = self.renderer.render(*shot, progress=heard, on_frames=first_frames)
+            if progress:
+                progress("writing the clip", 0.95)
         else:
             frames = self.renderer.render(*shot)
         turn.clip = str(write_mp4(stem.with_suffix(".mp4"), frames, fps=self.renderer.fps))

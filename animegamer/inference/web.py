@@ -1,17 +1,26 @@
 """The browser game (Gradio): the world's words as choices (free text allowed), the clip of each turn shown large,
-read-only bars, a history table that fits, a progress bar while a turn runs.
+read-only bars, a history table that fits, a progress bar while a turn runs, and the clip's first frames on screen
+while the rest of it decodes.
 
 Built by :func:`build_app` around a shared predictor + renderer; every browser tab has its own game
 (a :class:`GameSession` in ``gr.State``, in its own directory). Input is validated before any model runs; a failed
 turn or a bad save shows the error in the status line and leaves the game as it was. The choices, the example
 instruction and the warnings about words the model never saw come from the checkpoint's vocabulary
 (:mod:`animegamer.inference.vocabulary`).
+
+A turn streams: :meth:`WebGame.play` is a generator whose views Gradio sends to the page as they come. The turn runs
+in a worker thread; when the VAE has decoded the clip's first latent-frame batch (:mod:`animegamer.models.streaming`:
+9 of 17 frames) the page shows them (``turn_XXX_first.mp4``, looping), and the whole clip replaces them.
 """
 
 from __future__ import annotations
 
+import contextvars
 import html
+import queue
 import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from animegamer.data.video import VideoReadError, probe_video, read_video, write_mp4
@@ -98,34 +107,61 @@ class WebGame:
         return GameSession(self.predictor, self.renderer, history_turns=self.history_turns, output_dir=folder,
                            seed=self.seed)
 
-    def view(self, session: GameSession | None, status: str):
-        """(session, status, clip path or None, bars HTML, history rows); the clip enlarged for the page."""
-        clip = None
-        if session is not None and session.turns and session.turns[-1].clip:
+    def view(self, session: GameSession | None, status: str, clip: str | Path | None = None):
+        """(session, status, clip path or None, bars HTML, history rows); the clip (the last turn's unless given)
+        enlarged for the page."""
+        if clip is None and session is not None and session.turns and session.turns[-1].clip:
+            clip = session.turns[-1].clip
+        if clip is not None:
             try:
-                clip = str(large_clip(path_inside(session.output_dir, session.turns[-1].clip)))
+                clip = str(large_clip(path_inside(session.output_dir, clip)))
             except ValueError:  # never reached by the game's own clips; a guard for whatever else set the path
                 clip = None
         return (session, status, clip, bars_html(session), history_rows(session))
 
-    def play(self, character, adverb, motion, background, free_text, session, progress: Progress | None = None):
+    def play(self, character, adverb, motion, background, free_text, session,
+             progress: Progress | None = None) -> Iterator[tuple]:
+        """The views of one turn: its first frames while the rest decode (a clip that decodes in several chunks),
+        then the played turn, or the reason it was not played."""
         text = compose_instruction(character, adverb, motion, background, free_text)
         try:
             parse_instruction(text)  # validated before any model runs
         except TagError as exc:
-            return self.view(session, f"**Not played:** {exc}")
+            yield self.view(session, f"**Not played:** {exc}")
+            return
         session = session or self.new_session()
         warnings = self.vocabulary.unknown_words(text) if self.vocabulary else []
-        try:
-            turn = session.play(text, progress)
-        except Exception as exc:  # a turn may fail in a model; the game must survive it
-            return self.view(session, f"**Turn failed:** {type(exc).__name__}: {exc}")
-        v = turn.values
-        status = (f"Turn {turn.index}: motion level {v.motion_level}, social {v.social}, "
+        # the turn index, bars and history while the turn runs (the worker thread changes them)
+        index, before = len(session.turns), self.view(session, "")
+        events: queue.Queue = queue.Queue()
+
+        def turn_worker():
+            try:
+                events.put(("turn", session.play(text, progress, lambda frames, gif: events.put(("frames", frames)))))
+            except Exception as exc:  # a turn may fail in a model; the game must survive it
+                events.put(("failed", exc))
+
+        # the copied context carries Gradio's progress tracker into the thread
+        threading.Thread(target=contextvars.copy_context().run, args=(turn_worker,), daemon=True).start()
+        while True:
+            kind, value = events.get()
+            if kind == "frames":  # (t, H, W, 3) uint8: the first decoded chunk
+                first = write_mp4(Path(session.output_dir) / f"turn_{index:03d}_first.mp4", value,
+                                  fps=getattr(self.renderer, "fps", 8))
+                _, status, clip, _, _ = self.view(session, f"Turn {index}: the first {len(value)} frames; the rest "
+                                                           "are decoding…", clip=first)
+                yield (session, status, clip, *before[3:])
+            elif kind == "failed":
+                yield self.view(session, f"**Turn failed:** {type(value).__name__}: {value}")
+                return
+            else:
+                break
+        v = value.values
+        status = (f"Turn {value.index}: motion level {v.motion_level}, social {v.social}, "
                   f"entertainment {v.entertainment}, stamina {v.stamina:+d}")
         if warnings:
             status += "  \n*The model guessed: " + "; ".join(warnings) + ".*"
-        return self.view(session, status)
+        yield self.view(session, status)
 
     def undo(self, session):
         if session is None or not session.turns:
@@ -171,10 +207,11 @@ def build_app(predictor: StatePredictor, renderer: ShotRenderer | None, history_
         return gr.Dropdown(choices=list(entries), value=value, label=label, allow_custom_value=True, filterable=True,
                            elem_id=f"field-{label.lower()}")
 
-    # Gradio finds its progress tracker by this default value and passes a live one in its place
+    # Gradio finds its progress tracker by this default value and passes a live one in its place; a generator:
+    # Gradio sends each view (the first frames, then the whole turn) to the page as it comes
     def play(character, adverb, motion, background, free_text, session, progress=gr.Progress()):  # noqa: B008
-        return game.play(character, adverb, motion, background, free_text, session,
-                         progress=lambda stage, done: progress(done, desc=stage))
+        yield from game.play(character, adverb, motion, background, free_text, session,
+                             progress=lambda stage, done: progress(done, desc=stage))
 
     words = vocabulary or Vocabulary((), (), (), ())
     example = vocabulary.placeholder() if vocabulary else "Character: Qiqi; Motion: happily eat; Background: park."
