@@ -424,8 +424,11 @@ class SamplingConfig:
     # standard: the fields above | fast: 12 steps, CFG on the first 40% | distilled: the stage (d) student's recorded
     # few-step sampler, one call per step and no CFG (decoder_checkpoint must be a stage (d) run)
     preset: str = "standard"
-    cache: str = "none"  # diffusers' cache hooks on the transformer: none | first_block | taylorseer | pab | faster
-    cache_threshold: float = 0.05  # first_block: block 0's relative residual change under which the rest is reused
+    # diffusers' cache hooks on the transformer: none | first_block | taylorseer | pab | faster | magcache
+    cache: str = "none"
+    # first_block: block 0's relative residual change under which the rest is reused; magcache: accumulated error
+    cache_threshold: float = 0.05
+    magcache_ratios: str = ""  # magcache: the JSON of scripts/calibrate_magcache.py for this decoder and sampler
 
 
 @dataclass
@@ -646,7 +649,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "flow_preset": ("ultrafast", "fast", "medium"),
     "preset": ("full", "tiny"),
     "compat": ("released", "fixed"),
-    "cache": ("none", "first_block", "taylorseer", "pab", "faster"),  # animegamer.models.cache.CACHE_METHODS
+    "cache": ("none", "first_block", "taylorseer", "pab", "faster", "magcache"),  # models.cache.CACHE_METHODS
     "SamplingConfig.preset": ("standard", "fast", "distilled"),  # "Class.field": a name other fields also use
     "resampler_gelu": ("tanh", "erf"),
 }

@@ -38,7 +38,7 @@ def _sample(decoder, sampling, seed=0):
                           decode=False)
 
 
-@pytest.mark.parametrize("method", [m for m in CACHE_METHODS if m != "none"])
+@pytest.mark.parametrize("method", [m for m in CACHE_METHODS if m not in ("none", "magcache")])  # test_magcache
 @pytest.mark.parametrize("preset", ["standard", "fast"])
 def test_each_cache_skips_work_and_composes_with_the_presets(decoder, block_calls, method, preset):
     sampler = PresetSampler.build(decoder, SamplingConfig(**{**vars(SAMPLING), "preset": preset}))

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from animegamer.config import SamplingConfig
-from animegamer.models.cache import TransformerCache
+from animegamer.models.cache import MagRatios, TransformerCache
 from animegamer.models.fewstep import FewStepSampler, fewstep_sample
 
 
@@ -51,10 +51,20 @@ def checkpoint_decoder_dir(checkpoint: str | Path) -> Path:
 
 def check_render_options(cfg, device: str) -> None:
     """The rendering options of an inference config that cannot work, before any model loads: one-line
-    FileNotFoundError / ValueError (``distilled`` without a stage (d) checkpoint or with the release's sampler, FP8
-    off a capable GPU or with offloading)."""
+    FileNotFoundError / ValueError (``distilled`` without a stage (d) checkpoint or with the release's sampler,
+    ``magcache`` without its ratios or with ratios for another step count, FP8 off a capable GPU or with
+    offloading)."""
     from animegamer.models.fewstep import SAMPLER_FILE
     from animegamer.models.fp8 import fp8_unavailable
+
+    if cfg.sampling.cache == "magcache":
+        if not cfg.sampling.magcache_ratios:
+            raise ValueError("sampling.cache=magcache needs sampling.magcache_ratios: calibrate them for this "
+                             "decoder and sampler with scripts/calibrate_magcache.py")
+        sampling = dataclasses.replace(cfg.sampling, preset="fast") if cfg.fast else cfg.sampling
+        # the distilled student's step count is in its sampler.json: checked when the sampler is built
+        MagRatios.load(cfg.sampling.magcache_ratios,
+                       None if sampling.preset == "distilled" else effective_sampling(sampling).steps)
 
     if cfg.sampling.preset == "distilled":
         if cfg.fast:
@@ -96,13 +106,20 @@ class PresetSampler:
                 raise ValueError("sampling.preset=distilled needs a stage (d) decoder_checkpoint")
             num_train = int(decoder.scheduler_config.get("num_train_timesteps", 1000))
             fewstep = FewStepSampler.load(checkpoint_decoder_dir(checkpoint), num_train)
-        cache = None
-        if sampling.cache != "none":
-            cache = TransformerCache(decoder.transformer, sampling.cache, sampling.cache_threshold,
-                                     guidance_distilled=fewstep is not None)
         effective = effective_sampling(sampling)
         if fewstep is not None:  # the student's own steps on the DDIM ODE it was distilled on
             effective = dataclasses.replace(effective, steps=fewstep.steps, scheduler="ddim", guidance_scale=1.0)
+        cache = None
+        if sampling.cache != "none":
+            # MagCache's ratios are per transformer call: one call per step (guided steps run both branches in one)
+            ratios = None
+            if sampling.cache == "magcache":
+                if not sampling.magcache_ratios:
+                    raise ValueError("sampling.cache=magcache needs sampling.magcache_ratios "
+                                     "(scripts/calibrate_magcache.py)")
+                ratios = MagRatios.load(sampling.magcache_ratios, effective.steps)
+            cache = TransformerCache(decoder.transformer, sampling.cache, sampling.cache_threshold,
+                                     guidance_distilled=fewstep is not None, mag_ratios=ratios)
         return cls(decoder, effective, fewstep, cache)
 
     @property
