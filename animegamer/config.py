@@ -228,7 +228,7 @@ class SpriteWorldConfig:
 
 @dataclass
 class SpriteWorldPretrainConfig:
-    """SpriteWorld's stand-in for CogVideoX-2B pretraining (scripts/pretrain_spriteworld.py)."""
+    """SpriteWorld's stand-in for CogVideoX-2B pretraining (scripts/spriteworld/pretrain.py)."""
 
     kind: str = "spriteworld_pretrain"
     output_dir: str = "outputs/spriteworld/models/CogVideoX"  # the CogVideoX folder written (diffusers layout)
@@ -272,7 +272,7 @@ class SpriteWorldPretrainConfig:
 
 @dataclass
 class SpriteWorldLLMConfig:
-    """SpriteWorld's stand-in for Mistral-7B's pretraining (scripts/pretrain_spriteworld_llm.py): the tiny random
+    """SpriteWorld's stand-in for Mistral-7B's pretraining (scripts/spriteworld/pretrain_llm.py): the tiny random
     Mistral trained as a causal LM, all parameters, on the text of SpriteWorld's training films."""
 
     kind: str = "spriteworld_llm"
@@ -291,20 +291,20 @@ class SpriteWorldLLMConfig:
 
 @dataclass
 class SpriteWorldRunConfig:
-    """The whole SpriteWorld chain (scripts/train_spriteworld.py): data -> pretraining -> stages a/b/c -> eval."""
+    """The whole SpriteWorld chain (scripts/spriteworld/train.py): data -> pretraining -> stages a-d -> eval."""
 
     kind: str = "spriteworld_run"
     output_dir: str = "outputs/spriteworld"  # every step's outputs; the step configs' outputs/spriteworld moves here
     ship_dir: str = "checkpoints/spriteworld"  # the shipped checkpoint; configs' checkpoints/spriteworld moves here
     configs: str = "configs/spriteworld"  # data, pretrain, stage_a/b/c, ablations YAMLs of the chain
     steps: list[str] = field(  # which steps to run, in this order
-        default_factory=lambda: ["data", "pretrain", "pretrain_llm", "stage_a", "stage_b", "stage_c", "ship",
-                                 "evaluate"]
+        default_factory=lambda: ["data", "pretrain", "pretrain_llm", "stage_a", "stage_b", "stage_c", "stage_d",
+                                 "ship", "evaluate"]
     )
     mistral_hidden: int = 128  # hidden size of the tiny random Mistral (animegamer.tiny.build_tiny_mistral)
     seed: int = 0  # seed of the tiny random CLIP and Mistral
     threads: int = 1  # torch CPU threads; 1 runs best on shared cores (OpenMP spin-waits otherwise)
-    # key=value overrides per step (data, pretrain, stage_a, stage_b, stage_c, ablations), e.g. the mini run's sizes
+    # key=value overrides per step (data, pretrain, stage_a ... stage_d, ablations), e.g. the mini run's sizes
     overrides: dict[str, list[str]] = field(default_factory=dict)
 
 

@@ -5,7 +5,7 @@
     python scripts/evaluate.py --config configs/tiny/eval.yaml                          # tiny models on a CPU
 
 Benchmark: ``benchmark`` is a directory written by scripts/make_benchmark.py (LLM-written games, ground-truth
-states) or the ``games/`` directory of scripts/make_spriteworld.py (held-out films with their real clips).
+states) or the ``games/`` directory of scripts/spriteworld/make.py (held-out films with their real clips).
 
 Writes to ``output_dir``: ``results.jsonl`` (one metric record per system, game and turn, with the settings that
 produced it), ``summary.json``, ``table.md`` / ``table.csv`` (the main table), ``per_turn.png`` (each metric per

@@ -23,8 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def load_script(name: str) -> ModuleType:
-    """``scripts/<name>.py`` as a module (scripts/ is not a package), so tests call its ``main`` and helpers."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    """``scripts/<name>.py`` (``spriteworld/train``: scripts/spriteworld/train.py) as a module (scripts/ is not a
+    package), so tests call its ``main`` and helpers."""
+    spec = importlib.util.spec_from_file_location(Path(name).name, ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

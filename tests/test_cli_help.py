@@ -132,7 +132,8 @@ def test_split_clips_bad_manifest_exits_2(tmp_path, capsys):
 
 
 ROOT = Path(__file__).resolve().parents[1]
-ENTRY_POINTS = sorted([p.name for p in ROOT.glob("*.py")] + [f"scripts/{p.name}" for p in ROOT.glob("scripts/*.py")])
+ENTRY_POINTS = sorted([p.name for p in ROOT.glob("*.py")]
+                      + [p.relative_to(ROOT).as_posix() for p in ROOT.glob("scripts/**/*.py")])
 
 
 class _ParserBuilt(Exception):

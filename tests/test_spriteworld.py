@@ -446,7 +446,7 @@ def test_config_and_script(tmp_path):
                 load_config(ROOT / "configs" / "spriteworld" / "eval.yaml").inference.sampling]
     assert all((s.height, s.width, s.num_frames) == (64, 96, 9) for s in sampling)
     assert cfg.output_dir == "outputs/spriteworld/data"
-    script = [sys.executable, str(ROOT / "scripts" / "make_spriteworld.py"),
+    script = [sys.executable, str(ROOT / "scripts" / "spriteworld" / "make.py"),
               "--config", str(ROOT / "configs" / "spriteworld" / "data.yaml")]
     out = subprocess.run(script + [f"output_dir={tmp_path}", "num_films=2", "shots_per_film=2"],
                          capture_output=True, text=True, cwd=ROOT)

@@ -210,8 +210,8 @@ def _friends_script():
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "spriteworld_friends.py"
-    spec = importlib.util.spec_from_file_location("spriteworld_friends", path)
+    path = Path(__file__).resolve().parents[1] / "scripts" / "spriteworld" / "friends.py"
+    spec = importlib.util.spec_from_file_location("friends", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

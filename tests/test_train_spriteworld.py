@@ -1,9 +1,8 @@
-"""The whole SpriteWorld chain in miniature (configs/spriteworld/mini.yaml): data -> pretraining -> stages a/b/c ->
+"""The whole SpriteWorld chain in miniature (configs/spriteworld/mini.yaml): data -> pretraining -> stages a-d ->
 shipped checkpoint -> ablation table, through the real entry points; every step's outputs and losses are checked."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -13,15 +12,20 @@ import pytest
 import torch
 
 from animegamer.config import load_config
+from animegamer.spriteworld.pretrain import Log
+from animegamer.spriteworld.pretrain_llm import film_texts, token_windows
+from animegamer.spriteworld.pretrain_transformer import moving_cells, training_timesteps
+from animegamer.spriteworld.pretrain_vae import (
+    figure_latents,
+    figure_pixels,
+    frame_by_frame,
+    static_backgrounds,
+    to_unit,
+    train_vae,
+)
+from tests.stage_scripts import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _losses(path: Path, name: str = "loss") -> list[float]:
@@ -33,7 +37,7 @@ def _losses(path: Path, name: str = "loss") -> list[float]:
 def mini_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("spriteworld_mini")
     threads = torch.get_num_threads()
-    summary = _script("train_spriteworld").main(
+    summary = load_script("spriteworld/train").main(
         ["--config", str(ROOT / "configs/spriteworld/mini.yaml"), f"output_dir={out}", f"ship_dir={out / 'ship'}"]
     )
     torch.set_num_threads(threads)
@@ -42,7 +46,8 @@ def mini_run(tmp_path_factory):
 
 def test_every_step_ran_and_wrote_its_outputs(mini_run):
     out, summary = mini_run
-    assert list(summary) == ["data", "pretrain", "pretrain_llm", "stage_a", "stage_b", "stage_c", "ship", "evaluate"]
+    assert list(summary) == ["data", "pretrain", "pretrain_llm", "stage_a", "stage_b", "stage_c", "stage_d", "ship",
+                             "evaluate"]
     assert json.loads((out / "summary.json").read_text()).keys() == summary.keys()
     # data: the held-out film is not in the training manifest
     assert summary["data"]["clips"] == 9 and summary["data"]["train_clips"] == 6
@@ -61,7 +66,7 @@ def test_every_step_ran_and_wrote_its_outputs(mini_run):
     assert (mistral / "model.safetensors").is_file() and (mistral / "tokenizer_config.json").is_file()
     assert summary["pretrain_llm"]["films"] == 2 and summary["pretrain_llm"]["tokens"] > 100
     # stages: checkpoints, stage (a) shot targets, stage (c) predictions
-    for stage in ("stage_a", "stage_b", "stage_c"):
+    for stage in ("stage_a", "stage_b", "stage_c", "stage_d"):
         assert (out / stage / "checkpoints" / "latest").is_file(), stage
     assert (out / "stage_a" / "shot_targets" / "index.json").is_file()
     # ship: weights only, every config, nothing to resume from
@@ -70,6 +75,13 @@ def test_every_step_ran_and_wrote_its_outputs(mini_run):
     assert {"stage_b/adapter_model.safetensors", "stage_b/mllm_trained.safetensors"} <= names
     assert {"stage_a/encoder/model.safetensors", "stage_c/decoder/adapter_model.safetensors"} <= names
     assert "CogVideoX/vae/diffusion_pytorch_model.safetensors" in names
+    # the stage (d) student, as checkpoints/spriteworld/stage_d holds it: LoRA, motion embedding, its sampler
+    student = {n for n in names if n.startswith("stage_d/")}
+    assert student == {f"stage_d/decoder/{f}" for f in ("adapter_config.json", "adapter_model.safetensors",
+                                                         "decoder_config.json", "motion_embedding.safetensors",
+                                                         "sampler.json")}
+    assert json.loads((ship / "stage_d" / "decoder" / "sampler.json").read_text())["timesteps"] == [999, 499]
+    assert not list(ship.parent.glob(f".{ship.name}.tmp"))  # assembled beside, swapped in, nothing left over
     assert not any(n.endswith((".bin", ".pkl")) for n in names)
     assert summary["ship"]["safetensors_bytes"] == sum(summary["ship"]["files"].values())
     for name in ("stage_a", "stage_b", "stage_c", "eval", "inference"):
@@ -110,7 +122,6 @@ def test_losses_are_finite_and_decrease(mini_run):
 
 def test_static_backgrounds_are_the_empty_scenery():
     """The per-place median over clips removes figures that stand at different spots in different clips."""
-    pretrain = _script("pretrain_spriteworld")
     scenery = {"noon park": 40, "night street": 200}
     clips, places = [], []
     for i, (place, grey) in enumerate([*scenery.items()] * 3):
@@ -119,7 +130,7 @@ def test_static_backgrounds_are_the_empty_scenery():
             clip[t, 4:10, 2 + 4 * (i // 2) + t : 5 + 4 * (i // 2) + t] = 255
         clips.append(clip)
         places.append(place)
-    backgrounds, index = pretrain.static_backgrounds(torch.stack(clips), places)
+    backgrounds, index = static_backgrounds(torch.stack(clips), places)
     assert backgrounds.shape == (2, 16, 24, 3) and backgrounds.dtype == torch.uint8
     assert index.tolist() == [1, 0, 1, 0, 1, 0]  # sorted place names: "night street", "noon park"
     assert (backgrounds[0] == 200).all() and (backgrounds[1] == 40).all()
@@ -128,30 +139,28 @@ def test_static_backgrounds_are_the_empty_scenery():
 def test_training_timesteps_start_at_pure_noise_then_mix():
     from animegamer.config import SpriteWorldPretrainConfig, TrainConfig
 
-    pretrain = _script("pretrain_spriteworld")
     cfg = SpriteWorldPretrainConfig(transformer=TrainConfig(batch_size=4000), text_warmup_steps=5,
                                     pure_noise_fraction=0.25)
     generator = torch.Generator().manual_seed(0)
-    warm = pretrain.training_timesteps(cfg, 4, 1000, generator)
+    warm = training_timesteps(cfg, 4, 1000, generator)
     assert warm.shape == (4000,) and (warm == 999).all()  # the caption is all there is
-    mixed = pretrain.training_timesteps(cfg, 5, 1000, generator)
+    mixed = training_timesteps(cfg, 5, 1000, generator)
     assert mixed.min() >= 0 and mixed.max() == 999
     assert 0.2 < (mixed == 999).float().mean() < 0.3  # the pure-noise share, plus ~1/1000 drawn uniformly
     assert (mixed < 500).float().mean() > 0.35  # the rest stays uniform
-    plain = pretrain.training_timesteps(SpriteWorldPretrainConfig(transformer=TrainConfig(batch_size=4000)), 0,
+    plain = training_timesteps(SpriteWorldPretrainConfig(transformer=TrainConfig(batch_size=4000)), 0,
                                         1000, generator)
     assert (plain == 999).float().mean() < 0.01
 
 
 def test_figure_latents_mark_the_cells_figures_fall_in():
-    pretrain = _script("pretrain_spriteworld")
     frames = torch.full((1, 9, 16, 24, 3), 50, dtype=torch.uint8)  # (B, T, H, W, 3)
     frames[0, 0, 0:2, 0:2] = 250  # frame 0: top-left cell
     frames[0, 6, 9, 21] = 250  # frame 6 (latent frame 2, frames 5..8): one pixel in cell (2, 5)
     scenery = torch.full((1, 16, 24, 3), 50, dtype=torch.uint8)
-    pixels = pretrain.figure_pixels(frames, scenery)
+    pixels = figure_pixels(frames, scenery)
     assert pixels.shape == (1, 9, 16, 24) and int(pixels.sum()) == 5
-    cells = pretrain.figure_latents(pixels, temporal=4, spatial=4)
+    cells = figure_latents(pixels, temporal=4, spatial=4)
     assert cells.shape == (1, 3, 4, 6)
     assert cells[0, 0, 0, 0] == 1 and cells[0, 2, 2, 5] == 1 and cells.sum() == 2 and cells[0, 1].sum() == 0
 
@@ -160,7 +169,6 @@ def test_frame_by_frame_keeps_pictures_and_codes_each_frame_alone():
     """Folding the causal time taps: a single picture codes exactly as before; a frame no longer sees earlier ones."""
     from diffusers import AutoencoderKLCogVideoX
 
-    pretrain = _script("pretrain_spriteworld")
     torch.manual_seed(0)
     vae = AutoencoderKLCogVideoX(
         block_out_channels=(8, 16), latent_channels=4, layers_per_block=1, norm_num_groups=4,
@@ -170,7 +178,7 @@ def test_frame_by_frame_keeps_pictures_and_codes_each_frame_alone():
     picture = torch.rand(1, 3, 1, 16, 16) * 2 - 1  # (B, C, T, H, W)
     with torch.no_grad():
         before = vae.decode(vae.encode(picture).latent_dist.mode()).sample
-        pretrain.frame_by_frame(vae)
+        frame_by_frame(vae)
         after = vae.decode(vae.encode(picture).latent_dist.mode()).sample
     assert torch.allclose(before, after, atol=1e-5)
     convs = [m.conv.weight for m in vae.modules()
@@ -194,7 +202,6 @@ def test_llm_pretraining_text_and_windows(tmp_path):
 
     from animegamer.data.manifest import ClipRecord, Manifest
 
-    llm = _script("pretrain_spriteworld_llm")
     tags = "<S>Qiqi</S><MD>run</MD><EV>noon park</EV><ML>5</ML><MA>quickly</MA><SC>0</SC><ET>0</ET><ST>-1</ST>"
     other = "<S>Qiqi</S><MD>sleep</MD><EV>night bedroom</EV><ML>1</ML><MA></MA><SC>0</SC><ET>0</ET><ST>1</ST>"
     records = [
@@ -203,21 +210,21 @@ def test_llm_pretraining_text_and_windows(tmp_path):
         ClipRecord("b_0", "b/0.mp4", "b", 0, 0.0, 2.0, tags=tags),  # a held-out film
         ClipRecord("a_2", "a/2.mp4", "a", 2, 4.0, 6.0),  # not captioned
     ]
-    texts = llm.film_texts(Manifest(tmp_path / "clips.jsonl", records, {"splits": {"train": ["a"], "test": ["b"]}}))
+    texts = film_texts(Manifest(tmp_path / "clips.jsonl", records, {"splits": {"train": ["a"], "test": ["b"]}}))
     assert list(texts) == ["a"]
     assert texts["a"] == (
         "Character: Qiqi; Motion: quickly run; Background: noon park. " + tags + " "
         "Character: Qiqi; Motion: sleep; Background: night bedroom. " + other
     )
     documents = [list(range(100)), list(range(100, 110))]
-    batch = llm.token_windows(documents, 16, 6, np.random.default_rng(0))
+    batch = token_windows(documents, 16, 6, np.random.default_rng(0))
     assert batch.shape[0] == 6 and batch.shape[1] <= 16
     for row in batch.tolist():  # consecutive tokens of one document
         assert all(b - a == 1 for a, b in zip(row, row[1:], strict=False))
 
 
 def test_nearest_scene_ignores_the_figure():
-    places = _script("spriteworld_places")
+    places = load_script("spriteworld/places")
     scenes = {"noon park": np.full((8, 12, 3), 60, np.float32), "night street": np.full((8, 12, 3), 200, np.float32)}
     clip = np.full((3, 16, 24, 3), 70, np.uint8)  # twice the size: resized to the sceneries'
     clip[:, 4:12, 8:14] = 250  # a bright figure
@@ -227,7 +234,7 @@ def test_nearest_scene_ignores_the_figure():
 
 def test_places_report_on_the_mini_run(mini_run, tmp_path):
     out, _ = mini_run
-    report = _script("spriteworld_places").main([
+    report = load_script("spriteworld/places").main([
         "--config", str(out / "ship" / "configs" / "inference.yaml"), "--manifest", str(out / "data" / "clips.jsonl"),
         "--shot-targets", str(out / "stage_a" / "shot_targets"), "--turns", "2", "--out", str(tmp_path / "p.json"),
         "sampling.steps=2",
@@ -240,12 +247,11 @@ def test_places_report_on_the_mini_run(mini_run, tmp_path):
 
 
 def test_moving_cells_mark_where_a_figure_enters_or_leaves():
-    pretrain = _script("pretrain_spriteworld")
     figures = torch.zeros(1, 4, 1, 2, 5)  # (N, F, 1, h, w): a figure stepping right one cell per frame but the last
     for f, x in enumerate([0, 1, 2, 2]):
         figures[0, f, 0, 0, x] = 1
     figures[0, :, 0, 1, 4] = 1  # a figure that stands still
-    moving = pretrain.moving_cells(figures)
+    moving = moving_cells(figures)
     assert moving.shape == figures.shape
     assert moving[0, :, 0, 1].sum() == 0  # standing still: never moving
     assert moving[0, 0, 0, 0].tolist() == [1, 1, 0, 0, 0]  # frame 0 vs frame 1
@@ -259,7 +265,6 @@ def test_vae_latent_noise_makes_the_decoder_robust_to_latent_errors(tmp_path):
     (as a diffusion model's latents are) than a decoder trained on exact latents: same pictures, steps and seed."""
     from animegamer.config import SpriteWorldPretrainConfig, TrainConfig
 
-    pretrain = _script("pretrain_spriteworld")
     rng = np.random.default_rng(0)
     clips = np.zeros((6, 1, 16, 16, 3), np.uint8)  # blocky pictures: colour squares on a plain background
     for clip in clips:
@@ -274,8 +279,8 @@ def test_vae_latent_noise_makes_the_decoder_robust_to_latent_errors(tmp_path):
                                         vae_latent_noise=noise)
         cfg.data.height, cfg.data.width = 16, 16
         cfg.vae = TrainConfig(max_steps=150, batch_size=6, lr=3e-3, log_every=1000)
-        vae = pretrain.train_vae(cfg, clips, pretrain.Log(tmp_path / f"vae{noise}.jsonl"))
-        x = pretrain.to_unit(clips)
+        vae = train_vae(cfg, clips, Log(tmp_path / f"vae{noise}.jsonl"))
+        x = to_unit(clips)
         growth = []
         with torch.no_grad():
             z = vae.encode(x).latent_dist.mode()
@@ -298,7 +303,7 @@ def test_vae_latent_noise_makes_the_decoder_robust_to_latent_errors(tmp_path):
 
 
 def test_relative_shot_error_is_zero_for_the_target_and_one_for_the_mean():
-    shot_error = _script("shot_error")
+    shot_error = load_script("spriteworld/shot_error")
     target = torch.randn(6, 4, 3, generator=torch.Generator().manual_seed(0))
     overall, per_token = shot_error.relative_error(target.clone(), target)
     assert overall == 0.0 and per_token == [0.0] * 4
@@ -316,7 +321,7 @@ def test_relative_shot_error_is_zero_for_the_target_and_one_for_the_mean():
 
 def test_shot_error_report_on_the_mini_run(mini_run, tmp_path):
     out, _ = mini_run
-    report = _script("shot_error").main([
+    report = load_script("spriteworld/shot_error").main([
         "--config", str(out / "configs" / "eval.yaml"), "--manifest", str(out / "data" / "clips.jsonl"),
         "--split", "train", "--clips", "3", "--out", str(tmp_path / "s.json"),
     ])
@@ -328,7 +333,7 @@ def test_shot_error_report_on_the_mini_run(mini_run, tmp_path):
 
 
 def test_follow_slope_and_levels():
-    motion_response = _script("motion_response")
+    motion_response = load_script("spriteworld/motion_response")
     requested = np.array([1, 2, 3, 4, 5] * 3)
     assert motion_response.follow_slope(requested, requested) == pytest.approx(1.0)
     assert motion_response.follow_slope(requested, np.full(15, 3)) == pytest.approx(0.0)
@@ -346,7 +351,7 @@ def test_motion_response_report_on_the_mini_run(mini_run, tmp_path):
     args = ["--config", str(out / "configs" / "eval.yaml"), "--manifest", str(out / "data" / "clips.jsonl"),
             "--split", "train", "--clips", "2", "--levels", "1,5", "--out", str(tmp_path / "m.json"),
             "inference.sampling.steps=2"]
-    report = _script("motion_response").main(args)
+    report = load_script("spriteworld/motion_response").main(args)
     saved = json.loads((tmp_path / "m.json").read_text())
     assert saved["clips"] == report["clips"] == 2 and report["levels"] == [1, 5]
     assert sorted(report["per_level"]) == [1, 5] and math.isfinite(report["slope"])
@@ -355,4 +360,16 @@ def test_motion_response_report_on_the_mini_run(mini_run, tmp_path):
         assert all(r["scope"] >= 0.0 and 1 <= r["measured"] <= 5 for r in row["renders"].values())
     assert report["meter"]["edges"] == saved["meter"]["edges"] and len(report["meter"]["edges"]) == 4
     with pytest.raises(SystemExit, match="no motion level input"):
-        _script("motion_response").main([*args, "inference.decoder.motion_scope=false"])
+        load_script("spriteworld/motion_response").main([*args, "inference.decoder.motion_scope=false"])
+
+
+def test_ship_without_a_trained_stage_is_one_line_and_keeps_the_shipped_folder(tmp_path, capsys):
+    ship = tmp_path / "ship"
+    (ship / "stage_d").mkdir(parents=True)
+    (ship / "stage_d" / "kept.txt").write_text("the shipped student")
+    with pytest.raises(SystemExit) as exit_info:
+        load_script("spriteworld/train").main(["--config", str(ROOT / "configs/spriteworld/mini.yaml"),
+                                               f"output_dir={tmp_path / 'run'}", f"ship_dir={ship}", "steps=[ship]"])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and err.startswith("error: step ship: checkpoint not found") and "\n" not in err
+    assert (ship / "stage_d" / "kept.txt").read_text() == "the shipped student"

@@ -4,7 +4,7 @@ Three sources are read by :func:`load_games`:
 
 - a benchmark directory (``benchmark.json``, written by scripts/make_benchmark.py): instructions and ground-truth
   states per turn, no ground-truth clips;
-- a games directory of held-out films (``<film>.txt`` + ``<film>.jsonl``, written by scripts/make_spriteworld.py):
+- a games directory of held-out films (``<film>.txt`` + ``<film>.jsonl``, written by scripts/spriteworld/make.py):
   instructions, states *and* the real clip of every turn (``video`` relative to the manifest directory, the parent
   of the games directory; SpriteWorld rows also carry the shot spec and render seed, so a missing video is drawn
   again). Those clips make CLIP-I paired, PSNR / SSIM and the ``reconstruction`` system possible;
@@ -128,7 +128,7 @@ def load_games(path: str | Path, max_games: int = 0) -> list[BenchmarkGame]:
     if not files:
         raise BenchmarkError(
             f"{root}: neither a benchmark ({INDEX_NAME}, scripts/make_benchmark.py) nor a games directory "
-            "(<film>.jsonl, scripts/make_spriteworld.py)"
+            "(<film>.jsonl, scripts/spriteworld/make.py)"
         )
     games = [_read_data_game(f) for f in (files[:max_games] if max_games > 0 else files)]
     return games

@@ -259,7 +259,7 @@ class ReconstructionSystem:
     def play_game(self, game: BenchmarkGame, out_dir: str | Path) -> list[TurnOutput]:
         if not isinstance(game, GroundTruthGame) or not game.has_clips():
             raise ValueError(f"{game.game_id}: the reconstruction system needs games with ground-truth clips "
-                             "(a games directory written by scripts/make_spriteworld.py)")
+                             "(a games directory written by scripts/spriteworld/make.py)")
         watch = _Stopwatch(self.encoding.device)
         outputs = []
         for index, shot in enumerate(game.shots):
@@ -290,7 +290,7 @@ class GroundTruthSystem:
 
         if not isinstance(game, GroundTruthGame) or not game.has_clips():
             raise ValueError(f"{game.game_id}: the ground_truth system needs games with ground-truth clips "
-                             "(a games directory written by scripts/make_spriteworld.py)")
+                             "(a games directory written by scripts/spriteworld/make.py)")
         outputs = []
         for index, shot in enumerate(game.shots):
             real = game.clip_frames(index)  # (T, H', W', 3)

@@ -1,6 +1,6 @@
 """Is the friend that was asked for on screen? Friend accuracy of an evaluation's SpriteWorld clips.
 
-    python scripts/spriteworld_friends.py --eval-dir outputs/spriteworld/eval/main \
+    python scripts/spriteworld/friends.py --eval-dir outputs/spriteworld/eval/main \
         --games outputs/spriteworld/data/games
 
 For every turn of the held-out games whose shot shows a second character (a social action, or in the memory world
@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from animegamer.cli import command_name
 from animegamer.io import atomic_write_json, iter_jsonl
 
 TOLERANCE = 40.0  # RGB distance within which a pixel counts as a character's shirt colour
@@ -48,7 +49,8 @@ def main(argv: list[str] | None = None) -> dict:
     from animegamer.data.video import read_video
     from animegamer.spriteworld.home import HomeLook, home_background
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog=command_name(), description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--eval-dir", required=True, help="an evaluation's output_dir (with clips/<system>/...)")
     parser.add_argument("--games", required=True, help="the SpriteWorld games directory it played (<film>.jsonl)")
     parser.add_argument("--out", default="", help="JSON report (default: <eval-dir>/friends.json)")

@@ -1,7 +1,7 @@
 """Write a SpriteWorld dataset: drawn clips (mp4), the JSONL manifest with tags and true motion, held-out games.
 
-    python scripts/make_spriteworld.py --config configs/spriteworld/data.yaml
-    python scripts/make_spriteworld.py --config configs/spriteworld/data.yaml output_dir=outputs/tiny/data num_films=4
+    python scripts/spriteworld/make.py --config configs/spriteworld/data.yaml
+    python scripts/spriteworld/make.py --config configs/spriteworld/data.yaml output_dir=outputs/tiny/data num_films=4
 
 Writes ``output_dir/clips/<film>/<index>.mp4``, ``output_dir/clips.jsonl`` (+ ``clips.meta.json``: motion bin
 edges, train/test films) and ``output_dir/games/<film>.txt`` + ``.jsonl`` (test films as games with ground truth).

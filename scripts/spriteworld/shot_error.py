@@ -1,6 +1,6 @@
 """How close are stage (b)'s predicted shots to the stage (a) encoder's shots of the real clips?
 
-    python scripts/shot_error.py --config configs/spriteworld/eval.yaml \
+    python scripts/spriteworld/shot_error.py --config configs/spriteworld/eval.yaml \
         --manifest outputs/spriteworld/data/clips.jsonl --split test
 
 For clips of the manifest's held-out films (``--split train`` for the training films), each clip's instruction is

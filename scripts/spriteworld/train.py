@@ -1,20 +1,25 @@
-"""SpriteWorld end to end on a CPU: data -> pretraining -> stage (a) -> (b) -> (c) -> shipped checkpoint -> report.
+"""SpriteWorld end to end on a CPU: data -> pretraining -> stages (a) -> (d) -> shipped checkpoint -> report.
 
-    python scripts/train_spriteworld.py --config configs/spriteworld/run.yaml           # the shipped checkpoint
-    python scripts/train_spriteworld.py --config configs/spriteworld/mini.yaml output_dir=/tmp/sw_mini   # ~1 min
-    python scripts/train_spriteworld.py --config configs/spriteworld/run.yaml "steps=[ship,evaluate]"   # some steps
+    python scripts/spriteworld/train.py --config configs/spriteworld/run.yaml           # the shipped checkpoint
+    python scripts/spriteworld/train.py --config configs/spriteworld/mini.yaml output_dir=/tmp/sw_mini   # ~1 min
+    python scripts/spriteworld/train.py --config configs/spriteworld/run.yaml "steps=[ship,evaluate]"   # some steps
 
-Each step runs the real entry point's ``main(argv)`` in this process, with the step's YAML from ``configs``
-(data.yaml, pretrain.yaml, pretrain_llm.yaml, stage_a/b/c.yaml, eval.yaml, ablations.yaml):
+Each step runs the library function or the real entry point's ``main(argv)`` in this process, with the step's
+YAML from ``configs`` (data.yaml, pretrain.yaml, pretrain_llm.yaml, stage_a/b/c/d.yaml, eval.yaml, ablations.yaml):
 
-    data       scripts/make_spriteworld.py's write_dataset; then <out>/data/train.jsonl: the training films only
-               (stages a-c never see a held-out film; pretraining reads the split itself)
+    data       animegamer.spriteworld.films.write_dataset (as scripts/spriteworld/make.py); then
+               <out>/data/train.jsonl: the training films only (stages a-d never see a held-out film; pretraining
+               reads the split itself)
     pretrain   the tiny random CLIP (frozen, seeded) and Mistral (animegamer.tiny), then
-               scripts/pretrain_spriteworld.py: tiny T5, VAE, stage (a) features, base text-to-video transformer
-    pretrain_llm  scripts/pretrain_spriteworld_llm.py: the tiny Mistral trained as a causal LM on the training
-               films' text (the pretrained LLM stage (b) adds LoRA to)
+               animegamer.spriteworld.pretrain (as scripts/spriteworld/pretrain.py): tiny T5, VAE, stage (a)
+               features, base text-to-video transformer
+    pretrain_llm  animegamer.spriteworld.pretrain_llm (as scripts/spriteworld/pretrain_llm.py): the tiny Mistral
+               trained as a causal LM on the training films' text (the pretrained LLM stage (b) adds LoRA to)
     stage_a    scripts/train_stage_a.py    stage_b  scripts/train_stage_b.py    stage_c  scripts/train_stage_c.py
-    ship       the weights inference needs, copied to ``ship_dir`` (safetensors + configs, no optimizer states)
+    stage_d    scripts/train_stage_d.py: the few-step student of the stage (c) decoder (make demo-fast plays it)
+    ship       the weights inference needs (safetensors + configs, no optimizer states), assembled beside
+               ``ship_dir`` and swapped in whole: stage_a/, stage_b/, stage_c/, stage_d/ (the student's decoder),
+               the pretrained models and the resolved configs; ship_dir's README.md is kept
     evaluate   scripts/run_ablations.py with ablations.yaml: the main table (AnimeGamer, GC-style, random,
                majority), no decoder adaptation, stage (a) reconstruction with and without the motion scope;
                its tables (table.{md,csv}, table_intervals.{md,csv,json}) copied into ship_dir as eval_*
@@ -38,19 +43,22 @@ from pathlib import Path
 
 import torch
 
-from animegamer.cli import parse_config
+from animegamer.cli import fail, parse_config
 from animegamer.config import SpriteWorldRunConfig, load_config, to_yaml
+from animegamer.data.manifest import ManifestError
 from animegamer.io import atomic_write_json, atomic_write_text
 
-ROOT = Path(__file__).resolve().parent.parent
-STEPS = ("data", "pretrain", "pretrain_llm", "stage_a", "stage_b", "stage_c", "ship", "evaluate")
-CONFIG_FILES = ("data", "pretrain", "pretrain_llm", "stage_a", "stage_b", "stage_c", "inference", "eval", "ablations")
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = ("data", "pretrain", "pretrain_llm", "stage_a", "stage_b", "stage_c", "stage_d", "ship", "evaluate")
+CONFIG_FILES = ("data", "pretrain", "pretrain_llm", "stage_a", "stage_b", "stage_c", "stage_d", "inference", "eval",
+                "ablations")
 RESUME_STATE = ("optimizer*.bin", "scheduler*.bin", "random_states_*.pkl", "trainer_state.json")
 DEFAULT_OUT, DEFAULT_SHIP, DEFAULT_CONFIGS = "outputs/spriteworld", "checkpoints/spriteworld", "configs/spriteworld"
 
 
 def load_script(name: str):
-    """``scripts/<name>.py`` as a module (scripts are not a package)."""
+    """``scripts/<name>.py`` (a user-facing entry point: a stage, run_ablations) as a module (scripts are not a
+    package)."""
     spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -74,7 +82,7 @@ def resolve_configs(cfg: SpriteWorldRunConfig) -> dict[str, Path]:
         resolved[name] = path
     unknown = sorted(set(cfg.overrides) - set(CONFIG_FILES))
     if unknown:
-        raise SystemExit(f"error: overrides for unknown configs {unknown}; known: {list(CONFIG_FILES)}")
+        fail(f"overrides for unknown configs {unknown}; known: {list(CONFIG_FILES)}")
     return resolved
 
 
@@ -102,7 +110,7 @@ def losses_of(metrics_csv: Path, names: tuple[str, ...] = ("loss",), count: int 
 
 def step_data(configs: dict[str, Path]) -> dict:
     from animegamer.data.manifest import read_manifest, write_manifest
-    from animegamer.spriteworld import write_dataset
+    from animegamer.spriteworld.films import write_dataset
 
     data_cfg = load_config(configs["data"])
     manifest = read_manifest(write_dataset(data_cfg))
@@ -113,20 +121,24 @@ def step_data(configs: dict[str, Path]) -> dict:
 
 
 def step_pretrain(cfg: SpriteWorldRunConfig, configs: dict[str, Path]) -> dict:
-    from animegamer.spriteworld import lexicon
+    from animegamer.spriteworld.pretrain import pretrain
+    from animegamer.spriteworld.world import lexicon
     from animegamer.tiny import build_tiny_clip, build_tiny_mistral
 
     models = Path(cfg.output_dir) / "models"
     build_tiny_clip(models / "clip", seed=cfg.seed)
     build_tiny_mistral(models / "Mistral", seed=cfg.seed, hidden_size=cfg.mistral_hidden, words=lexicon())
-    load_script("pretrain_spriteworld").main(["--config", str(configs["pretrain"])])
-    pretrain = load_config(configs["pretrain"])
-    return json.loads((Path(pretrain.report_dir) / "summary.json").read_text())
+    pretrain_cfg = load_config(configs["pretrain"])
+    pretrain(pretrain_cfg)
+    return json.loads((Path(pretrain_cfg.report_dir) / "summary.json").read_text())
 
 
 def step_pretrain_llm(configs: dict[str, Path]) -> dict:
-    load_script("pretrain_spriteworld_llm").main(["--config", str(configs["pretrain_llm"])])
-    return json.loads((Path(load_config(configs["pretrain_llm"]).report_dir) / "summary.json").read_text())
+    from animegamer.spriteworld.pretrain_llm import pretrain_llm
+
+    llm_cfg = load_config(configs["pretrain_llm"])
+    pretrain_llm(llm_cfg)
+    return json.loads((Path(llm_cfg.report_dir) / "summary.json").read_text())
 
 
 def step_stage(name: str, configs: dict[str, Path]) -> dict:
@@ -144,28 +156,30 @@ def latest(run_dir: Path) -> Path:
 
 
 def step_ship(cfg: SpriteWorldRunConfig, configs: dict[str, Path]) -> dict:
-    """Copy the weights inference and evaluation need into ship_dir (replacing it); returns the sizes."""
+    """Assemble the weights inference and evaluation need beside ship_dir, then swap the whole folder in (an
+    interrupted ship leaves the previous one whole); returns the sizes."""
+    from animegamer.training.checkpoint import write_dir_atomically
+
     out, ship = Path(cfg.output_dir), Path(cfg.ship_dir)
-    stage_a = latest(Path(load_config(configs["stage_a"]).output_dir))
-    stage_b = latest(Path(load_config(configs["stage_b"]).output_dir))
-    stage_c = latest(Path(load_config(configs["stage_c"]).output_dir))
-    tmp = ship.with_name(ship.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(out / "models" / "clip", tmp / "clip")
-    shutil.copytree(out / "models" / "CogVideoX", tmp / "CogVideoX")
-    shutil.copytree(out / "models" / "Mistral", tmp / "Mistral")
-    shutil.copytree(stage_a / "encoder", tmp / "stage_a" / "encoder")
-    shutil.copytree(stage_a / "decoder", tmp / "stage_a" / "decoder")
-    shutil.copytree(stage_c / "decoder", tmp / "stage_c" / "decoder")
-    # the trained MLLM parts (adapter, resamplers, slot embeddings, layout), not the optimizer/RNG state
-    shutil.copytree(stage_b, tmp / "stage_b", ignore=shutil.ignore_patterns(*RESUME_STATE))
-    shutil.copytree(out / "configs", tmp / "configs")
+    stages = {name: latest(Path(load_config(configs[name]).output_dir))
+              for name in ("stage_a", "stage_b", "stage_c", "stage_d")}
     readme = ship / "README.md"
-    if readme.is_file():  # written by hand with the numbers of the run; kept across reruns
-        shutil.copy2(readme, tmp / "README.md")
-    if ship.exists():
-        shutil.rmtree(ship)
-    tmp.rename(ship)
+
+    def assemble(tmp: Path) -> None:
+        for model in ("clip", "CogVideoX", "Mistral"):
+            shutil.copytree(out / "models" / model, tmp / model)
+        shutil.copytree(stages["stage_a"] / "encoder", tmp / "stage_a" / "encoder")
+        shutil.copytree(stages["stage_a"] / "decoder", tmp / "stage_a" / "decoder")
+        shutil.copytree(stages["stage_c"] / "decoder", tmp / "stage_c" / "decoder")
+        # the student's LoRA, motion embedding and sampler.json (its timesteps): sampling.preset=distilled plays it
+        shutil.copytree(stages["stage_d"] / "decoder", tmp / "stage_d" / "decoder")
+        # the trained MLLM parts (adapter, resamplers, slot embeddings, layout), not the optimizer/RNG state
+        shutil.copytree(stages["stage_b"], tmp / "stage_b", ignore=shutil.ignore_patterns(*RESUME_STATE))
+        shutil.copytree(out / "configs", tmp / "configs")
+        if readme.is_file():  # written by hand with the numbers of the run; kept across reruns
+            shutil.copy2(readme, tmp / "README.md")
+
+    write_dir_atomically(ship, assemble)
     sizes = {p.relative_to(ship).as_posix(): p.stat().st_size for p in sorted(ship.rglob("*.safetensors"))}
     return {"safetensors_bytes": sum(sizes.values()), "files": sizes}
 
@@ -183,11 +197,26 @@ def step_evaluate(cfg: SpriteWorldRunConfig, configs: dict[str, Path]) -> dict:
     return {"rows": [label for label, _ in entries], "tables": copied}
 
 
+def run_step(step: str, cfg: SpriteWorldRunConfig, configs: dict[str, Path]) -> dict:
+    """Run one step of the chain; returns what ``summary.json`` keeps of it."""
+    if step == "data":
+        return step_data(configs)
+    if step == "pretrain":
+        return step_pretrain(cfg, configs)
+    if step == "pretrain_llm":
+        return step_pretrain_llm(configs)
+    if step in ("stage_a", "stage_b", "stage_c", "stage_d"):
+        return step_stage(step, configs)
+    if step == "ship":
+        return step_ship(cfg, configs)
+    return step_evaluate(cfg, configs)
+
+
 def main(argv: list[str] | None = None) -> dict:
     cfg, _ = parse_config(SpriteWorldRunConfig, __doc__, argv)
     unknown = [s for s in cfg.steps if s not in STEPS]
     if unknown:
-        raise SystemExit(f"error: unknown steps {unknown}; steps are {list(STEPS)}")
+        fail(f"unknown steps {unknown}; steps are {list(STEPS)}")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     out = Path(cfg.output_dir)
@@ -199,18 +228,10 @@ def main(argv: list[str] | None = None) -> dict:
     for step in (s for s in STEPS if s in cfg.steps):
         print(f"==== {step}", flush=True)
         started = time.perf_counter()
-        if step == "data":
-            result = step_data(configs)
-        elif step == "pretrain":
-            result = step_pretrain(cfg, configs)
-        elif step == "pretrain_llm":
-            result = step_pretrain_llm(configs)
-        elif step in ("stage_a", "stage_b", "stage_c"):
-            result = step_stage(step, configs)
-        elif step == "ship":
-            result = step_ship(cfg, configs)
-        else:
-            result = step_evaluate(cfg, configs)
+        try:
+            result = run_step(step, cfg, configs)
+        except (ManifestError, FileNotFoundError) as exc:  # a missing input (a step not run yet), not a bug
+            fail(f"step {step}: {exc}")
         result["seconds"] = round(time.perf_counter() - started, 1)
         summary[step] = result
         atomic_write_json(summary_path, summary)
