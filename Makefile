@@ -45,7 +45,7 @@ $(TINY)/.built: $(STAMP) animegamer/tiny.py
 tiny: $(TINY)/.built
 
 # The demo game end to end on CPU (MLLM turn by turn, then the decoder) with the shipped SpriteWorld checkpoint
-# (checkpoints/spriteworld/, trained on CPU by scripts/train_spriteworld.py; see its README.md).
+# (checkpoints/spriteworld/, trained on CPU by scripts/spriteworld/train.py; see its README.md).
 demo: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) inference_MLLM.py --config configs/spriteworld/inference.yaml output_dir=outputs/demo
 	OMP_NUM_THREADS=1 $(PY) inference_Decoder.py --config configs/spriteworld/inference.yaml output_dir=outputs/demo
