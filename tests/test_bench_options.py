@@ -24,17 +24,25 @@ def test_every_option_is_timed_and_counted(tiny_cogvideox_dir):
     result = bench_options(decoder, shot, torch.tensor([3]), sampling, "cpu", warmup=0, repeats=1, steps=10)
     rows = result["rows"]
     assert list(rows) == ["standard", "fast", "distilled", "cache first_block", "cache taylorseer", "cache pab",
-                          "cache faster"]
+                          "cache faster", "cache magcache"]
     assert result["skipped"] and "CUDA" in result["skipped"][0]  # no FP8 rows on a CPU
     # 10 steps, all guided (at 50 the ramp reaches 1.0 at the last); fast: 10 steps, 4 guided; distilled: 4 calls
     assert [rows[k]["transformer_calls"] for k in ("standard", "fast", "distilled")] == [20, 14, 4]
     assert rows["distilled"]["attention_work"] == pytest.approx(4 / 20)
-    for name in ("cache taylorseer", "cache pab", "cache faster"):
+    for name in ("cache taylorseer", "cache pab", "cache faster", "cache magcache"):
         assert rows[name]["transformer_calls"] == 20 and rows[name]["attention_work"] < 1, name
     for row in rows.values():
         assert row["first_frames"] == 9
         for key in ("denoise_s", "first_chunk_decode_s", "time_to_first_frame_s", "speedup_vs_standard"):
             assert math.isfinite(row[key]) and row[key] > 0
         assert row["time_to_first_frame_s"] == pytest.approx(row["denoise_s"] + row["first_chunk_decode_s"])
+    profile = result["profile"]  # the rest of a turn: the whole decode and writing mp4 + gif, once
+    assert profile["frames"] == 17 and profile["vae_decode_s"] > 0 and profile["write_s"] > 0
+    assert rows["fast"]["render_s"] == pytest.approx(rows["fast"]["denoise_s"] + profile["vae_decode_s"]
+                                                     + profile["write_s"])
     table = "\n".join(options_table({"options": result}))
     assert "| distilled | 4 |" in table and "first 9 frames" in table and "Not measured: fp8" in table
+    assert "Where a turn's time goes** (17 frames; MLLM from the turn part: not run" in table
+    with_mllm = "\n".join(options_table({"options": result, "turn": {"ours": {"mllm_s": 1.5}}}))
+    line = next(x for x in with_mllm.splitlines() if x.startswith("| distilled | 1.500 | 4 |"))
+    assert line.endswith(f"| {1.5 + rows['distilled']['time_to_first_frame_s']:.3f} |")

@@ -8,7 +8,8 @@ Rows (our path: LoRA merged, eager, so every row runs the same kernels and only 
     fast                  12 DPM-Solver++ steps, CFG on the first 40% (animegamer.inference.session.fast_sampling)
     distilled             4 DDIM steps at the stage (d) student's timesteps (those of configs/stage_d.yaml's 50-step
                           teacher), one conditional call each; with random weights, so a speed figure only
-    cache <method>        ``standard`` with one of diffusers' cache hooks (animegamer.models.cache)
+    cache <method>        ``standard`` with one of diffusers' cache hooks (animegamer.models.cache); MagCache's
+                          ratios are calibrated first, in the same run, on the same shot with the standard sampler
     fp8 [+ distilled]     the transformer's block linears in FP8 via torchao (CUDA GPUs of capability >= 8.9)
 
 For each: seconds of denoising, transformer calls per clip (at batch B: a guided call counts 2) and the share of
@@ -16,17 +17,24 @@ the blocks' attention work that actually ran (a cache skips some), and the time 
 the first chunk of the streamed VAE decode (:func:`animegamer.models.streaming.decode_chunks`; the MLLM's share of
 a turn is the ``turn`` part's). Timed eagerly because the cache hooks wrap the blocks' forward, which the compiled
 blocks of the ``turn`` part would fight.
+
+Where a turn's time goes, besides the MLLM: the whole streamed VAE decode and writing the clip as the game does (mp4
++ gif) are the same work for every row, timed once (``profile``); each row's ``render_s`` = its denoising + decode +
+writing, and the report adds the ``turn`` part's MLLM time when that part ran.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import tempfile
+from pathlib import Path
 
 import torch
 
 from animegamer.bench.timing import measure
 from animegamer.config import SamplingConfig
-from animegamer.models.cache import CACHE_METHODS, TransformerCache
+from animegamer.data.video import write_gif, write_mp4
+from animegamer.models.cache import CACHE_METHODS, MagRatios, TransformerCache, calibrate_mag_ratios
 from animegamer.models.fewstep import FewStepSampler
 from animegamer.models.fp8 import fp8_unavailable, quantize_transformer_fp8
 from animegamer.models.sampling import build_scheduler
@@ -103,8 +111,13 @@ def bench_options(decoder, shot: torch.Tensor, levels: torch.Tensor, sampling: S
             fewstep = student if s.preset == "distilled" else None
             cache = None
             if s.cache != "none":
+                ratios = None
+                if s.cache == "magcache":  # calibrated on this decoder and sampler first (not timed)
+                    plain = PresetSampler(decoder, effective_sampling(s))
+                    ratios = MagRatios(tuple(calibrate_mag_ratios(decoder.transformer, plain.sampling.steps, [
+                        lambda plain=plain: plain.latents(shot, levels, torch.Generator().manual_seed(0))])[0]))
                 cache = TransformerCache(decoder.transformer, s.cache, s.cache_threshold,
-                                         guidance_distilled=fewstep is not None)
+                                         guidance_distilled=fewstep is not None, mag_ratios=ratios)
             sampler = PresetSampler(decoder, effective_sampling(s), fewstep, cache)
             try:
                 def denoise(sampler=sampler):
@@ -120,7 +133,7 @@ def bench_options(decoder, shot: torch.Tensor, levels: torch.Tensor, sampling: S
             finally:
                 sampler.close()
             if name == "standard":
-                full_rows = attention
+                full_rows, standard_latents = attention, latents
             rows[name] = {
                 "steps": fewstep.steps if fewstep is not None else sampler.sampling.steps,
                 "description": sampler.description + (", fp8" if fp8 else ""),
@@ -134,10 +147,28 @@ def bench_options(decoder, shot: torch.Tensor, levels: torch.Tensor, sampling: S
             }
     finally:
         counter.remove()
+    profile = decode_and_write(decoder, standard_latents, sampling.fps, device, warmup, repeats)
     base = rows["standard"]["denoise_s"]
     for row in rows.values():
         row["speedup_vs_standard"] = base / max(row["denoise_s"], 1e-12)
-    return {"rows": rows, "skipped": skipped, "settings": {"steps": steps, "student_steps": STUDENT_STEPS,
+        row["render_s"] = row["denoise_s"] + profile["vae_decode_s"] + profile["write_s"]
+    return {"rows": rows, "skipped": skipped, "profile": profile,
+            "settings": {"steps": steps, "student_steps": STUDENT_STEPS,
                                                             "student_timesteps": list(student.timesteps),
                                                             "eager": True, "merge_lora": True,
                                                             "fp8_layers": fp8_layers}}
+
+
+def decode_and_write(decoder, latents: torch.Tensor, fps: int, device, warmup: int, repeats: int) -> dict:
+    """The rest of a turn after denoising, the same for every option: the whole streamed VAE decode of ``latents``
+    (B, F, C, h, w) and writing its first clip as the game writes a turn (mp4 + gif, in a temporary directory)."""
+    decode = measure(lambda: list(decode_chunks(decoder.vae, latents)), device, warmup, repeats)
+    frames = torch.cat(list(decode_chunks(decoder.vae, latents)), dim=1)[0].numpy()  # (T, H, W, 3) uint8
+    with tempfile.TemporaryDirectory() as tmp:
+        def write():
+            write_mp4(Path(tmp) / "turn.mp4", frames, fps=fps)
+            write_gif(Path(tmp) / "turn.gif", frames, fps=fps)
+
+        written = measure(write, "cpu", warmup, repeats)
+    return {"vae_decode_s": decode.median, "write_s": written.median, "frames": int(frames.shape[0]),
+            "raw_vae_decode_s": decode.seconds, "raw_write_s": written.seconds}

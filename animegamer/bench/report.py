@@ -72,6 +72,30 @@ def options_table(result: dict[str, Any]) -> list[str]:
     mllm_note = f"the MLLM adds {_s(mllm)} s (turn part)" if mllm is not None else "the MLLM's time is the turn part's"
     lines += ["", f"First frames: denoising + the first chunk of the streamed VAE decode; {mllm_note}."]
     lines += [f"Not measured: {why}" for why in options.get("skipped", [])]
+    return lines + [""] + turn_profile_table(options, mllm)
+
+
+def turn_profile_table(options: dict[str, Any], mllm: float | None) -> list[str]:
+    """Where a turn's time goes per option: MLLM (the turn part's, when it ran), denoising, the whole VAE decode and
+    writing the clip (mp4 + gif; the last two the same work for every option, timed once)."""
+    profile = options.get("profile")
+    if not profile:
+        return []
+    extra = mllm or 0.0
+    lines = [
+        f"**Where a turn's time goes** ({profile['frames']} frames; MLLM from the turn part"
+        f"{'' if mllm is not None else ': not run, counted as 0'}):",
+        "",
+        "| option | MLLM (s) | transformer calls | denoising (s) | VAE decode (s) | writing mp4 + gif (s) | "
+        "turn (s) | first frames after the instruction (s) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, row in options["rows"].items():
+        lines.append(
+            f"| {name} | {_s(mllm)} | {row['transformer_calls']:g} | "
+            f"{_s(row['denoise_s'])} | {_s(profile['vae_decode_s'])} | {_s(profile['write_s'])} | "
+            f"{_s(extra + row['render_s'])} | {_s(extra + row['time_to_first_frame_s'])} |"
+        )
     return lines + [""]
 
 
