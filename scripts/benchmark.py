@@ -15,8 +15,9 @@ Measured, after warm-up (CUDA events on a GPU, perf_counter on a CPU), with peak
   ours, the ratio, a check that both give the same outputs, the ``fast`` preset, and a turn with offload + VAE
   tiling (animegamer.bench.turn);
 - ``options``: the real-time options of the rendering side by side: presets standard / fast / distilled, each
-  cache hook, FP8 on a capable GPU; seconds, transformer calls per clip and the time to the first streamed frames
-  (animegamer.bench.options);
+  cache hook (MagCache calibrated in the run), FP8 on a capable GPU; seconds, transformer calls per clip, the time
+  to the first streamed frames and where a turn's time goes (MLLM from ``turn``, denoising, VAE decode, writing the
+  mp4 + gif) (animegamer.bench.options);
 - ``official``: random weights in the official release's on-disk layout (SAT decoder directory, peft agent .bin,
   tokenizer at the release's ids) at the preset's sizes, converted by scripts/convert_official.py's code (seconds,
   peak RSS), then one turn in ``compat=released`` (the release's sampler, fp16 decoder, 200-token state
