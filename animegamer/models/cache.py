@@ -16,11 +16,11 @@ recomputing them, at a quality cost the eval harness measures:
     faster        FasterCache: reuse attention outputs (weighted) every other step for t < 681, and the guided
                   batch's unconditional half every 5th step for t < 781 (diffusers' CogVideoX example)
     magcache      MagCache: the blocks' residual shrinks or grows by a ratio per step that depends on the model and
-                  the sampler but hardly on the shot; skip the blocks (reuse the last residual) while the error the
-                  recorded ratios accumulate stays under ``threshold``, at most 3 steps in a row, never in the first
-                  20% of steps. The ratios, one per transformer call of a clip, come from a calibration run of the
-                  same decoder and sampler (scripts/calibrate_magcache.py -> ``sampling.magcache_ratios``,
-                  :class:`MagRatios`); ``TransformerCache(..., calibrate=True)`` records them.
+                  the sampler and (the MagCache paper's finding) little on the prompt; skip the blocks (reuse the
+                  last residual) while the error the recorded ratios accumulate stays under ``threshold``, at most 3
+                  steps in a row, never in the first 20% of steps. The ratios, one per transformer call of a clip,
+                  come from a calibration run of the same decoder and sampler (scripts/calibrate_magcache.py ->
+                  ``sampling.magcache_ratios``, :class:`MagRatios`), recorded by :func:`calibrate_mag_ratios`.
 
 The hooks are stateful and want to know which call of the loop they see (``transformer.cache_context``). Rather
 than writing that into every sampling loop, :class:`TransformerCache` opens the context from the call itself: the
