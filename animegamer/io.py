@@ -75,6 +75,18 @@ def atomic_write_jsonl(path: str | Path, rows: list[dict]) -> None:
     atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
 
+def read_format_json(path: Path, fmt: str, what: str) -> dict:
+    """An untrusted JSON record whose ``format`` key must be ``fmt``: the dict, or a one-line ValueError
+    (``what`` names the kind of file in the message)."""
+    try:
+        raw = json.loads(Path(path).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(raw, dict) or raw.get("format") != fmt:
+        raise ValueError(f"{path}: not {what} (format {fmt!r} expected)")
+    return raw
+
+
 def iter_jsonl(path: str | Path, error: type[Exception] = ValueError) -> Iterator[tuple[int, Any]]:
     """``(line number, parsed JSON)`` for every non-blank line; a bad line raises ``error`` naming file:line."""
     with open(path, encoding="utf-8") as fh:

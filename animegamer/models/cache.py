@@ -33,13 +33,14 @@ unconditional-branch skipping sees only the guided calls (its hook splits every 
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+from animegamer.io import atomic_write_json, read_format_json
 
 CACHE_METHODS = ("none", "first_block", "taylorseer", "pab", "faster", "magcache")
 MAGCACHE_FORMAT = "animegamer-magcache-v1"
@@ -59,8 +60,6 @@ class MagRatios:
         return len(self.ratios)
 
     def save(self, path: str | Path) -> Path:
-        from animegamer.io import atomic_write_json
-
         atomic_write_json(Path(path), {"format": MAGCACHE_FORMAT, "calls": self.calls, "ratios": list(self.ratios),
                                        "sampler": self.sampler, "source": self.source})
         return Path(path)
@@ -73,12 +72,7 @@ class MagRatios:
         if not path.is_file():
             raise FileNotFoundError(f"sampling.magcache_ratios={path}: not found (make it with "
                                     "scripts/calibrate_magcache.py)")
-        try:
-            raw = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ValueError(f"{path}: not valid JSON ({exc})") from None
-        if not isinstance(raw, dict) or raw.get("format") != MAGCACHE_FORMAT:
-            raise ValueError(f"{path}: not a MagCache ratios file (format {MAGCACHE_FORMAT!r} expected)")
+        raw = read_format_json(path, MAGCACHE_FORMAT, "a MagCache ratios file")
         ratios = raw.get("ratios")
         if not (isinstance(ratios, list) and ratios and all(
                 isinstance(r, int | float) and not isinstance(r, bool) and math.isfinite(r) and r > 0

@@ -12,13 +12,14 @@ and read by ``sampling.preset: distilled``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from itertools import pairwise
 from pathlib import Path
 
 import torch
+
+from animegamer.io import atomic_write_json, read_format_json
 
 SAMPLER_FILE = "sampler.json"
 SAMPLER_FORMAT = "animegamer-fewstep-v1"
@@ -37,8 +38,6 @@ class FewStepSampler:
         return len(self.timesteps)
 
     def save(self, directory: str | Path) -> Path:
-        from animegamer.io import atomic_write_json
-
         path = Path(directory) / SAMPLER_FILE
         atomic_write_json(path, {"format": SAMPLER_FORMAT, **asdict(self), "timesteps": list(self.timesteps)})
         return path
@@ -51,12 +50,7 @@ class FewStepSampler:
             raise FileNotFoundError(
                 f"{path} is missing: sampling.preset=distilled needs a stage (d) decoder (scripts/train_stage_d.py)"
             )
-        try:
-            raw = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ValueError(f"{path}: not valid JSON ({exc})") from None
-        if not isinstance(raw, dict) or raw.get("format") != SAMPLER_FORMAT:
-            raise ValueError(f"{path}: not a few-step sampler record (format {SAMPLER_FORMAT!r} expected)")
+        raw = read_format_json(path, SAMPLER_FORMAT, "a few-step sampler record")
         steps = raw.get("timesteps")
         valid = (
             isinstance(steps, list)
