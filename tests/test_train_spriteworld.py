@@ -16,10 +16,10 @@ from animegamer.spriteworld.pretrain import Log
 from animegamer.spriteworld.pretrain_llm import film_texts, token_windows
 from animegamer.spriteworld.pretrain_transformer import moving_cells, training_timesteps
 from animegamer.spriteworld.pretrain_vae import (
+    empty_scenery,
     figure_latents,
     figure_pixels,
     frame_by_frame,
-    static_backgrounds,
     to_unit,
     train_vae,
 )
@@ -120,20 +120,32 @@ def test_losses_are_finite_and_decrease(mini_run):
     assert summary["stage_b"]["loss_last"] < summary["stage_b"]["loss_first"]
 
 
-def test_static_backgrounds_are_the_empty_scenery():
-    """The per-place median over clips removes figures that stand at different spots in different clips."""
-    scenery = {"noon park": 40, "night street": 200}
-    clips, places = [], []
-    for i, (place, grey) in enumerate([*scenery.items()] * 3):
-        clip = torch.full((5, 16, 24, 3), grey, dtype=torch.uint8)  # (T, H, W, 3)
-        for t in range(5):  # a bright figure walking, at a different spot in each clip
-            clip[t, 4:10, 2 + 4 * (i // 2) + t : 5 + 4 * (i // 2) + t] = 255
-        clips.append(clip)
-        places.append(place)
-    backgrounds, index = static_backgrounds(torch.stack(clips), places)
-    assert backgrounds.shape == (2, 16, 24, 3) and backgrounds.dtype == torch.uint8
-    assert index.tolist() == [1, 0, 1, 0, 1, 0]  # sorted place names: "night street", "noon park"
-    assert (backgrounds[0] == 200).all() and (backgrounds[1] == 40).all()
+def test_empty_scenery_is_each_clips_own_place_and_home(tmp_path):
+    """Indoors a memory film has its own colours: the scenery is drawn per clip, so only figures (and codec edges)
+    differ from it, never a whole room."""
+    from animegamer.data.manifest import read_manifest
+    from animegamer.spriteworld import write_dataset
+    from animegamer.spriteworld.home import HomeLook, home_background
+    from animegamer.spriteworld.pretrain_vae import read_clips
+    from tests.test_spriteworld import small_config
+
+    cfg = small_config(tmp_path, num_films=4, shots_per_film=8, memory=True, num_frames=5, workers=1)
+    manifest = read_manifest(write_dataset(cfg, progress=False))
+    records = manifest.records
+    homes = {tuple(r.extra["home"]) for r in records if r.extra.get("home")}
+    assert len(homes) >= 2  # films with homes of their own colours
+    pretrain = load_config("configs/spriteworld/pretrain.yaml", [f"data.height={cfg.height}",
+                                                                 f"data.width={cfg.width}", "data.num_frames=5"])
+    scenery = empty_scenery(records, cfg.height, cfg.width)
+    assert scenery.shape == (len(records), cfg.height, cfg.width, 3) and scenery.dtype == torch.uint8
+    indoor = next(i for i, r in enumerate(records) if r.extra.get("home"))
+    r = records[indoor]
+    expected = home_background(r.extra["place"], r.extra["time"], cfg.height, cfg.width,
+                               HomeLook.from_value(r.extra["home"]))
+    assert np.array_equal(scenery[indoor].numpy(), expected)
+    moved = figure_pixels(read_clips(manifest, records, pretrain, progress=False), scenery).float()  # (N, T, H, W)
+    share = moved.mean(dim=(1, 2, 3))
+    assert (share > 0.005).all() and (share < 0.3).all()  # the figures, never the room
 
 
 def test_training_timesteps_start_at_pure_noise_then_mix():

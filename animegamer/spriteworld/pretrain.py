@@ -40,13 +40,13 @@ from animegamer.data.tensor_store import TensorStore
 from animegamer.io import atomic_write_json, atomic_write_jsonl, atomic_write_text
 from animegamer.spriteworld.pretrain_transformer import fill_features, sample_preview, train_transformer
 from animegamer.spriteworld.pretrain_vae import (
+    empty_scenery,
     read_clips,
     set_scaling_factor,
-    static_backgrounds,
     train_vae,
     vae_preview,
 )
-from animegamer.spriteworld.world import caption_tags, lexicon
+from animegamer.spriteworld.world import lexicon
 from animegamer.tiny import COGVIDEOX_2B_SCHEDULER, build_tiny_t5, write_model_index
 from animegamer.training.checkpoint import write_dir_atomically
 
@@ -110,10 +110,7 @@ def pretrain(cfg: SpriteWorldPretrainConfig) -> Path:
         psnr, scale = earlier["vae_psnr_db"], earlier["vae_scaling_factor"]
     else:
         clips = read_clips(manifest, train_records, cfg)
-        places = [caption_tags(r).environment for r in train_records]
-        backgrounds, place_of = static_backgrounds(clips, places)
-        vae = train_vae(cfg, clips, log, backgrounds[place_of])
-        scenery = {places[i]: backgrounds[place_of[i]] for i in range(len(places))}
+        vae = train_vae(cfg, clips, log, empty_scenery(train_records, cfg.data.height, cfg.data.width))
         scale = set_scaling_factor(vae, clips, cfg.feature_batch)
         # resume_vae keeps a VAE and its features only as a pair that summary.json vouches for: forget the old pair
         # before replacing either, vouch for the new one once both are complete
@@ -125,7 +122,7 @@ def pretrain(cfg: SpriteWorldPretrainConfig) -> Path:
         vae_sheet, psnr = vae_preview(vae, preview, report / "vae_reconstruction.png")
         print(f"vae: scaling_factor {scale:.4f}, reconstruction PSNR {psnr:.2f} dB: {vae_sheet}")
         del clips
-        store = fill_features(cfg, vae, manifest, t5, scenery)
+        store = fill_features(cfg, vae, manifest, t5)
         print(f"features: {len(store)} clips in {cfg.data.features_dir}")
         atomic_write_json(report / "summary.json", {**kept, "vae_psnr_db": psnr, "vae_scaling_factor": scale})
 

@@ -38,7 +38,7 @@ from animegamer.data.manifest import Manifest
 from animegamer.data.tensor_store import TensorStore
 from animegamer.inference.contact_sheet import contact_sheet
 from animegamer.io import atomic_write_json
-from animegamer.spriteworld.pretrain_vae import figure_latents, figure_pixels, read_clips
+from animegamer.spriteworld.pretrain_vae import empty_scenery, figure_latents, figure_pixels, read_clips
 from animegamer.spriteworld.world import caption_tags
 from animegamer.tiny import COGVIDEOX_2B_SCHEDULER
 from animegamer.training.optim import build_scheduler
@@ -56,12 +56,12 @@ def stage_a_view(cfg: SpriteWorldPretrainConfig) -> StageAConfig:
 
 @torch.no_grad()
 def fill_features(
-    cfg: SpriteWorldPretrainConfig, vae, manifest: Manifest, t5, scenery: dict[str, torch.Tensor]
+    cfg: SpriteWorldPretrainConfig, vae, manifest: Manifest, t5, figure_masks: bool = True
 ) -> TensorStore:
     """Latents, CLIP tokens and T5 tokens of every captioned clip into ``data.features_dir`` (a TensorStore).
 
-    With ``scenery`` (place -> empty scenery (H, W, 3)) each clip also gets ``figure_mask`` (F, h, w): the latent
-    cells its figures fall in, for the transformer's ``figure_loss_weight`` (a clip of an unknown place gets none).
+    With ``figure_masks`` each clip also gets ``figure_mask`` (F, h, w): the latent cells its figures fall in (the
+    pixels that differ from its drawn empty scenery), for the transformer's ``figure_loss_weight``.
     Features computed with an earlier VAE are stale: the directory is replaced.
     """
     from animegamer.models.clip_image import CLIPImageFeatures
@@ -84,10 +84,9 @@ def fill_features(
         clip_tokens = clip(frames[:, picks].flatten(0, 1).permute(0, 3, 1, 2))  # (B * K, Nc, Dc)
         clip_tokens = clip_tokens.unflatten(0, (len(batch), len(picks)))  # (B, K, Nc, Dc)
         text_tokens = t5([caption_tags(r).motion_text() for r in batch])  # (B, Nt, Dt)
-        places = [caption_tags(r).environment for r in batch]
         masks = None
-        if all(p in scenery for p in places):
-            pixels = figure_pixels(frames, torch.stack([scenery[p] for p in places]))  # (B, T, H, W)
+        if figure_masks:
+            pixels = figure_pixels(frames, empty_scenery(batch, cfg.data.height, cfg.data.width))  # (B, T, H, W)
             masks = figure_latents(pixels, vae.config.temporal_compression_ratio, 2 ** (len(cfg.vae_channels) - 1))
         shard = {}
         for i, r in enumerate(batch):
