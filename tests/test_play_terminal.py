@@ -67,8 +67,9 @@ def test_hints_warnings_progress_and_help(shipped, tmp_path):
     out = Terminal()
     final = run(session, script, out, vocabulary)
     text = out.getvalue()
-    assert "type what the character does next, e.g. Character: Momo; Motion: happily walk;" in text
-    warned = text.index("warning: character 'Bob' is not one of Momo, Luna, Kai, Qiqi")
+    assert f"type what the character does next, e.g. {vocabulary.placeholder()}" in text
+    assert vocabulary.placeholder().startswith(f"Character: {vocabulary.characters[0]}; Motion: happily walk;")
+    warned = text.index(f"warning: character 'Bob' is not one of {', '.join(vocabulary.characters)}")
     assert text.index("warning: motion: 'lie', 'down' never seen in training") > warned
     assert text.index("turn 0: Character: Bob") > warned  # warned before the turn, which still plays
     # the progress line on a terminal: each stage in place (\r), then cleared before the turn's result
@@ -78,7 +79,7 @@ def test_hints_warnings_progress_and_help(shipped, tmp_path):
                                                     "turn 0: denoising 2/2", "turn 0: decoding",
                                                     f"turn 0: first 3 frames: {tmp_path / 'turn_000.gif'}",
                                                     "turn 0: writing the clip"]  # SpriteWorld: 3 of 9 frames first
-    assert "backgrounds: evening park, morning bedroom" in text and "play ball with Luna" in text  # :help
+    assert f"backgrounds: {', '.join(vocabulary.backgrounds[:2])}" in text and "play ball with Luna" in text  # :help
     assert final.turns == [] and "before leaving" not in text  # undone: nothing to save
 
 
