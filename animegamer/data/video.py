@@ -120,8 +120,11 @@ def write_mp4(path: str | Path, frames: np.ndarray, fps: float = 8) -> Path:
         frames = np.pad(frames, ((0, 0), (0, h % 2), (0, w % 2), (0, 0)), mode="edge")
     path = Path(path)
     with atomic_path(path) as tmp:
+        # ffmpeg's own stderr is the console's: errors only (at "warning", an encoder killed with its worker on
+        # Ctrl-C printed "Output file is empty" after prepare_data's one-line "interrupted:" message)
         writer = imageio.get_writer(
-            str(tmp), format="FFMPEG", mode="I", fps=fps, codec="libx264", pixelformat="yuv420p", macro_block_size=1
+            str(tmp), format="FFMPEG", mode="I", fps=fps, codec="libx264", pixelformat="yuv420p", macro_block_size=1,
+            ffmpeg_log_level="error",
         )
         for frame in frames:
             writer.append_data(frame)
