@@ -147,7 +147,7 @@ class WebGame:
             kind, value = events.get()
             if kind == "frames":  # (t, H, W, 3) uint8: the first decoded chunk
                 first = write_mp4(Path(session.output_dir) / f"turn_{index:03d}_first.mp4", value,
-                                  fps=getattr(self.renderer, "fps", 8))
+                                  fps=self.renderer.fps)
                 _, status, clip, _, _ = self.view(session, f"Turn {index}: the first {len(value)} frames; the rest "
                                                            "are decoding…", clip=first)
                 yield (session, status, clip, *before[3:])
