@@ -335,3 +335,7 @@ def test_benchmark_errors_name_the_file(tmp_path):
     (games / "film.jsonl").write_text(json.dumps({"turn": 0, "tags": _shot().render()}) + "\n")
     game = load_games(games)[0]
     assert game.shots == (parse_tags(_shot().render()),) and not game.has_clips()
+    assert game.caption(0) == _shot().motion_text()  # no caption: the tags' motion text
+    (games / "film.jsonl").write_text(json.dumps({"turn": 0, "tags": _shot().render(), "caption": 3}) + "\n")
+    with pytest.raises(BenchmarkError, match=r"film.jsonl:1: 'caption' must be a non-empty string"):
+        load_games(games)

@@ -8,12 +8,13 @@ import pytest
 
 from animegamer.data.manifest import read_manifest
 from animegamer.spriteworld import CHARACTERS, ShotSpec, caption_tags, plan_films, render_shot, write_dataset
-from animegamer.spriteworld.home import FLOORS, WALLS, HomeLook, home_background
+from animegamer.spriteworld.home import FLOOR_NAMES, FLOORS, WALL_NAMES, WALLS, HomeLook, home_background
 from animegamer.spriteworld.memory import (
     FOLLOW_SHOTS,
     MEMORY_WORDS,
     GameMemory,
     HeldOutPairs,
+    caption_text,
     film_memory,
     resolve_game,
 )
@@ -134,6 +135,45 @@ def test_the_decoder_caption_says_every_word_the_instruction_leaves_out(memory_d
         else:
             assert full == typed
     assert shortened > 0
+
+
+def test_the_caption_names_the_home_and_companion_the_clip_shows(memory_data, tmp_path):
+    """What no instruction says but the clip shows (the home's look, the companion) is in the decoder's caption, as
+    one-piece words of the tiny T5 within its 48 tokens; the held-out games carry each turn's caption."""
+    from transformers import AutoTokenizer
+
+    from animegamer.eval.games import load_games
+    from animegamer.spriteworld import lexicon
+    from animegamer.tiny import build_tiny_t5
+
+    homes = companions = 0
+    for record in memory_data.records:
+        text, home = caption_text(record), HomeLook.from_value(record.extra["home"])
+        assert text.startswith(caption_tags(record).motion_text())
+        if home is None:
+            assert "Home:" not in text
+        else:
+            homes += 1
+            layout = "mirrored" if home.mirrored else "designed"
+            assert f"Home: {WALL_NAMES[home.wall]} walls, {FLOOR_NAMES[home.floor]} floor, {layout} layout." in text
+        companion = record.extra["companion"]
+        assert (f"Companion: {companion}." in text) == bool(companion)
+        companions += bool(companion)
+    assert homes > 0 and companions > 0
+    build_tiny_t5(tmp_path / "t5", words=lexicon())
+    tokenizer = AutoTokenizer.from_pretrained(str(tmp_path / "t5" / "tokenizer"))
+    longest = max(len(tokenizer(caption_text(r)).input_ids) for r in memory_data.records)
+    assert 20 < longest <= 48  # configs/spriteworld: text_tokens 48 (nothing cut)
+    for game in load_games(memory_data.root / "games"):
+        clips = {r.clip_id: r for r in memory_data.records}
+        rows = [json.loads(line) for line in game.path.read_text().splitlines()]
+        assert [game.caption(t) for t in range(len(rows))] == [caption_text(clips[r["clip_id"]]) for r in rows]
+
+
+def test_a_plain_world_caption_is_its_tag_line(tmp_path):
+    cfg = small_config(tmp_path, num_films=2, shots_per_film=4, test_fraction=0.5, num_frames=5, workers=1)
+    manifest = read_manifest(write_dataset(cfg, progress=False))
+    assert [caption_text(r) for r in manifest.records] == [r.shot_tags().motion_text() for r in manifest.records]
 
 
 def test_a_word_that_refers_to_nothing_is_a_clear_error():

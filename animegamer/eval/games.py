@@ -33,6 +33,13 @@ class GroundTruthGame(BenchmarkGame):
     # per turn: {"depends": "full" | "history" | "new", "held_out_pair": bool, "reach": int} (SpriteWorld's memory
     # world, animegamer.spriteworld.memory), or ()
     marks: tuple[dict, ...] = ()
+    # per turn: the real clip's caption, the text stage (a) encodes with its first frame (may say what the
+    # instruction leaves out: a SpriteWorld memory film's home, the companion), or () to use the tags' motion text
+    captions: tuple[str, ...] = ()
+
+    def caption(self, turn: int) -> str:
+        """The text stage (a) encodes for the real clip of ``turn``."""
+        return self.captions[turn] if self.captions else self.shots[turn].motion_text()
 
     def has_clips(self) -> bool:
         return len(self.clips) == len(self.shots) > 0
@@ -58,6 +65,7 @@ def _read_data_game(jsonl: Path) -> GroundTruthGame:
     shots: list[ShotTags] = []
     clips: list[dict] = []
     marks: list[dict] = []
+    captions: list[str] = []
     for number, row in iter_jsonl(jsonl, BenchmarkError):
         if not isinstance(row, dict) or "tags" not in row or row.get("turn") != len(shots):
             raise BenchmarkError(f"{jsonl}:{number}: expected turn {len(shots)} with a 'tags' line")
@@ -71,6 +79,10 @@ def _read_data_game(jsonl: Path) -> GroundTruthGame:
             clip["spec"], clip["render_seed"] = row["spec"], row.get("render_seed")
             clip.update(drawing_settings(row))
         clips.append(clip)
+        if row.get("caption") is not None:
+            if not isinstance(row["caption"], str) or not row["caption"].strip():
+                raise BenchmarkError(f"{jsonl}:{number}: 'caption' must be a non-empty string")
+            captions.append(row["caption"])
         if row.get("depends") is not None:
             marks.append({"depends": str(row["depends"]), "held_out_pair": bool(row.get("held_out_pair", False)),
                           "reach": int(row.get("reach", 0))})
@@ -81,7 +93,8 @@ def _read_data_game(jsonl: Path) -> GroundTruthGame:
         raise BenchmarkError(f"{jsonl}: a game follows one character, found {sorted(characters)}")
     has_all = all(clips)
     return GroundTruthGame(jsonl.stem, shots[0].subject, tuple(shots), jsonl, tuple(clips) if has_all else (),
-                           tuple(marks) if len(marks) == len(shots) else ())
+                           tuple(marks) if len(marks) == len(shots) else (),
+                           tuple(captions) if len(captions) == len(shots) else ())
 
 
 def games_from_manifest(path: str | Path, turns_per_game: int = 10) -> list[GroundTruthGame]:

@@ -249,7 +249,7 @@ class GCBaseline:
 
 
 class ReconstructionSystem:
-    """Stage (a) on the ground truth: s_a of each real clip (first frame + motion text), decoded at its level."""
+    """Stage (a) on the ground truth: s_a of each real clip (first frame + its caption), decoded at its level."""
 
     name = "reconstruction"
 
@@ -266,7 +266,7 @@ class ReconstructionSystem:
             first = game.clip_frames(index)[0]
             level = shot.values.motion_level
             watch.seconds = 0.0
-            embeds = watch.timed(self.encoding.encode, first, shot.motion_text())
+            embeds = watch.timed(self.encoding.encode, first, game.caption(index))
             frames = watch.timed(self.renderer.render, embeds, level, turn_seed(self.seed, index))
             clip = _write_clip(frames, out_dir, index, self.renderer.fps)
             outputs.append(TurnOutput(shot.instruction().render(), None, frames, level, watch.seconds, clip))

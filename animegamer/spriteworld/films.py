@@ -24,7 +24,7 @@ import numpy as np
 from animegamer.data.manifest import ClipRecord, write_manifest
 from animegamer.io import atomic_write_jsonl, atomic_write_text
 from animegamer.spriteworld.animate import animate, draw_scene, fit_motion_bins, motion_level, scene_motion
-from animegamer.spriteworld.memory import HeldOutPairs, ShotMemory, allowed_weights, film_memory
+from animegamer.spriteworld.memory import HeldOutPairs, ShotMemory, allowed_weights, caption_text, film_memory
 from animegamer.spriteworld.world import ACTIONS, CHARACTERS, HOME, PLACES, TIMES, TRANSITIONS, ShotSpec
 from animegamer.states import ShotTags
 
@@ -234,6 +234,7 @@ def film_game(records: list[ClipRecord]) -> list[dict[str, Any]]:
             raise ValueError(f"{record.clip_id}: no tags, cannot be a game turn")
         turns.append({
             "turn": turn, "instruction": tags.instruction().render(), "tags": record.tags, "clip_id": record.clip_id,
+            "caption": caption_text(record),  # what stage (a) reads for the real clip (the reconstruction system)
             "video": record.video, "motion_scope": record.motion_scope, "motion_level": record.motion_level,
             "spec": {k: record.extra[k] for k in ("character", "action", "place", "time", "adverb", "friend")},
             "render_seed": record.extra.get("render_seed"),

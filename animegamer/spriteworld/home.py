@@ -24,6 +24,8 @@ INDOORS = ("bedroom", "kitchen")
 # Home palettes (RGB), index 0 first; walls light, floors darker, each pair clearly apart at 64x96.
 WALLS = ((205, 185, 228), (170, 225, 190), (250, 200, 160), (165, 200, 245))  # lavender, mint, peach, sky blue
 FLOORS = ((170, 118, 78), (120, 120, 135), (175, 60, 60), (95, 150, 85))  # wood, slate, red carpet, moss
+WALL_NAMES = ("lavender", "mint", "peach", "sky")  # what a captioner calls them (one tokenizer piece each)
+FLOOR_NAMES = ("wood", "slate", "carpet", "moss")
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,11 @@ class HomeLook:
 
     def to_list(self) -> list:
         return [self.wall, self.floor, self.mirrored]
+
+    def describe(self) -> str:
+        """How a captioner says it: ``Home: mint walls, carpet floor, mirrored layout.``"""
+        layout = "mirrored" if self.mirrored else "designed"
+        return f"Home: {WALL_NAMES[self.wall]} walls, {FLOOR_NAMES[self.floor]} floor, {layout} layout."
 
     @classmethod
     def from_value(cls, value) -> HomeLook | None:

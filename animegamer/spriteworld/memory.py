@@ -43,8 +43,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from animegamer.spriteworld.home import FLOORS, INDOORS, WALLS, HomeLook
-from animegamer.spriteworld.world import ACTIONS, CHARACTERS, TIMES, spec_from_instruction
+from animegamer.data.manifest import ClipRecord
+from animegamer.spriteworld.home import FLOOR_NAMES, FLOORS, INDOORS, WALL_NAMES, WALLS, HomeLook
+from animegamer.spriteworld.world import ACTIONS, CHARACTERS, TIMES, caption_tags, spec_from_instruction
 from animegamer.states import Instruction, ShotTags, StateValues, TagError
 
 STILL, LATER, HERE, HOME, FRIEND = "still", "later", "here", "home", "friend"
@@ -53,6 +54,29 @@ HOME_PLACE = "bedroom"  # where "home" takes the hero
 FOLLOW_SHOTS = 2  # shots the friend follows after a social shot
 OMIT_TIME, OMIT_PLACE, OMIT_FRIEND, SAY_HOME = 0.5, 0.5, 0.6, 0.7  # how often a memory instruction leaves it out
 BOOST = 2.0  # weight added to a held-out film's held-out actions in every succession
+# the words a captioner adds for what a memory clip shows beyond its tags (caption_text)
+CAPTION_WORDS = ("Home", "walls", "floor", "layout", "mirrored", "designed", "Companion", *WALL_NAMES, *FLOOR_NAMES)
+
+
+def caption_text(record: ClipRecord) -> str:
+    """The text the decoder side reads for a clip (the base model's caption, stage (a)'s text tokens): what a
+    captioner watching it writes. Every word said (:func:`~animegamer.spriteworld.world.caption_tags`), and in a
+    memory film also what no instruction says but the clip shows: the home's look and the companion, e.g.
+    ``Character: Kai; Motion: calmly eat; Background: noon kitchen. Home: mint walls, carpet floor, mirrored
+    layout. Companion: Luna.`` A text-to-video model told the colours draws them; one never told learns their
+    average (grey walls) and an extra figure that may or may not be there. Only the MLLM reads the instruction as
+    typed, so a GC-style decoder driven by the instruction cannot know them; earlier shots show them."""
+    tags = caption_tags(record)
+    if tags is None:
+        raise ValueError(f"{record.clip_id}: no tags, nothing to caption")
+    extra = record.extra or {}
+    parts = [tags.motion_text()]
+    home = HomeLook.from_value(extra.get("home"))
+    if home is not None:
+        parts.append(home.describe())
+    if extra.get("companion"):
+        parts.append(f"Companion: {extra['companion']}.")
+    return " ".join(parts)
 
 
 @dataclass(frozen=True)

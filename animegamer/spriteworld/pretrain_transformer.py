@@ -4,15 +4,15 @@ model, and the stage (a) features it and stage (a) read.
 - The stage (a) features (scaled VAE latents, CLIP tokens of the first frames, T5 tokens of the motion text) of every
   clip of ``data.manifest`` are written in batches to ``data.features_dir`` with exactly the fields and settings of
   ``animegamer.data.features.precompute_features``, so stage (a) finds them all present (:func:`fill_features`).
-- The transformer (sincos positions, ``patch_size``, ``text_tokens`` text tokens: 226 in CogVideoX, 48 in
-  SpriteWorld, whose captions are short) trains all its parameters as a text-to-video model, the T5 tokens of each
-  clip's caption (its instruction line: character, motion, background) entering through the transformer's own text
-  projection exactly as in CogVideoX pretraining; v-prediction MSE with CogVideoX-2B's scheduler config; captions
-  are replaced by the empty prompt at ``condition_dropout``. A small model trained from scratch learns to guess the
-  scene from the faint signal left in very noisy latents and never reads the caption (its samples from pure noise
-  then ignore the text), so the first ``text_warmup_steps`` train at the last timestep only, where the latent is
-  pure noise (zero terminal SNR) and only the caption says what to draw, and ``pure_noise_fraction`` of every later
-  batch stays there (:func:`training_timesteps`).
+- The transformer (sincos positions, ``patch_size``, ``text_tokens`` text tokens: 226 in CogVideoX, 48 in SpriteWorld,
+  whose captions are short) trains all its parameters as a text-to-video model, the T5 tokens of each clip's caption
+  (``memory.caption_text``: character, motion, background; a memory film's home and companion) entering through the
+  transformer's own text projection exactly as in CogVideoX pretraining; v-prediction MSE with CogVideoX-2B's
+  scheduler config; captions are replaced by the empty prompt at ``condition_dropout``. A small model trained from
+  scratch learns to guess the scene from the faint signal left in very noisy latents and never reads the caption (its
+  samples from pure noise then ignore the text), so the first ``text_warmup_steps`` train at the last timestep only,
+  where the latent is pure noise (zero terminal SNR) and only the caption says what to draw, and
+  ``pure_noise_fraction`` of every later batch stays there (:func:`training_timesteps`).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from animegamer.data.tensor_store import TensorStore
 from animegamer.inference.contact_sheet import contact_sheet
 from animegamer.io import atomic_write_json
 from animegamer.spriteworld.pretrain_vae import empty_scenery, figure_latents, figure_pixels, read_clips
-from animegamer.spriteworld.world import caption_tags
+from animegamer.spriteworld.memory import caption_text
 from animegamer.tiny import COGVIDEOX_2B_SCHEDULER
 from animegamer.training.optim import build_scheduler
 
@@ -83,7 +83,7 @@ def fill_features(
         latents = vae_encode(vae, frames)  # (B, F, C, h, w)
         clip_tokens = clip(frames[:, picks].flatten(0, 1).permute(0, 3, 1, 2))  # (B * K, Nc, Dc)
         clip_tokens = clip_tokens.unflatten(0, (len(batch), len(picks)))  # (B, K, Nc, Dc)
-        text_tokens = t5([caption_tags(r).motion_text() for r in batch])  # (B, Nt, Dt)
+        text_tokens = t5([caption_text(r) for r in batch])  # (B, Nt, Dt)
         masks = None
         if figure_masks:
             pixels = figure_pixels(frames, empty_scenery(batch, cfg.data.height, cfg.data.width))  # (B, T, H, W)
@@ -211,5 +211,6 @@ def sample_preview(cfg: SpriteWorldPretrainConfig, store: TensorStore, manifest:
     real = read_clips(manifest, records, cfg, progress=False).numpy()
     rows = []
     for i, r in enumerate(records):
-        rows += [(generated[i], ["sample:", *caption_tags(r).motion_text().split("; ")]), (real[i], ["real clip"])]
+        lines = caption_text(r).replace(". ", "; ").split("; ")
+        rows += [(generated[i], ["sample:", *lines]), (real[i], ["real clip"])]
     return contact_sheet(rows, path, frames_per_row=9)

@@ -97,13 +97,13 @@ def lexicon() -> list[str]:
     """Every word a SpriteWorld instruction can contain (names, adverbs, actions, times, places), for the tiny
     tokenizers: trained on them, each is one piece, so an instruction's tokens sit at the same positions whatever
     its words (only the social actions' "with <friend>" adds tokens). The memory world's ``still later here home
-    friend`` are among them."""
-    from animegamer.spriteworld.memory import MEMORY_WORDS  # memory.py builds on this module
+    friend`` are among them, and the words its captions add (home colours, the companion)."""
+    from animegamer.spriteworld.memory import CAPTION_WORDS, MEMORY_WORDS  # memory.py builds on this module
 
     words = [*CHARACTERS, *ADVERB_SPEED, *TIMES, *PLACES]
     for action in ACTIONS.values():
         words += [w for w in action.text.split() if w != "{friend}"]
-    return list(dict.fromkeys([*words, *MEMORY_WORDS]))  # the memory world's words stand where these stand
+    return list(dict.fromkeys([*words, *MEMORY_WORDS, *CAPTION_WORDS]))  # memory words stand where these stand
 
 
 @dataclass(frozen=True)

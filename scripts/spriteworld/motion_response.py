@@ -59,6 +59,7 @@ def parse_levels(text: str) -> list[int]:
 def main(argv: list[str] | None = None) -> dict:
     from animegamer.data.motion import motion_level, scorer_for
     from animegamer.data.video import read_video
+    from animegamer.spriteworld.memory import caption_text
     from animegamer.eval.harness import build_level_meter
     from animegamer.eval.systems import ShotEncoding
     from animegamer.inference.session import load_renderer, resolve_device
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> dict:
     rows = []
     for record in tqdm(picks, desc="shots", unit="clip"):
         frames, _ = read_video(manifest.video_path(record))
-        shot = encoding.encode(frames[0], record.shot_tags().motion_text())
+        shot = encoding.encode(frames[0], caption_text(record))
         real_scope = scorer.score(frames)
         row = {"clip_id": record.clip_id, "level": record.motion_level,
                "real": {"scope": round(real_scope, 4), "measured": motion_level(real_scope, meter.edges)},

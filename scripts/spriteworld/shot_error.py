@@ -46,6 +46,7 @@ def add_flags(parser) -> None:
 
 def main(argv: list[str] | None = None) -> dict:
     from animegamer.data.video import read_video
+    from animegamer.spriteworld.memory import caption_text
     from animegamer.eval.systems import ShotEncoding, grey_frame
     from animegamer.inference.session import load_mllm_predictor, resolve_device
 
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> dict:
         tags = record.shot_tags()
         instruction = tags.instruction().render()
         frames, _ = read_video(manifest.video_path(record))
-        targets.append(encoding.encode(frames[0], tags.motion_text()))
+        targets.append(encoding.encode(frames[0], caption_text(record)))
         predicted.append(predictor.predict_turn([], instruction).shot_embeds.float().cpu())
         text_only.append(encoding.encode(grey, instruction))
     target = torch.stack(targets)  # (clips, N, D)
