@@ -38,8 +38,8 @@ from animegamer.data.manifest import Manifest
 from animegamer.data.tensor_store import TensorStore
 from animegamer.inference.contact_sheet import contact_sheet
 from animegamer.io import atomic_write_json
-from animegamer.spriteworld.pretrain_vae import empty_scenery, figure_latents, figure_pixels, read_clips
 from animegamer.spriteworld.memory import caption_text
+from animegamer.spriteworld.pretrain_vae import empty_scenery, figure_latents, figure_pixels, read_clips
 from animegamer.tiny import COGVIDEOX_2B_SCHEDULER
 from animegamer.training.optim import build_scheduler
 

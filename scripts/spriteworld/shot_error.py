@@ -46,9 +46,9 @@ def add_flags(parser) -> None:
 
 def main(argv: list[str] | None = None) -> dict:
     from animegamer.data.video import read_video
-    from animegamer.spriteworld.memory import caption_text
     from animegamer.eval.systems import ShotEncoding, grey_frame
     from animegamer.inference.session import load_mllm_predictor, resolve_device
+    from animegamer.spriteworld.memory import caption_text
 
     cfg, args = parse_config(EvalConfig, __doc__, argv, extra=add_flags)
     manifest, picks = split_clips(args.manifest, args.split, args.clips)
