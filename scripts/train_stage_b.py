@@ -123,10 +123,13 @@ def main(argv: list[str] | None = None) -> None:
 
     # the words the games offer and check instructions against: those of the clips this run trains on
     records = dataset.records
-    vocabulary = Vocabulary.from_shots(
-        tags for tags in (records[c].shot_tags() for c in sorted({c for w in dataset.windows for c in w.clip_ids}))
-        if tags is not None
-    )
+    trained = [records[c] for c in sorted({c for w in dataset.windows for c in w.clip_ids})]
+    first = {}  # each film's first trained clip: its background can open a game
+    for record in trained:
+        if record.film_id not in first or record.clip_index < first[record.film_id].clip_index:
+            first[record.film_id] = record
+    vocabulary = Vocabulary.from_shots((r.shot_tags() for r in trained if r.tags),
+                                       openers=(r.shot_tags() for r in first.values() if r.tags))
 
     def save(path: Path, state: dict | None) -> None:
         unwrapped.save_trained(path, state_dict=state)

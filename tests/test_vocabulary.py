@@ -26,6 +26,16 @@ def test_from_shots_most_frequent_first_and_round_trip(tmp_path):
     assert load_vocabulary(tmp_path / "elsewhere") is None and load_vocabulary("") is None
 
 
+def test_a_background_that_opens_a_film_is_the_example():
+    """A memory world's most frequent background refers to earlier turns; the example shows one that opens a film."""
+    shots = _shots(("Kai", "walk", "still here", "calmly"), ("Kai", "walk", "still here", "calmly"),
+                   ("Kai", "eat", "morning kitchen", "happily"), ("Kai", "walk", "noon park", "calmly"))
+    assert Vocabulary.from_shots(shots).backgrounds[0] == "still here"
+    vocab = Vocabulary.from_shots(shots, openers=[shots[3]])
+    assert vocab.backgrounds == ("noon park", "still here", "morning kitchen")
+    assert vocab.placeholder() == "Character: Kai; Motion: calmly walk; Background: noon park."
+
+
 def test_unknown_words_per_part():
     vocab = Vocabulary(("Qiqi", "Kai"), ("gently",), ("read a book", "talk with Kai"), ("night bedroom",))
     assert vocab.unknown_words("Character: qiqi; Motion: gently read a book; Background: night bedroom.") == []

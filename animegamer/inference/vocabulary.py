@@ -41,8 +41,10 @@ class Vocabulary:
     backgrounds: tuple[str, ...]
 
     @classmethod
-    def from_shots(cls, shots: Iterable[ShotTags]) -> Vocabulary:
-        """Every subject, adverb, motion and environment of ``shots``, the most frequent first."""
+    def from_shots(cls, shots: Iterable[ShotTags], openers: Iterable[ShotTags] = ()) -> Vocabulary:
+        """Every subject, adverb, motion and environment of ``shots``, the most frequent first. Backgrounds that
+        open a film (``openers``: the films' first shots) come before the others: a background may refer to earlier
+        shots (SpriteWorld's memory world says ``still here``), and the first one is the example a new game shows."""
         counts: dict[str, Counter] = {name: Counter() for name in FIELDS}
         for shot in shots:
             counts["characters"][shot.subject] += 1
@@ -50,8 +52,11 @@ class Vocabulary:
                 counts["adverbs"][shot.adverb] += 1
             counts["motions"][shot.motion] += 1
             counts["backgrounds"][shot.environment] += 1
+        opening = Counter(shot.environment for shot in openers)
         # most frequent first, ties in alphabetical order: the same shots always give the same file
-        vocabulary = cls(**{name: tuple(sorted(c, key=lambda k, c=c: (-c[k], k))) for name, c in counts.items()})
+        vocabulary = cls(**{name: tuple(sorted(c, key=lambda k, c=c: (-opening[k] if name == "backgrounds" else 0,
+                                                                        -c[k], k)))
+                            for name, c in counts.items()})
         vocabulary.check("shots")
         return vocabulary
 
@@ -82,7 +87,8 @@ class Vocabulary:
         return {name: list(getattr(self, name)) for name in FIELDS}
 
     def placeholder(self) -> str:
-        """An instruction made of the vocabulary's most frequent entries, to show the form."""
+        """An instruction made of the vocabulary's first entries (the most frequent; a background that opens a
+        film), to show the form on a new game's first turn."""
         motion = " ".join(x for x in (self.adverbs[:1] + self.motions[:1]))
         return f"Character: {self.characters[0]}; Motion: {motion}; Background: {self.backgrounds[0]}."
 
