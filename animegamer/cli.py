@@ -46,7 +46,7 @@ def parse_config(
     schema: type, doc: str | None, argv: list[str] | None = None, extra=None
 ) -> tuple[Any, argparse.Namespace]:
     """Parse ``--config FILE key=value ...``; ``--help`` shows ``doc`` and every config key with its default and
-    description (the field's comment in config.py).
+    description (the field's comment in animegamer/config/).
 
     ``extra`` may add script-specific flags to the parser. Config errors exit with one readable line.
     """

@@ -1,4 +1,5 @@
-"""The one-line description of every config key, read from the ``# comment`` beside its field in config.py.
+"""The one-line description of every config key, read from the ``# comment`` beside its field in the
+schemas (:mod:`animegamer.config.parts`, :mod:`animegamer.config.runs`).
 
 The dataclasses in :mod:`animegamer.config` document each field with a trailing comment; that comment is the
 single source of the text ``--help`` shows, so the two cannot drift apart. A field's description is:

@@ -102,7 +102,8 @@ def test_distilled_preset_reads_the_students_sampler(decoder, block_calls, tmp_p
 def test_config_choices():
     cfg = load_config(None, ["sampling.preset=distilled", "sampling.cache=pab"], schema=InferenceConfig)
     assert (cfg.sampling.preset, cfg.sampling.cache) == ("distilled", "pab")
-    from animegamer.config import _CHOICES, ConfigError
+    from animegamer.config import ConfigError
+    from animegamer.config.loading import _CHOICES
 
     assert _CHOICES["cache"] == CACHE_METHODS
     with pytest.raises(ConfigError, match="sampling.cache='mag'"):

@@ -1,5 +1,5 @@
-"""--help: config keys with their descriptions from config.py's comments, examples that fit the command, the
-usage line as the user typed it; missing weights are one line that says what to do."""
+"""--help: config keys with their descriptions from the schemas' comments (animegamer/config/), examples that fit
+the command, the usage line as the user typed it; missing weights are one line that says what to do."""
 
 import argparse
 import importlib.util

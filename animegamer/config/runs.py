@@ -1,154 +1,34 @@
-"""Typed configuration schemas and the one loader every entry point uses.
-
-Every run config is a YAML file holding values only. ``load_config(path, overrides)`` merges it
-onto the dataclass schema named by its top-level ``kind`` (``stage_a``, ``stage_b`` ...), applies
-``key=value`` overrides (OmegaConf dot-list) and returns a typed, validated dataclass.
-
-A YAML may name a ``base`` file (path relative to itself); the base is loaded first and the file's
-values are merged on top, so tiny and ablation configs state only what differs.
-"""
+"""The run configs, one per ``kind``: data preparation, SpriteWorld's world, pretraining and chain, training stages
+(a)-(d), inference, evaluation, ablations and the benchmark, built from :mod:`animegamer.config.parts`. Each field's
+trailing comment is its ``--help`` text (:mod:`animegamer.config_docs`)."""
 
 from __future__ import annotations
 
-import dataclasses
-import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from omegaconf import MISSING, DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
-
-from animegamer.config_docs import config_help  # --help text from the field comments below
-
-
-class ConfigError(ValueError):
-    """A config file or override is invalid; the message names the file and the key."""
-
-
-# --------------------------------------------------------------------------------------------
-# Models
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class CLIPConfig:
-    arch: str = "ViT-H-14"  # open_clip model name (a registered config; tests register tiny ones)
-    checkpoint: str = "checkpoints/clip/open_clip_vit_h14.safetensors"  # local weights file (.safetensors/.bin)
-    model_config: str = ""  # JSON of a custom open_clip model config to register first (tiny models)
-    image_size: int = 224  # input resolution; frames are resized + centre-cropped to it
-    layer: int = -2  # residual block whose output is used; -2 = second-to-last, as in the paper
-    drop_cls: bool = True  # drop the class token (256 patch tokens remain for ViT-H-14 at 224 px)
-
-
-@dataclass
-class T5Config:
-    path: str = "checkpoints/CogVideoX-2b"  # diffusers-layout dir (text_encoder/, tokenizer/) or a T5 dir
-    text_encoder_subfolder: str = "text_encoder"  # "" when `path` is the T5 directory itself
-    tokenizer_subfolder: str = "tokenizer"
-    max_length: int = 226  # padded/truncated to this many tokens, as CogVideoX does
-
-
-@dataclass
-class EncoderConfig:
-    clip_dim: int = 1280  # width of the CLIP tokens (1280 ViT-H-14, 768 ViT-B-16)
-    clip_tokens: int = 256  # number of CLIP tokens after dropping CLS (256 ViT-H-14/224, 196 ViT-B-16)
-    text_dim: int = 4096  # T5 hidden size (4096 for T5-XXL)
-    text_tokens: int = 226  # T5 sequence length
-    hidden_dim: int = 1920  # output width = decoder hidden size (1920 for CogVideoX-2B)
-    num_tokens: int = 226  # output tokens N of s_a; replaces the decoder's 226 text tokens
-    projector: str = "mlp"  # CLIP projector: mlp (Linear-GELU-Linear) | linear
-    fusion: str = "concat"  # how CLIP and text tokens meet: concat | add | cross_attn
-    token_mixing: bool = True  # Linear over the token axis (226 + N_clip -> N); off = released decoder
-    cross_attn_heads: int = 8  # heads of the cross_attn fusion variant
-    frame: str = "first"  # which frame feeds CLIP: first | random (applied in the data path)
-
-
-@dataclass
-class DecoderConfig:
-    pretrained: str = "checkpoints/CogVideoX-2b"  # diffusers-layout dir: transformer/, vae/, scheduler/
-    lora_rank: int = 64  # LoRA rank on the attention projections
-    lora_alpha: int = 64  # LoRA alpha (scale alpha / rank)
-    lora_targets: list[str] = field(default_factory=lambda: ["to_q", "to_k", "to_v", "to_out.0"])
-    motion_scope: bool = True  # inject the motion level into the timestep embedding
-    num_motion_levels: int = 5  # motion levels 1..num_motion_levels
-    motion_embed_dim: int = 256  # width of the sinusoidal motion-level embedding
-    motion_guidance: bool = False  # condition dropout drops the level too (null level 0), CFG amplifies it
-    gradient_checkpointing: bool = True  # recompute transformer blocks in backward
-    dtype: str = "bf16"  # weights/compute dtype of the frozen parts: fp32 | bf16 | fp16
-    vae_slicing: bool = False  # decode the VAE batch one sample at a time
-    vae_tiling: bool = False  # decode the VAE in spatial tiles (less memory)
-
-
-@dataclass
-class MLLMConfig:
-    pretrained: str = "checkpoints/Mistral-7B-v0.1"  # transformers dir with a MistralForCausalLM and tokenizer
-    vocabulary: str = "paper"  # special-token spelling: paper (<VS><ANIME_i>) | released (<img><frame_i>)
-    num_slots: int = 226  # query slots per turn (= shot tokens N)
-    shot_dim: int = 1920  # width of a shot representation s_a
-    resampler_layers: int = 2  # MLP depth of the input/output resamplers
-    resampler_gelu: str = "tanh"  # resampler GELU: tanh (our checkpoints) | erf (the release, converted)
-    lora_rank: int = 32
-    lora_alpha: int = 32
-    lora_dropout: float = 0.05
-    lora_targets: list[str] = field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    )
-    gradient_checkpointing: bool = True
-    dtype: str = "bf16"  # fp32 | bf16 | fp16
-    attn_implementation: str = "sdpa"  # eager | sdpa | flash_attention_2
-    max_instruction_tokens: int = 96  # an instruction longer than this is rejected before any model runs
-
-
-# --------------------------------------------------------------------------------------------
-# Data
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class DataConfig:
-    manifest: str = "data/clips.jsonl"  # JSONL clip manifest (animegamer.data.manifest)
-    features_dir: str = "data/features"  # precomputed VAE latents / CLIP / T5 shards
-    height: int = 480
-    width: int = 720
-    num_frames: int = 17  # frames per clip fed to the VAE (4k + 1)
-    fps: int = 8
-    history_turns: int = 3  # K: earlier turns in the MLLM window
-    # also train each turn with every shorter history, down to none: a model that always sees the previous shot
-    # can learn to copy it instead of reading the instruction, and then fails on a game's first turn
-    all_history_lengths: bool = False
-    sequence_stride: int = 1  # step between consecutive stage (b) windows of a film
-    min_sequence_turns: int = 1  # drop films shorter than this
-    split: str = "train"  # which split of the manifest to use: train | test | all
-    test_fraction: float = 0.2  # fraction held out (by film, or 8:2 in time for a single film)
-    split_by: str = "film"  # film | time (the paper's single-film ablation)
-    num_workers: int = 2  # DataLoader workers
-    clip_frames: int = 4  # frames per clip whose CLIP tokens are precomputed: index 0 = first, rest for frame=random
-    feature_dtype: str = "bf16"  # storage dtype of precomputed CLIP/T5 tokens (latents stay fp32): fp32 | bf16 | fp16
-
-
-CAPTION_SYSTEM_PROMPT = "You annotate anime clips for a training dataset. Follow the requested output format exactly."
-CAPTION_CHARACTERS_PROMPT = (
-    "The first {num_references} images are reference pictures of known characters ({reference_list}). "
-    "The next {num_frames} images are frames sampled in time order from one anime clip. "
-    "Which of the known characters appear in the clip? Answer with one line of the form <C>name, name</C> "
-    "using only these names: {names}; or <C>none</C> if none of them appears."
+from animegamer.config.parts import (
+    CLIPConfig,
+    DataConfig,
+    DecoderConfig,
+    EncoderConfig,
+    MLLMConfig,
+    SamplingConfig,
+    T5Config,
+    TrainConfig,
 )
-CAPTION_DESCRIBE_PROMPT = (
-    "These {num_frames} images are frames sampled in time order from one anime clip. "
-    "Known characters in the clip: {characters}. "
-    "Its measured motion level is {motion_level} on a scale from 1 (nearly still) to {num_levels} (very fast).\n"
-    "Describe the clip in exactly one line with these tags, in this order, and nothing else:\n"
-    "<S>the main character: a name from the known characters if one appears, else a short noun such as Girl</S>"
-    "<MD>what the character does, a short verb phrase</MD>"
-    "<EV>the environment or background, a short noun phrase</EV>"
-    "<MA>one adverb for how the motion is performed, in keeping with the motion level</MA>"
-    "<SC>1 if the character interacts with another character, else 0</SC>"
-    "<ET>1 if the character is doing something for fun or leisure, else 0</ET>"
-    "<ST>-1 if the activity tires the character, 1 if it restores stamina (resting, eating, sleeping), else 0</ST>\n"
-    "Example: <S>Girl</S><MD>run</MD><EV>Forest</EV><MA>slowly</MA><SC>0</SC><ET>1</ET><ST>-1</ST>"
+from animegamer.config.prompts import (
+    BENCHMARK_PROMPT,
+    BENCHMARK_RETRY_PROMPT,
+    BENCHMARK_SYSTEM_PROMPT,
+    CAPTION_CHARACTERS_PROMPT,
+    CAPTION_DESCRIBE_PROMPT,
+    CAPTION_RETRY_PROMPT,
+    CAPTION_SYSTEM_PROMPT,
+    JUDGE_PROMPT,
+    JUDGE_RETRY_PROMPT,
+    JUDGE_SYSTEM_PROMPT,
 )
-CAPTION_RETRY_PROMPT = "That answer is not valid: {error}. Answer again with exactly one line in the required format."
 
 
 @dataclass
@@ -308,34 +188,6 @@ class SpriteWorldRunConfig:
     overrides: dict[str, list[str]] = field(default_factory=dict)
 
 
-# --------------------------------------------------------------------------------------------
-# Training
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class TrainConfig:
-    max_steps: int = 1000  # optimizer steps
-    batch_size: int = 1  # per device
-    grad_accum: int = 1
-    lr: float = 2e-4
-    weight_decay: float = 0.0
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    lr_scheduler: str = "constant"  # constant | cosine | linear (all with warm-up)
-    lr_warmup_steps: int = 0
-    max_grad_norm: float = 1.0
-    mixed_precision: str = "no"  # no | bf16 | fp16 (accelerate)
-    checkpoint_every: int = 500
-    keep_checkpoints: int = 3  # older step checkpoints are deleted
-    log_every: int = 10
-    report_to: str = "tensorboard"  # tensorboard | wandb | csv | none
-    resume: str = ""  # "" | latest | path to a checkpoint dir
-    # resume even if a process's saved RNG state is missing or unreadable (fresh random streams, recorded in
-    # run_info.json); otherwise that is an error, since the resume would not be exact
-    allow_rng_reset: bool = False
-    compile: bool = False  # torch.compile the trained blocks
-
-
 @dataclass
 class StageAConfig:
     kind: str = "stage_a"
@@ -403,34 +255,6 @@ class StageDConfig:
     teacher: SamplingConfig = field(default_factory=lambda: SamplingConfig(scheduler="ddim"))
 
 
-# --------------------------------------------------------------------------------------------
-# Inference, evaluation, benchmark
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class SamplingConfig:
-    scheduler: str = "dpm"  # dpm (CogVideoXDPMScheduler) | ddim (CogVideoXDDIMScheduler)
-    steps: int = 50
-    guidance_scale: float = 6.0
-    dynamic_cfg: bool = True  # cosine ramp of the guidance scale over the steps
-    dynamic_cfg_exponent: float = 5.0
-    guidance_steps_fraction: float = 1.0  # apply CFG on the first fraction of steps only (fast preset)
-    height: int = 480
-    width: int = 720
-    num_frames: int = 17
-    fps: int = 8
-    seed: int = 42
-    # standard: the fields above | fast: 12 steps, CFG on the first 40% | distilled: the stage (d) student's recorded
-    # few-step sampler, one call per step and no CFG (decoder_checkpoint must be a stage (d) run)
-    preset: str = "standard"
-    # diffusers' cache hooks on the transformer: none | first_block | taylorseer | pab | faster | magcache
-    cache: str = "none"
-    # first_block: block 0's relative residual change under which the rest is reused; magcache: accumulated error
-    cache_threshold: float = 0.05
-    magcache_ratios: str = ""  # magcache: the JSON of scripts/calibrate_magcache.py for this decoder and sampler
-
-
 @dataclass
 class InferenceConfig:
     kind: str = "inference"
@@ -454,50 +278,6 @@ class InferenceConfig:
     merge_lora: bool = False  # fold the LoRA into the base weights at load (same outputs up to weight rounding)
     fp8: bool = False  # FP8 transformer linears via torchao, dynamic scaling (LoRA merged first; Ada/Hopper GPU)
     compat: str = "fixed"  # converted official weights: released (the release's numerics, quirks included) | fixed
-
-
-BENCHMARK_SYSTEM_PROMPT = "You write stories for an anime life-simulation game. You answer with tag lines only."
-
-BENCHMARK_PROMPT = """Write story {number} of a life-simulation game for the anime character {character}: \
-{turns} turns, each one short animation shot of {character}'s daily life. Consecutive turns continue one coherent \
-day (places and activities follow from each other), with a mix of calm and energetic moments.
-
-Answer with exactly {turns} lines, one per turn, and nothing else. Each line holds exactly these tags in this order:
-<S>character</S><MD>motion</MD><EV>environment</EV><ML>motion level</ML><MA>manner</MA><SC>social</SC>\
-<ET>entertainment</ET><ST>stamina</ST>
-- S: always {character}
-- MD: what {character} does, a short verb phrase without semicolons
-- EV: where and when, a short phrase without semicolons
-- ML: how much motion the shot shows, 1 (almost still) to 5 (fast, large movement)
-- MA: how the motion is done, one adverb (may be empty)
-- SC: 1 if {character} interacts with someone, else 0
-- ET: 1 if it is a leisure or fun activity, else 0
-- ST: -1 if the activity is tiring, 1 if it is restful or restoring (sleeping, eating), else 0
-
-Example line:
-<S>{character}</S><MD>run along the river</MD><EV>park at sunset</EV><ML>4</ML><MA>happily</MA><SC>0</SC>\
-<ET>1</ET><ST>-1</ST>"""
-
-BENCHMARK_RETRY_PROMPT = """Your answer was rejected: {error}
-Answer again with exactly {turns} tag lines for {character} and nothing else."""
-
-JUDGE_SYSTEM_PROMPT = "You are a strict, consistent evaluator of an anime life-simulation game."
-
-JUDGE_PROMPT = """A player gave the anime character {character} one instruction per turn, and the game answered each \
-with a short animation. {references}You see {frames_per_turn} frames of each turn's animation, in order:
-
-{instructions}
-
-Rate the whole game from 1 (very poor) to 10 (excellent) on:
-- overall: overall quality as an animated life simulation
-- instruction_following: each animation shows what its instruction asks (action and background)
-- contextual_coherence: consecutive animations fit together as one continuing story
-- character_consistency: the character keeps the same look, as {character}, in every turn
-
-Answer with only a JSON object holding the four integer scores, for example:
-{"overall": 6, "instruction_following": 7, "contextual_coherence": 5, "character_consistency": 8}"""
-
-JUDGE_RETRY_PROMPT = "Your previous answer was rejected: {error}. Answer with only the JSON object of four scores."
 
 
 @dataclass
@@ -611,171 +391,3 @@ class BenchmarkConfig:
     # keep the other parts of an existing output_dir/benchmark.json of the same preset and device, so the parts can
     # run as separate commands (each part's MFU stays relative to the peak measured in its own run)
     merge_existing: bool = False
-
-
-SCHEMAS: dict[str, type] = {
-    "stage_a": StageAConfig,
-    "stage_b": StageBConfig,
-    "stage_c": StageCConfig,
-    "stage_d": StageDConfig,
-    "inference": InferenceConfig,
-    "eval": EvalConfig,
-    "prepare_data": PrepareDataConfig,
-    "spriteworld": SpriteWorldConfig,
-    "spriteworld_pretrain": SpriteWorldPretrainConfig,
-    "spriteworld_llm": SpriteWorldLLMConfig,
-    "spriteworld_run": SpriteWorldRunConfig,
-    "benchmark": BenchmarkConfig,
-    "benchmark_gen": BenchmarkGenConfig,
-    "ablations": AblationsConfig,
-}
-
-_CHOICES: dict[str, tuple[str, ...]] = {
-    "projector": ("mlp", "linear"),
-    "fusion": ("concat", "add", "cross_attn"),
-    "frame": ("first", "random"),
-    "dtype": ("fp32", "bf16", "fp16"),
-    "vocabulary": ("paper", "released"),
-    "mixed_precision": ("no", "bf16", "fp16"),
-    "lr_scheduler": ("constant", "cosine", "linear"),
-    "report_to": ("tensorboard", "wandb", "csv", "none"),
-    "scheduler": ("dpm", "ddim"),
-    "offload": ("none", "sequential"),
-    "split": ("train", "test", "all"),
-    "split_by": ("film", "time"),
-    "reader": ("pyav", "decord"),
-    "flow": ("dis", "raft"),
-    "blocking": ("fixed", "anchored", "free"),
-    "flow_preset": ("ultrafast", "fast", "medium"),
-    "preset": ("full", "tiny"),
-    "compat": ("released", "fixed"),
-    "cache": ("none", "first_block", "taylorseer", "pab", "faster", "magcache"),  # models.cache.CACHE_METHODS
-    "SamplingConfig.preset": ("standard", "fast", "distilled"),  # "Class.field": a name other fields also use
-    "resampler_gelu": ("tanh", "erf"),
-}
-
-
-_DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")  # every config's ``device``
-_NON_NEGATIVE = ("history_turns",)  # counts checked wherever a config has them
-
-
-def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> DictConfig:
-    if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
-    if path.resolve() in seen:
-        raise ConfigError(f"{path}: circular 'base' chain")
-    try:
-        raw = OmegaConf.load(path)
-    except Exception as exc:  # yaml.YAMLError and friends
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-    if not isinstance(raw, DictConfig):
-        raise ConfigError(f"{path}: top level must be a mapping")
-    base = raw.pop("base", None)
-    if base is None:
-        return raw
-    parent = _read_yaml((path.parent / str(base)), seen + (path.resolve(),))
-    return OmegaConf.merge(parent, raw)
-
-
-def _check_choices(obj: Any, where: str) -> None:
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        if dataclasses.is_dataclass(value):
-            _check_choices(value, f"{where}{f.name}.")
-        elif (names := _CHOICES.get(f"{type(obj).__name__}.{f.name}", _CHOICES.get(f.name))) and value not in names:
-            raise ConfigError(f"{where}{f.name}={value!r} is not one of {list(names)}")
-        elif f.name == "device" and not _DEVICE.fullmatch(value):
-            raise ConfigError(f"{where}{f.name}={value!r} is not a device (auto, cpu, cuda, cuda:N or mps)")
-        elif f.name in _NON_NEGATIVE and value < 0:
-            raise ConfigError(f"{where}{f.name}={value} must be >= 0")
-
-
-def load_config(path: str | Path | None, overrides: list[str] | None = None, schema: type | None = None) -> Any:
-    """Load a YAML run config, apply ``key=value`` overrides and return the typed dataclass.
-
-    The schema is ``schema`` if given, else the one named by the file's ``kind``. Unknown keys,
-    wrong types and values outside a field's choices raise :class:`ConfigError` with one message
-    naming the key.
-    """
-    overrides = list(overrides or [])
-    source = str(path) if path is not None else "<defaults>"
-    data = _read_yaml(Path(path)) if path is not None else OmegaConf.create({})
-    if schema is None:
-        kind = data.get("kind")
-        if kind is None:
-            raise ConfigError(f"{source}: missing top-level 'kind' (one of {sorted(SCHEMAS)})")
-        if kind not in SCHEMAS:
-            raise ConfigError(f"{source}: kind={kind!r} is not one of {sorted(SCHEMAS)}")
-        schema = SCHEMAS[kind]
-    base = OmegaConf.structured(schema)
-    try:
-        merged = OmegaConf.merge(base, data)
-    except OmegaConfBaseException as exc:
-        raise ConfigError(f"{source}: {_describe(exc)}") from exc
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r} is not of the form key=value")
-        if item.endswith("="):  # "key=" means the empty string, not null
-            item += "''"
-        try:
-            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist([item]))
-        except OmegaConfBaseException as exc:
-            raise ConfigError(f"override {item!r}: {_describe(exc)}") from exc
-    try:
-        cfg = OmegaConf.to_object(merged)
-    except OmegaConfBaseException as exc:
-        raise ConfigError(f"{source}: {_describe(exc)}") from exc
-    expected = getattr(schema(), "kind", None)
-    if expected is not None and cfg.kind != expected:
-        raise ConfigError(f"{source}: kind={cfg.kind!r} but this entry point expects kind={expected!r}")
-    _check_choices(cfg, "")
-    return cfg
-
-
-def _describe(exc: OmegaConfBaseException) -> str:
-    key = getattr(exc, "full_key", None)
-    msg = (getattr(exc, "msg", None) or str(exc)).splitlines()[0]  # OmegaConf appends full_key/object_type lines
-    if key:
-        return f"key '{key}': {msg}"
-    return msg
-
-
-def to_yaml(cfg: Any) -> str:
-    """The resolved config as YAML text (saved beside every run)."""
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
-
-
-__all__ = [
-    "MISSING",
-    "SCHEMAS",
-    "AblationRow",
-    "AblationStep",
-    "AblationsConfig",
-    "BenchmarkConfig",
-    "BenchmarkGenConfig",
-    "CLIPConfig",
-    "CaptionConfig",
-    "ConfigError",
-    "DataConfig",
-    "DecoderConfig",
-    "EncoderConfig",
-    "EvalConfig",
-    "InferenceConfig",
-    "JudgeConfig",
-    "MLLMConfig",
-    "PrepareDataConfig",
-    "SamplingConfig",
-    "SpriteWorldConfig",
-    "SpriteWorldLLMConfig",
-    "SpriteWorldPretrainConfig",
-    "SpriteWorldRunConfig",
-    "StageAConfig",
-    "StageBConfig",
-    "StageCConfig",
-    "StageDConfig",
-    "T5Config",
-    "TrainConfig",
-    "config_help",
-    "load_config",
-    "to_yaml",
-]
