@@ -433,6 +433,8 @@ def test_demo_game_is_in_the_world():
     specs = resolve_game(instructions)  # the memory world's words (still, here, home ...) resolved by earlier turns
     assert len(specs) == 8 and len({s.action for s in specs}) >= 7 and len({s.place for s in specs}) >= 5
     assert {s.time for s in specs} >= {"morning", "night"} and any(s.friend for s in specs)
+    said = {word for i in instructions for word in (*i.background.split(), *i.motion.split())}
+    assert {"still", "here", "home", "friend"} <= said  # it exercises the shipped memory world
 
 
 def test_config_and_script(tmp_path):
