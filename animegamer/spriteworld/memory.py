@@ -19,7 +19,9 @@ dataset seed and the film's index, so the films' shots are the same with or with
 - ``friend`` for the companion's name in ``talk with`` / ``play ball with`` once the film has shown them.
 
 A memory clip's tag line says what its instruction says (``<EV>later here</EV>``), as the player typed it; the
-record's ``extra`` keeps the full spec, the home and the companion, so the clip can be drawn again.
+record's ``extra`` keeps the full spec, the home and the companion, so the clip can be drawn again. The decoder
+side (base model, stage (a)) reads the clip's caption instead (:func:`caption_text`): every word, the home's look
+and the companion.
 
 **Marks** (written to every game turn's ground truth, read by :mod:`animegamer.eval.intervals`):
 
