@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from animegamer.config import load_config
+from animegamer.inference.vocabulary import load_vocabulary
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "spriteworld" / "inference.yaml"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -150,13 +153,14 @@ def test_two_turns_undo_save_load_in_chromium(server, browser, tmp_path):
     url, out = server
     browser.get(url)
     wait_for(browser, lambda d: d.find_elements(By.ID, "play"), "the page")
-    # the world's vocabulary: an example instruction from it, its words offered as choices
+    # the world's vocabulary (the shipped checkpoint's): an example instruction from it, its words offered as choices
+    vocab = load_vocabulary(load_config(CONFIG).mllm_checkpoint)
+    hero = vocab.characters[0]
     placeholder = browser.find_element(By.CSS_SELECTOR, "#free-text textarea, #free-text input")
-    assert placeholder.get_attribute("placeholder") == \
-        "Character: Momo; Motion: happily walk; Background: evening park."
-    assert browser.find_element(By.CSS_SELECTOR, "#field-character input").get_attribute("value") == "Momo"
+    assert placeholder.get_attribute("placeholder") == vocab.placeholder()
+    assert browser.find_element(By.CSS_SELECTOR, "#field-character input").get_attribute("value") == hero
     assert "read a book" in choose(browser, "motion", "eat")
-    assert choose(browser, "adverb", "happily")[:2] == ["happily", "slowly"]
+    assert choose(browser, "adverb", "happily")[:2] == list(vocab.adverbs[:2])
     assert "morning kitchen" in choose(browser, "background", "morning kitchen")
     # read-only bars: a picture of three bars, nothing to drag
     assert not browser.find_elements(By.CSS_SELECTOR, "#bars input")
@@ -167,7 +171,7 @@ def test_two_turns_undo_save_load_in_chromium(server, browser, tmp_path):
     seen = play_and_watch(browser, 0)  # from the dropdowns
     # the progress bar while the turn ran (sampling.steps=6; Gradio may skip updates that come close together)
     assert seen and all(text.endswith("/6") for text in seen), seen
-    assert history(browser)[0][1] == "Character: Momo; Motion: happily eat; Background: morning kitchen."
+    assert history(browser)[0][1] == f"Character: {hero}; Motion: happily eat; Background: morning kitchen."
     video = browser.find_element(By.CSS_SELECTOR, "#clip video")
     width, height, video_height = browser.execute_script(
         "const r = arguments[0].getBoundingClientRect(); return [r.width, r.height, arguments[0].videoHeight]", video)
@@ -202,7 +206,7 @@ def test_two_turns_undo_save_load_in_chromium(server, browser, tmp_path):
     wait_for(browser, lambda d: ".save" in d.find_element(By.ID, "load-file").text, "the upload")  # "game\n.save"
     browser.find_element(By.ID, "load").click()
     wait_for(browser, lambda d: "Loaded 1 turns" in status(d) and len(history(d)) == 1, "load")
-    assert history(browser)[0][1] == "Character: Momo; Motion: happily eat; Background: morning kitchen."
+    assert history(browser)[0][1] == f"Character: {hero}; Motion: happily eat; Background: morning kitchen."
     assert browser.find_element(By.CSS_SELECTOR, "#clip video").get_attribute("src")
     browser.save_screenshot(str(tmp_path / "3_loaded.png"))
     assert len(list(out.glob("game_*"))) == 2  # the loaded game plays in a directory of its own
