@@ -69,3 +69,9 @@ def test_shipped_spriteworld_vocabulary_is_its_training_films():
     for name in ("characters", "adverbs", "motions", "backgrounds"):  # the words; their order is stage b's counts
         assert set(getattr(shipped, name)) == set(getattr(expected, name)), name
     assert set(shipped.characters) == {"Qiqi", "Momo", "Kai", "Luna"} and "read a book" in shipped.motions
+    # the example a new game shows is a first turn of the shipped (memory) world: nothing in it refers back
+    from animegamer.spriteworld.memory import GameMemory
+    from animegamer.states import parse_instruction
+
+    assert "still" in " ".join(shipped.backgrounds)  # the memory world's words are there ...
+    GameMemory().resolve(parse_instruction(shipped.placeholder()))  # ... but not in the example (TagError if so)
