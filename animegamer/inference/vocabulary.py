@@ -52,10 +52,11 @@ class Vocabulary:
                 counts["adverbs"][shot.adverb] += 1
             counts["motions"][shot.motion] += 1
             counts["backgrounds"][shot.environment] += 1
-        opening = Counter(shot.environment for shot in openers)
+        # a count of how often each entry opens a film ranks before its count overall (backgrounds only)
+        first = {name: Counter() for name in FIELDS}
+        first["backgrounds"].update(shot.environment for shot in openers)
         # most frequent first, ties in alphabetical order: the same shots always give the same file
-        vocabulary = cls(**{name: tuple(sorted(c, key=lambda k, c=c: (-opening[k] if name == "backgrounds" else 0,
-                                                                        -c[k], k)))
+        vocabulary = cls(**{name: tuple(sorted(c, key=lambda k, c=c, o=first[name]: (-o[k], -c[k], k)))
                             for name, c in counts.items()})
         vocabulary.check("shots")
         return vocabulary

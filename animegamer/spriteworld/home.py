@@ -22,10 +22,10 @@ from animegamer.spriteworld.draw import DESIGN_H, GROUND, Character, Pose, backg
 
 INDOORS = ("bedroom", "kitchen")
 # Home palettes (RGB), index 0 first; walls light, floors darker, each pair clearly apart at 64x96.
-WALLS = ((205, 185, 228), (170, 225, 190), (250, 200, 160), (165, 200, 245))  # lavender, mint, peach, sky blue
-FLOORS = ((170, 118, 78), (120, 120, 135), (175, 60, 60), (95, 150, 85))  # wood, slate, red carpet, moss
+WALLS = ((205, 185, 228), (170, 225, 190), (250, 200, 160), (165, 200, 245))
+FLOORS = ((170, 118, 78), (120, 120, 135), (175, 60, 60), (95, 150, 85))
 WALL_NAMES = ("lavender", "mint", "peach", "sky")  # what a captioner calls them (one tokenizer piece each)
-FLOOR_NAMES = ("wood", "slate", "carpet", "moss")
+FLOOR_NAMES = ("wood", "slate", "carpet", "moss")  # (carpet: red)
 
 
 @dataclass(frozen=True)
