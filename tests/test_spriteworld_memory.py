@@ -10,6 +10,7 @@ from animegamer.data.manifest import read_manifest
 from animegamer.spriteworld import CHARACTERS, ShotSpec, caption_tags, plan_films, render_shot, write_dataset
 from animegamer.spriteworld.home import FLOOR_NAMES, FLOORS, WALL_NAMES, WALLS, HomeLook, home_background
 from animegamer.spriteworld.memory import (
+    COME_BACK,
     FOLLOW_SHOTS,
     MEMORY_WORDS,
     GameMemory,
@@ -111,13 +112,17 @@ def test_instructions_leave_out_what_history_fixes_and_still_resolve(memory_data
             omitted = said & set(MEMORY_WORDS)
             words |= omitted
             assert row["depends"] in ("full", "history", "new")
-            if omitted or row["companion"]:
-                assert row["depends"] == "history" and row["reach"] >= 1
+            if omitted:
+                assert row["depends"] == "history"
+            if omitted - {"home"} or row["companion"]:  # "home" names the bedroom; only its look is never said
+                assert row["reach"] >= 1
+            if "back" in omitted:
+                assert row["reach"] >= 2  # the turn before is elsewhere
             if row["depends"] != "history":
                 assert row["reach"] == 0
             assert parse_tags(row["tags"]).instruction() == instruction
         assert rows[0]["depends"] in ("full", "new")  # the first turn says everything
-    assert {"still", "here"} <= words
+    assert {"still", "here", "back"} <= words
 
 
 def test_the_decoder_caption_says_every_word_the_instruction_leaves_out(memory_data):
@@ -213,7 +218,7 @@ def test_held_out_pairs_never_occur_in_training_films():
 def test_memory_changes_no_shot_of_the_plan_and_records_round_trip(memory_data, tmp_path):
     from animegamer.eval.games import load_games
 
-    plain = plan_films(0, 8, 10, list(CHARACTERS), 0.25, HeldOutPairs.parse(HELD_OUT))
+    plain = plan_films(0, 8, 10, list(CHARACTERS), 0.25, HeldOutPairs.parse(HELD_OUT), COME_BACK)
     records = memory_data.films()
     for film in plain:
         assert [ShotSpec(**{k: r.extra[k] for k in SPEC_KEYS}) for r in records[film.film_id]] == film.shots
@@ -281,3 +286,51 @@ def test_friend_report_on_real_clips(memory_data, tmp_path):
     assert json.loads((tmp_path / "eval" / "friends.json").read_text())["turns"] == report["turns"]
     with pytest.raises(SystemExit):
         friends.main(["--eval-dir", str(tmp_path / "nothing"), "--games", str(games)])
+
+
+def _trips_back(films) -> tuple[int, int]:
+    """(shots returning to the place before the one just left, shots after the first) of ``films``."""
+    back = total = 0
+    for film in films:
+        places, previous = [s.place for s in film.shots], ""
+        for t in range(1, len(places)):
+            total += 1
+            if places[t] != places[t - 1]:
+                back += places[t] == previous
+                previous = places[t - 1]
+    return back, total
+
+
+def test_back_names_the_place_before_this_one_and_needs_two_turns_of_history():
+    shots = [ShotSpec("Kai", "walk", "park", "noon", "calmly"), ShotSpec("Kai", "run", "park", "noon", "quickly"),
+             ShotSpec("Kai", "eat", "kitchen", "noon", "happily"), ShotSpec("Kai", "walk", "park", "noon", "slowly"),
+             ShotSpec("Kai", "walk", "street", "noon", "slowly"), ShotSpec("Kai", "run", "street", "noon", "happily"),
+             ShotSpec("Kai", "jump", "park", "noon", "gently")]
+    said = {}
+    for seed in range(40):  # the words are drawn; every seed must resolve, and some say "back"
+        memory = film_memory(np.random.default_rng(seed), shots, "Luna", HeldOutPairs())
+        for t, m in enumerate(memory):
+            if m.place_word == "back":
+                said[t] = m.reach
+        typed = [m.tags(shot, 1).instruction() for m, shot in zip(memory, shots, strict=True)]
+        assert resolve_game(typed) == shots
+    assert said == {3: 2, 6: 3}  # park -> kitchen -> back (park, 2 turns back); street twice -> back (park, 3)
+    game = GameMemory()
+    game.resolve(parse_instruction("Character: Kai; Motion: calmly walk; Background: noon park."))
+    with pytest.raises(TagError, match="'back' refers to an earlier turn"):
+        GameMemory().resolve(parse_instruction("Character: Kai; Motion: calmly walk; Background: noon back."))
+    with pytest.raises(TagError, match="'back' refers to an earlier turn"):  # no other place yet
+        game.resolve(parse_instruction("Character: Kai; Motion: calmly walk; Background: still back."))
+    game.resolve(parse_instruction("Character: Kai; Motion: happily eat; Background: still kitchen."))
+    game.resolve(parse_instruction("Character: Kai; Motion: happily eat; Background: still here."))
+    spec = game.resolve(parse_instruction("Character: Kai; Motion: calmly walk; Background: later back."))
+    assert (spec.place, spec.time) == ("park", "evening")
+
+
+def test_memory_films_make_trips_out_and_back_likelier_and_without_it_the_plan_is_unchanged():
+    held = HeldOutPairs.parse(HELD_OUT)
+    plain = plan_films(3, 24, 12, list(CHARACTERS), 0.25, held)
+    assert plain == plan_films(3, 24, 12, list(CHARACTERS), 0.25, held, 0.0)  # the default is no change
+    back, total = _trips_back(plan_films(3, 24, 12, list(CHARACTERS), 0.25, held, COME_BACK))
+    back_plain, _ = _trips_back(plain)
+    assert back > 1.5 * back_plain and back > 0.15 * total, (back, back_plain, total)

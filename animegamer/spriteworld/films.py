@@ -24,7 +24,7 @@ import numpy as np
 from animegamer.data.manifest import ClipRecord, write_manifest
 from animegamer.io import atomic_write_jsonl, atomic_write_text
 from animegamer.spriteworld.animate import animate, draw_scene, fit_motion_bins, motion_level, scene_motion
-from animegamer.spriteworld.memory import HeldOutPairs, ShotMemory, allowed_weights, caption_text, film_memory
+from animegamer.spriteworld.memory import COME_BACK, HeldOutPairs, ShotMemory, allowed_weights, caption_text, film_memory
 from animegamer.spriteworld.world import ACTIONS, CHARACTERS, HOME, PLACES, TIMES, TRANSITIONS, ShotSpec
 from animegamer.states import ShotTags
 
@@ -57,22 +57,26 @@ def _next_place(rng: np.random.Generator, action: str, place: str | None, visite
 
 
 def plan_film(rng: np.random.Generator, hero: str, friend: str, num_shots: int, banned: tuple[str, ...] = (),
-              boosted: tuple[str, ...] = ()) -> list[ShotSpec]:
+              boosted: tuple[str, ...] = (), come_back: float = 0.0) -> list[ShotSpec]:
     """One film's shots: actions follow TRANSITIONS, places mostly stay or return, the clock moves on.
 
     ``banned`` actions never happen (held-out pairs of a training film), ``boosted`` ones are likelier (of a
-    held-out film); with neither, the draws are those of the world without held-out pairs."""
+    held-out film); with neither, the draws are those of the world without held-out pairs. ``come_back`` (memory
+    films) is the chance that, one or two shots after the hero left a place, the next shot returns there (when the
+    action can happen there): short trips out and back, which a memory instruction says as ``back``."""
     # waking up, breakfast, a morning walk
     action = _choose(rng, allowed_weights({"sleep": 3, "eat": 2, "read": 1, "walk": 2}, banned, ()))
     time = 0 if action == "sleep" else int(rng.choice(3, p=[0.5, 0.3, 0.2]))
     place = _next_place(rng, action, None, [])
     visited: list[str] = []
+    previous, stretch = "", 0  # the place before the current one, and the shots so far at the current one
     shots = []
     for _ in range(num_shots):
         a = ACTIONS[action]
         adverb = a.adverbs[int(rng.integers(len(a.adverbs)))]
         shots.append(ShotSpec(hero, action, place, TIMES[time], adverb, friend if a.social else ""))
         visited.append(place)
+        stretch += 1
         if action == "sleep" and TIMES[time] == "night":
             time = 0  # a new day
         elif TIMES[time] != "night" and rng.random() < 0.35:
@@ -83,12 +87,18 @@ def plan_film(rng: np.random.Generator, hero: str, friend: str, num_shots: int, 
         elif "sleep" in weights:
             weights["sleep"] *= 0.2
         action = _choose(rng, allowed_weights(weights, banned, boosted))
-        place = _next_place(rng, action, place, visited)
+        next_place = _next_place(rng, action, place, visited)
+        if (come_back and previous and stretch <= 2 and previous in ACTIONS[action].places
+                and rng.random() < come_back):
+            next_place = previous
+        if next_place != place:
+            previous, stretch = place, 0
+        place = next_place
     return shots
 
 
 def plan_films(seed: int, num_films: int, shots_per_film: int, characters: list[str],
-               test_fraction: float, held_out: HeldOutPairs | None = None) -> list[Film]:
+               test_fraction: float, held_out: HeldOutPairs | None = None, come_back: float = 0.0) -> list[Film]:
     """All films of a dataset, deterministic in ``seed``; protagonists cycle through ``characters``.
 
     ``held_out`` pairs (memory.py) never occur in training films; a held-out film of a hero with a
@@ -112,7 +122,8 @@ def plan_films(seed: int, num_films: int, shots_per_film: int, characters: list[
         others = [c for c in CHARACTERS if c != hero and (c in never if test_film and never else c not in never)]
         friend = others[int(rng.integers(len(others)))]
         banned = held_out.banned_actions(hero)
-        shots = plan_film(rng, hero, friend, shots_per_film, () if test_film else banned, banned if test_film else ())
+        shots = plan_film(rng, hero, friend, shots_per_film, () if test_film else banned, banned if test_film else (),
+                          come_back)
         seeds = [int(s) for s in rng.integers(0, 2**31 - 1, size=shots_per_film)]
         films.append(Film(f"film{i:04d}", "test" if test_film else "train", shots, seeds, friend))
     return films
@@ -130,7 +141,7 @@ def plan_world(cfg: SpriteWorldConfig) -> tuple[list[Film], dict[str, list[ShotM
     (its instruction's words, home, companion and marks; memory.py), else an empty dict."""
     held_out = HeldOutPairs.parse(cfg.held_out_pairs)
     films = plan_films(cfg.seed, cfg.num_films, cfg.shots_per_film, list(cfg.characters), cfg.test_fraction,
-                       held_out)
+                       held_out, COME_BACK if cfg.memory else 0.0)
     if not (cfg.memory or cfg.held_out_pairs):
         return films, {}
     return films, {

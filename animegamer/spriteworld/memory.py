@@ -3,7 +3,8 @@
 
 Switched on by ``SpriteWorldConfig.memory`` / ``held_out_pairs``; with both off the world is the one of
 :mod:`animegamer.spriteworld.films`, bit for bit (every draw below uses its own random stream, seeded by the
-dataset seed and the film's index, so the films' shots are the same with or without memory).
+dataset seed and the film's index). The one change memory makes to a film's plan: short trips out and back are
+likelier (``COME_BACK``), so ``back`` is said often enough to learn.
 
 **Facts a film keeps** (drawn, never said; :mod:`animegamer.spriteworld.home`):
 
@@ -15,7 +16,9 @@ dataset seed and the film's index, so the films' shots are the same with or with
 :func:`animegamer.states.parse_instruction` is kept: the background is always two words, ``<time> <place>``):
 
 - ``still`` for the time of day when it has not changed, ``later`` when it moved on to the next one;
-- ``here`` for the place when the hero stays, ``home`` for the bedroom once the film has been there;
+- ``here`` for the place when the hero stays, ``back`` for the place the hero was before the current one (a short
+  trip out and back: memory films make them likelier, ``COME_BACK``), ``home`` for the bedroom once the film has
+  been there;
 - ``friend`` for the companion's name in ``talk with`` / ``play ball with`` once the film has shown them.
 
 A memory clip's tag line says what its instruction says (``<EV>later here</EV>``), as the player typed it; the
@@ -29,9 +32,11 @@ and the companion.
   now, or the companion stands in the shot; ``new`` when the shot shows the home for the first time (nothing
   earlier tells its colours); ``full`` otherwise (the instruction names everything drawn);
 - ``held_out_pair``: the shot pairs its hero with a held-out action, or with a held-out friend in view;
-- ``reach``: how many turns back the latest turn showing what the instruction leaves unsaid is (the time and the
-  place: 1; the home: its latest indoor turn; the friend: its latest turn in view). Only a history of at least
-  ``reach`` turns shows it; the evaluation's ``far`` split holds the turns with reach >= 2.
+- ``reach``: how many turns back the latest turn showing what the instruction leaves unsaid is (``still`` /
+  ``later`` / ``here``: 1; ``back``: the latest turn at that place, 2 or more; the friend: its latest turn in view).
+  Only a history of at least ``reach`` turns shows it; the evaluation's ``far`` split holds the turns with reach
+  >= 2. The home does not count: no instruction ever says it, so a game played from instructions alone only has
+  its own first guess of it (keeping that guess is consistency, not something a real clip can score).
 
 Held-out pairs (``"Momo:fly"``: Momo never flies in a training film; ``"Qiqi:Luna"``: they never meet, either
 way round) are removed from the training films' action choices and friends; in held-out films the held-out
@@ -50,11 +55,13 @@ from animegamer.spriteworld.home import FLOOR_NAMES, FLOORS, INDOORS, WALL_NAMES
 from animegamer.spriteworld.world import ACTIONS, CHARACTERS, TIMES, caption_tags, spec_from_instruction
 from animegamer.states import Instruction, ShotTags, StateValues, TagError
 
-STILL, LATER, HERE, HOME, FRIEND = "still", "later", "here", "home", "friend"
-MEMORY_WORDS = (STILL, LATER, HERE, HOME, FRIEND)
+STILL, LATER, HERE, BACK, HOME, FRIEND = "still", "later", "here", "back", "home", "friend"
+MEMORY_WORDS = (STILL, LATER, HERE, BACK, HOME, FRIEND)
 HOME_PLACE = "bedroom"  # where "home" takes the hero
 FOLLOW_SHOTS = 2  # shots the friend follows after a social shot
-OMIT_TIME, OMIT_PLACE, OMIT_FRIEND, SAY_HOME = 0.5, 0.5, 0.6, 0.7  # how often a memory instruction leaves it out
+OMIT_TIME, OMIT_PLACE, OMIT_FRIEND, SAY_BACK, SAY_HOME = 0.5, 0.5, 0.6, 0.8, 0.7  # how often a memory
+# instruction leaves it out
+COME_BACK = 0.5  # chance a memory film's next shot returns to the place left one or two shots before
 BOOST = 2.0  # weight added to a held-out film's held-out actions in every succession
 # the words a captioner adds for what a memory clip shows beyond its tags (caption_text)
 CAPTION_WORDS = ("Home", "walls", "floor", "layout", "mirrored", "designed", "Companion", *WALL_NAMES, *FLOOR_NAMES)
@@ -127,7 +134,7 @@ class ShotMemory:
     """What a memory film adds to one shot: the instruction's words, the drawn facts, the turn's marks."""
 
     time_word: str  # a time of day, STILL or LATER
-    place_word: str  # a place, HERE or HOME
+    place_word: str  # a place, HERE, BACK or HOME
     friend_word: str  # the friend's name or FRIEND (social actions), "" otherwise
     home: HomeLook | None  # the film's home, set when the shot is indoors
     companion: str  # the friend following the hero, drawn beside; "" none
@@ -158,6 +165,8 @@ def film_memory(rng: np.random.Generator, shots: Sequence, friend: str, held_out
     follow, places = 0, []
     last_friend: int | None = None  # the latest turn with the friend in view
     last_indoors: int | None = None  # the latest turn that showed the home
+    last_at: dict[str, int] = {}  # the latest turn at each place
+    previous = ""  # the place before the current stretch of turns at one place
     for t, spec in enumerate(shots):
         social = bool(spec.friend)
         companion = friend if memory and not social and follow > 0 and spec.action != "sleep" else ""
@@ -172,6 +181,8 @@ def film_memory(rng: np.random.Generator, shots: Sequence, friend: str, held_out
                 time_word = LATER
             if spec.place == prev.place and draw_place < OMIT_PLACE:
                 place_word = HERE
+            elif spec.place == previous and draw_place < SAY_BACK:
+                place_word = BACK
             elif spec.place == HOME_PLACE and HOME_PLACE in places and draw_place < SAY_HOME:
                 place_word = HOME
             if social and last_friend is not None and draw_friend < OMIT_FRIEND:
@@ -185,10 +196,11 @@ def film_memory(rng: np.random.Generator, shots: Sequence, friend: str, held_out
             depends = "new"
         else:
             depends = "full"
-        # where the unsaid is last shown: the turn before (time, place), the latest home / friend in view
+        # where the unsaid is last shown: the turn before (time, here), the latest turn at the place (back) or with
+        # the friend in view (the home is never said: module doc)
         needs = [1] if {time_word, place_word} & {STILL, LATER, HERE} else []
-        if home_seen:
-            needs.append(t - last_indoors)
+        if place_word == BACK:
+            needs.append(t - last_at[spec.place])
         if friend_word == FRIEND or companion:
             needs.append(t - last_friend)
         in_view = spec.friend or companion
@@ -196,6 +208,9 @@ def film_memory(rng: np.random.Generator, shots: Sequence, friend: str, held_out
                               held_out.pairs(spec.character, spec.action, in_view), max(needs, default=0)))
         last_friend = t if in_view else last_friend
         last_indoors = t if indoors else last_indoors
+        if t > 0 and spec.place != shots[t - 1].place:
+            previous = shots[t - 1].place
+        last_at[spec.place] = t
         places.append(spec.place)
     return out
 
@@ -207,6 +222,7 @@ class GameMemory:
     time: str = ""
     place: str = ""
     friend: str = ""
+    previous: str = ""  # the place before the current one
     places: list[str] = field(default_factory=list)
 
     def resolve(self, instruction: Instruction, *, source: str = "", line: int | None = None):
@@ -217,7 +233,7 @@ class GameMemory:
         time_word, _, place_word = instruction.background.partition(" ")
         time = {STILL: self.time, LATER: TIMES[min(len(TIMES) - 1, TIMES.index(self.time) + 1)]
                 if self.time else ""}.get(time_word, time_word)
-        place = {HERE: self.place, HOME: HOME_PLACE if HOME_PLACE in self.places else ""}.get(place_word, place_word)
+        place = {HERE: self.place, BACK: self.previous, HOME: HOME_PLACE if HOME_PLACE in self.places else ""}.get(place_word, place_word)
         motion = instruction.motion
         if motion.endswith(f" with {FRIEND}"):
             motion = motion[: -len(FRIEND)] + self.friend if self.friend else motion
@@ -227,6 +243,8 @@ class GameMemory:
                                source=source, line=line, field="background")
         spec = spec_from_instruction(Instruction(instruction.character, motion, f"{time} {place}"), source=source,
                                      line=line)
+        if self.place and spec.place != self.place:
+            self.previous = self.place
         self.time, self.place = spec.time, spec.place
         self.friend = spec.friend or self.friend
         self.places.append(spec.place)
