@@ -24,7 +24,14 @@ import numpy as np
 from animegamer.data.manifest import ClipRecord, write_manifest
 from animegamer.io import atomic_write_jsonl, atomic_write_text
 from animegamer.spriteworld.animate import animate, draw_scene, fit_motion_bins, motion_level, scene_motion
-from animegamer.spriteworld.memory import COME_BACK, HeldOutPairs, ShotMemory, allowed_weights, caption_text, film_memory
+from animegamer.spriteworld.memory import (
+    COME_BACK,
+    HeldOutPairs,
+    ShotMemory,
+    allowed_weights,
+    caption_text,
+    film_memory,
+)
 from animegamer.spriteworld.world import ACTIONS, CHARACTERS, HOME, PLACES, TIMES, TRANSITIONS, ShotSpec
 from animegamer.states import ShotTags
 

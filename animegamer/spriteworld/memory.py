@@ -233,7 +233,8 @@ class GameMemory:
         time_word, _, place_word = instruction.background.partition(" ")
         time = {STILL: self.time, LATER: TIMES[min(len(TIMES) - 1, TIMES.index(self.time) + 1)]
                 if self.time else ""}.get(time_word, time_word)
-        place = {HERE: self.place, BACK: self.previous, HOME: HOME_PLACE if HOME_PLACE in self.places else ""}.get(place_word, place_word)
+        home = HOME_PLACE if HOME_PLACE in self.places else ""
+        place = {HERE: self.place, BACK: self.previous, HOME: home}.get(place_word, place_word)
         motion = instruction.motion
         if motion.endswith(f" with {FRIEND}"):
             motion = motion[: -len(FRIEND)] + self.friend if self.friend else motion
