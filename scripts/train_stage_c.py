@@ -11,7 +11,8 @@ Needs the stage (a) run (``stage_a_checkpoint``: the decoder's LoRA + motion emb
 
 1. Predictions, once: for every stage (b) window of ``data.split`` the frozen MLLM (eval mode, no gradients, never
    handed to the optimizer or to ``accelerator.prepare``) predicts the current clip's s_a from its instruction and
-   the teacher-forced history (earlier clips' stage (a) targets and true state values), exactly as at inference.
+   the teacher-forced history (earlier clips' stage (a) targets and true state values), exactly as at inference;
+   ``history=own``: from its own predictions of the earlier clips, played from the film's start as a game does.
    They are cached in ``predictions_cache`` (default ``output_dir/predictions``; animegamer.data.stage_c); a rerun
    or resume reuses them and never loads the MLLM. With several processes each predicts a share and the main
    process writes.
@@ -142,6 +143,7 @@ def main(argv: list[str] | None = None) -> Path:
             world_size=accelerator.num_processes,
             gather=gather_object,
             progress=accelerator.is_main_process,
+            history=cfg.history,
         )
         say(summary)
         del mllm  # its memory goes to the decoder

@@ -18,7 +18,7 @@ from animegamer.data.stage_c import (
     select_windows,
 )
 from animegamer.data.tensor_store import TensorStore
-from animegamer.inference.mllm_runner import predict_turn
+from animegamer.inference.mllm_runner import HistoryTurn, predict_turn
 from animegamer.models.mllm import AnimeGamerMLLM
 from animegamer.models.trained import load_decoder
 from animegamer.models.weights import load_state_dict_file
@@ -170,6 +170,57 @@ def test_predictions_are_teacher_forced_made_once_and_checked(runs, tmp_path, mo
     with pytest.raises(SystemExit):
         train_stage_c.main(_argv(runs, tmp_path / "none", f"stage_a_checkpoint={tmp_path / 'nowhere'}"))
     assert "checkpoint not found" in capsys.readouterr().err and len(calls) == 1
+
+
+def test_own_history_predicts_each_film_from_its_own_earlier_predictions(runs, tmp_path, capsys):
+    """history=own: a clip's history is what the MLLM itself predicted for the earlier clips, played from the
+    film's start (shots and values), as in a game; the cache keeps the values, is resumable, and is told apart
+    from a teacher-forced one."""
+    cfg = load_config(TINY_CONFIG, _argv(runs, tmp_path / "x", "history=own")[2:])
+    assert cfg.history == "own"
+    manifest = read_manifest(cfg.data.manifest)
+    records, targets = manifest.by_id(), TensorStore(cfg.shot_targets)
+    mllm = train_stage_c.load_frozen_mllm(cfg, "cpu")
+    windows, _ = select_windows(cfg, manifest, mllm.layout)
+    settings = prediction_settings(cfg)
+    assert settings["compare"]["history"] == "own"
+    summary = fill_predictions(mllm, windows, manifest, targets, tmp_path / "own", settings, progress=False,
+                               history="own")
+    assert summary.written == 5
+    # play film 1 turn by turn, each prediction fed back as history (history_turns=2)
+    played, history = [], []
+    for index in range(3):
+        instruction = clip_turn(records[clip_id(1, index)]).instruction
+        prediction = predict_turn(mllm, history[-2:], instruction)
+        played.append(prediction)
+        history.append(HistoryTurn(instruction, prediction.shot_embeds, prediction.values))
+    own = TensorStore(tmp_path / "own")
+    for index, prediction in enumerate(played):
+        entry = own.load(clip_id(1, index))
+        torch.testing.assert_close(entry["shot_embeds"], prediction.shot_embeds)
+        v = prediction.values
+        assert entry["values"].tolist() == [v.motion_level, v.social, v.entertainment, v.stamina]
+    teacher = tmp_path / "teacher"
+    fill_predictions(mllm, windows, manifest, targets, teacher, prediction_settings(
+        load_config(TINY_CONFIG, _argv(runs, tmp_path / "x")[2:])), progress=False)
+    first, third = clip_id(1, 0), clip_id(1, 2)  # no history: the same; with history: not
+    torch.testing.assert_close(TensorStore(teacher).load(first)["shot_embeds"], own.load(first)["shot_embeds"])
+    assert not torch.allclose(TensorStore(teacher).load(third)["shot_embeds"], own.load(third)["shot_embeds"])
+
+    # resumable: a fill stopped after the first two clips of film 1 ends with the same predictions
+    part = tmp_path / "part"
+    fill_predictions(mllm, [w for w in windows if w.current in (clip_id(1, 0), clip_id(1, 1))], manifest, targets,
+                     part, settings, progress=False, history="own")
+    assert fill_predictions(mllm, windows, manifest, targets, part, settings, progress=False,
+                            history="own").cached == 2
+    torch.testing.assert_close(TensorStore(part).load(third)["shot_embeds"], own.load(third)["shot_embeds"])
+    # a teacher-forced cache is refused for history=own, and the choice is checked
+    with pytest.raises(SystemExit):
+        train_stage_c.main(_argv(runs, tmp_path / "mixed", "history=own", f"predictions_cache={teacher}"))
+    assert "made with other history" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        train_stage_c.main(_argv(runs, tmp_path / "bad", "history=mine"))
+    assert "history='mine' is not one of ['teacher', 'own']" in capsys.readouterr().err
 
 
 def test_only_the_decoder_trains_and_resume_is_exact(runs, tmp_path, capsys):

@@ -72,6 +72,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "cache": ("none", "first_block", "taylorseer", "pab", "faster", "magcache"),  # models.cache.CACHE_METHODS
     "SamplingConfig.preset": ("standard", "fast", "distilled"),  # "Class.field": a name other fields also use
     "resampler_gelu": ("tanh", "erf"),
+    "StageCConfig.history": ("teacher", "own"),
 }
 
 

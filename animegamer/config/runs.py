@@ -234,6 +234,9 @@ class StageCConfig:
     # stage (a) s_a of every clip: the teacher-forced history turns the MLLM sees, as in stage (b) training
     shot_targets: str = "outputs/stage_a/shot_targets"
     predictions_cache: str = ""  # MLLM predictions, made once (a TensorStore); "" = <output_dir>/predictions
+    # the history the MLLM predicts from: teacher (stage a targets, the paper's) | own (its own predictions from
+    # the film's start, as a game plays; animegamer.data.stage_c)
+    history: str = "teacher"
     max_seq_len: int = 2048  # a window longer than this loses its oldest history turns, as in stage (b)
     condition_dropout: float = 0.1  # probability of the unconditional (zero) shot representation, for CFG
     motion_loss_weight: float = 0.0  # as stage (a): changing latent cells weigh 1 + this (0: the paper's plain MSE)

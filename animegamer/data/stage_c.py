@@ -1,19 +1,27 @@
 """Stage (c) data: the frozen MLLM's prediction of every training clip, cached once, paired with the real clip.
 
 Every stage (b) window of the configured split (:mod:`animegamer.data.sequences`) becomes one prediction: the
-MLLM predicts the current clip's s_a from its instruction (rendered from the clip's tags) and a teacher-forced
-history, the earlier clips' stage (a) shot targets with their tagged state values. That is the input stage (b)
-trained on, laid out by :func:`animegamer.inference.mllm_runner.predict_turn` exactly as at inference. A window
-longer than ``max_seq_len`` tokens loses its oldest history turns, as in stage (b).
+MLLM predicts the current clip's s_a from its instruction (rendered from the clip's tags) and a history laid out by
+:func:`animegamer.inference.mllm_runner.predict_turn` exactly as at inference. ``history`` says which:
+
+- ``teacher`` (the paper's): the earlier clips' stage (a) shot targets with their tagged state values, the input
+  stage (b) trained on;
+- ``own``: the MLLM's own predictions of the earlier clips (shots and values), each made from its own earlier
+  predictions from the start of the film, as a game plays the film's instructions; the decoder then learns to
+  render what the MLLM predicts at play time, drift included. An earlier clip that is no window's current clip
+  (no features) enters as its stage (a) target.
+
+A window longer than ``max_seq_len`` tokens loses its oldest history turns, as in stage (b).
 
     predictions_cache/ (a TensorStore, one entry per window's current clip)
         shot_embeds            (N, H) float32   the MLLM's predicted s_a of the clip
+        values                 (4,) int64       its predicted motion level, social, entertainment, stamina
         predictions_meta.json  what the predictions depend on (MLLM checkpoint digest, shot targets, window
                                settings); a cache made with other settings is refused, never silently reused
 
 Filling is resumable (clips already cached are skipped) and spreads over processes: each process predicts its
-share of a block of ``shard_size`` windows, and the main process gathers the block and writes it as one shard,
-so no process sits in a long barrier while another one predicts.
+share of a block of about ``shard_size`` windows (``own``: whole films, in clip order), and the main process
+gathers the block and writes it as one shard, so no process sits in a long barrier while another one predicts.
 
 :class:`StageCDataset` pairs each cached prediction with the clip's real latents (``data.features_dir``) and its
 motion level: the decoder learns to render the MLLM's slightly-off s_a as the real clip.
@@ -37,12 +45,14 @@ from animegamer.data.manifest import ClipRecord, Manifest
 from animegamer.data.sequences import Window, windows_from_config
 from animegamer.data.stage_b import SHOT_FIELD, StageBDataset, clip_turn, filter_windows
 from animegamer.data.tensor_store import TensorStore
-from animegamer.inference.mllm_runner import HistoryTurn, predict_turn
+from animegamer.inference.mllm_runner import HistoryTurn, TurnPrediction, predict_turn
 from animegamer.io import atomic_write_json
+from animegamer.states import StateValues
 from animegamer.tokens import TurnLayout
 from animegamer.training.checkpoint import resolve_checkpoint
 
 META_FILE = "predictions_meta.json"
+VALUES_FIELD = "values"  # the prediction's state values: motion_level, social, entertainment, stamina
 MLLM_WEIGHT_FILES = ("adapter_model.safetensors", "mllm_trained.safetensors")
 
 
@@ -98,14 +108,16 @@ def select_windows(cfg: StageCConfig, manifest: Manifest, layout: TurnLayout) ->
     return fitted.windows, left_out
 
 
+def teacher_turn(clip_id: str, records: dict[str, ClipRecord], targets: TensorStore) -> HistoryTurn:
+    """An earlier clip as a teacher-forced history turn: its instruction, stage (a) s_a and true values."""
+    spec = clip_turn(records[clip_id])
+    shot = targets.load(clip_id, (SHOT_FIELD,))[SHOT_FIELD].float()  # (N, shot_dim)
+    return HistoryTurn(spec.instruction, shot, spec.values)
+
+
 def history_of(window: Window, records: dict[str, ClipRecord], targets: TensorStore) -> list[HistoryTurn]:
-    """The teacher-forced history of a window: each earlier clip's instruction, stage (a) s_a and true values."""
-    turns = []
-    for clip_id in window.history:
-        spec = clip_turn(records[clip_id])
-        shot = targets.load(clip_id, (SHOT_FIELD,))[SHOT_FIELD].float()  # (N, shot_dim)
-        turns.append(HistoryTurn(spec.instruction, shot, spec.values))
-    return turns
+    """The teacher-forced history of a window."""
+    return [teacher_turn(clip_id, records, targets) for clip_id in window.history]
 
 
 # --------------------------------------------------------------------------------------------
@@ -136,13 +148,16 @@ def prediction_settings(cfg: StageCConfig) -> dict:
     windows = {"history_turns": data.history_turns, "split_by": data.split_by, "max_seq_len": cfg.max_seq_len}
     if data.split_by == "time":  # runs are cut at the split, so a clip's history depends on it
         windows |= {"split": data.split, "test_fraction": data.test_fraction}
+    compare = {
+        "mllm_weights": {name: _sha256(checkpoint / name) for name in MLLM_WEIGHT_FILES},
+        "mllm": {k: getattr(cfg.mllm, k) for k in ("vocabulary", "num_slots", "shot_dim")},
+        "shot_targets": json.loads(source.read_text()) if source.is_file() else None,
+        "windows": windows,
+    }
+    if cfg.history != "teacher":  # caches made before the choice existed are teacher-forced and stay valid
+        compare["history"] = cfg.history
     return {
-        "compare": {
-            "mllm_weights": {name: _sha256(checkpoint / name) for name in MLLM_WEIGHT_FILES},
-            "mllm": {k: getattr(cfg.mllm, k) for k in ("vocabulary", "num_slots", "shot_dim")},
-            "shot_targets": json.loads(source.read_text()) if source.is_file() else None,
-            "windows": windows,
-        },
+        "compare": compare,
         "paths": {
             "stage_b_checkpoint": str(checkpoint),
             "mllm_pretrained": cfg.mllm.pretrained,
@@ -181,6 +196,38 @@ def _same(objects: list) -> list:
     return objects
 
 
+def _values_tensor(values: StateValues) -> torch.Tensor:
+    return torch.tensor([values.motion_level, values.social, values.entertainment, values.stamina], dtype=torch.long)
+
+
+def _own_history(window: Window, own: dict[str, TurnPrediction], cache: TensorStore,
+                 records: dict[str, ClipRecord], targets: TensorStore) -> list[HistoryTurn]:
+    """A window's history as the MLLM itself predicted it (this call's predictions, else the cache's), an earlier
+    clip with no prediction as its stage (a) target and tagged values."""
+    turns = []
+    for clip_id in window.history:
+        if clip_id in own:
+            shot, values = own[clip_id].shot_embeds, own[clip_id].values
+        elif clip_id in cache:
+            entry = cache.load(clip_id, (SHOT_FIELD, VALUES_FIELD))
+            shot, values = entry[SHOT_FIELD].float(), StateValues(*entry[VALUES_FIELD].tolist())
+        else:
+            turns.append(teacher_turn(clip_id, records, targets))
+            continue
+        turns.append(HistoryTurn(clip_turn(records[clip_id]).instruction, shot, values))
+    return turns
+
+
+def _work_units(windows: list[Window], records: dict[str, ClipRecord], history: str) -> list[list[Window]]:
+    """What one process predicts in one go: a window (teacher-forced), or a film's windows in clip order (own)."""
+    if history == "teacher":
+        return [[w] for w in windows]
+    films: dict[str, list[Window]] = {}
+    for window in windows:
+        films.setdefault(window.film_id, []).append(window)
+    return [sorted(film, key=lambda w: records[w.current].clip_index) for film in films.values()]
+
+
 @torch.no_grad()
 def fill_predictions(
     model,
@@ -194,13 +241,17 @@ def fill_predictions(
     gather: Callable[[list], list] = _same,
     shard_size: int = 64,
     progress: bool = True,
+    history: str = "teacher",
 ) -> PredictionSummary:
     """Predict s_a for every window whose current clip is not yet in ``cache_dir``, and write them there.
 
-    Every process calls this with the same arguments; process ``rank`` predicts every ``world_size``-th window of
-    each block of ``shard_size``, and ``gather`` (e.g. ``accelerate.utils.gather_object``) brings the block to the
-    main process, which alone writes. ``model`` is only read: it is used in eval mode, without gradients.
+    ``history``: ``teacher`` or ``own`` (module doc). Every process calls this with the same arguments; process
+    ``rank`` predicts every ``world_size``-th unit (a window, or a film's windows) of each block of about
+    ``shard_size`` windows, and ``gather`` (e.g. ``accelerate.utils.gather_object``) brings the block to the main
+    process, which alone writes. ``model`` is only read: it is used in eval mode, without gradients.
     """
+    if history not in ("teacher", "own"):
+        raise ValueError(f"history={history!r} is not 'teacher' or 'own'")
     cache = TensorStore(cache_dir)
     todo = [w for w in windows if w.current not in cache]
     summary = PredictionSummary(cached=len(windows) - len(todo))
@@ -210,19 +261,30 @@ def fill_predictions(
         Path(cache_dir).mkdir(parents=True, exist_ok=True)
         atomic_write_json(Path(cache_dir) / META_FILE, settings)
     records = manifest.by_id()
+    units = _work_units(todo, records, history)
     bar = tqdm(total=len(todo), desc="MLLM predictions", unit="clip", disable=not progress)
-    for start in range(0, len(todo), shard_size):
-        block = todo[start : start + shard_size]
+    start = 0
+    while start < len(units):
+        end, size = start, 0
+        while end < len(units) and (size < shard_size or end == start):
+            size, end = size + len(units[end]), end + 1
         mine = []
-        for window in block[rank::world_size]:
-            turn = clip_turn(records[window.current], is_current=True)
-            prediction = predict_turn(model, history_of(window, records, targets), turn.instruction)
-            mine.append((window.current, prediction.shot_embeds.contiguous()))  # (N, shot_dim) float32, CPU
+        for unit in units[start:end][rank::world_size]:
+            own: dict[str, TurnPrediction] = {}
+            for window in unit:
+                turn = clip_turn(records[window.current], is_current=True)
+                past = (history_of(window, records, targets) if history == "teacher"
+                        else _own_history(window, own, cache, records, targets))
+                own[window.current] = predict_turn(model, past, turn.instruction)
+                mine.append((window.current, own[window.current].shot_embeds.contiguous(),  # (N, shot_dim) float32
+                             _values_tensor(own[window.current].values)))
         block_predictions = gather(mine)
         if rank == 0:
-            cache.write_shard({clip_id: {SHOT_FIELD: shot} for clip_id, shot in block_predictions})
-        summary.written += len(block)
-        bar.update(len(block))
+            cache.write_shard({clip_id: {SHOT_FIELD: shot, VALUES_FIELD: values}
+                               for clip_id, shot, values in block_predictions})
+        summary.written += size
+        bar.update(size)
+        start = end
     bar.close()
     return summary
 
