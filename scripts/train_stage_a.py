@@ -9,8 +9,9 @@ For the first ``warmup_steps`` optimizer steps only the encoder learns: the deco
 in an optimizer group whose learning rate is 0, so they stay bit-identical while the same DDP / DeepSpeed / FSDP
 wrapping serves both phases. After that encoder, LoRA and motion embedding train jointly.
 
-One step: s_a = encoder(CLIP tokens of the first frame, T5 tokens of the motion text); with probability
-``condition_dropout`` s_a becomes the decoder's unconditional (zero) representation, so CFG works at sampling time
+One step: s_a = encoder(CLIP tokens of the first frame, T5 tokens of the motion text) (``shot_noise`` > 0: the
+decoder reads it with Gaussian noise of that fraction of its std added, to be robust to the MLLM's errors); with
+probability ``condition_dropout`` s_a becomes the decoder's unconditional (zero) representation, so CFG works at sampling time
 (with ``decoder.motion_guidance`` the motion level becomes the null level 0 there too);
 the clip's latents are noised at a uniform random timestep and the decoder regresses the scheduler's target
 (v-prediction for CogVideoX-2B) with an MSE loss; ``motion_loss_weight`` > 0 weighs the latent cells that change
@@ -64,8 +65,11 @@ class EncoderDecoder(nn.Module):
         self.encoder = encoder
         self.decoder = decoder
 
-    def forward(self, clip_tokens, text_tokens, dropped, noisy_latents, timesteps, motion_level) -> torch.Tensor:
+    def forward(self, clip_tokens, text_tokens, dropped, noisy_latents, timesteps, motion_level,
+                shot_noise: float = 0.0) -> torch.Tensor:
         shot_embeds = self.encoder(clip_tokens, text_tokens)  # (B, N, H)
+        if shot_noise > 0:  # the decoder reads a perturbed s_a, as the MLLM's predictions will be
+            shot_embeds = shot_embeds + shot_noise * shot_embeds.detach().std() * torch.randn_like(shot_embeds)
         shot_embeds, motion_level = self.decoder.drop_conditions(shot_embeds, motion_level, dropped)  # for CFG
         return self.decoder(noisy_latents, timesteps, shot_embeds, motion_level)  # (B, F, C, h, w)
 
@@ -80,7 +84,8 @@ def compute_loss(model, core: EncoderDecoder, batch: dict, cfg: StageAConfig) ->
     scheduler = core.decoder.noise_scheduler
     timesteps = torch.randint(0, scheduler.config.num_train_timesteps, (batch_size,), device=latents.device)
     noisy = scheduler.add_noise(latents, noise, timesteps)
-    prediction = model(clip_tokens, batch["text_tokens"], dropped, noisy, timesteps, batch["motion_level"])
+    prediction = model(clip_tokens, batch["text_tokens"], dropped, noisy, timesteps, batch["motion_level"],
+                       cfg.shot_noise)
     target = core.decoder.training_target(latents, noise, timesteps)
     return diffusion_loss(prediction, target, latents, cfg.motion_loss_weight, cfg.motion_threshold)
 

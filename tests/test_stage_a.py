@@ -20,6 +20,7 @@ from animegamer.data.features import (
     fit_frames,
     precompute_features,
     read_skipped,
+    select_frame,
 )
 from animegamer.data.manifest import ClipRecord, write_manifest
 from animegamer.data.tensor_store import TensorStore
@@ -262,6 +263,32 @@ def test_overfitting_one_batch(data, motion_loss_weight):
         optimizer.zero_grad()
         losses.append(loss.item())
     assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_shot_noise_perturbs_what_the_decoder_reads_and_nothing_else(data):
+    """shot_noise > 0: the decoder reads s_a + noise of that fraction of s_a's std (the MLLM's predictions are a
+    little off); 0 leaves the paper's step as it was; the encoder still gets the gradient through the noise."""
+    cfg: StageAConfig = dataclasses.replace(data["cfg"], condition_dropout=0.0)
+    dataset, _ = build_stage_a_dataset(cfg.data)
+    batch = {k: torch.stack([dataset[i][k] for i in range(2)]) for k in dataset[0]}
+    torch.manual_seed(0)
+    encoder = ActionAwareEncoder.from_config(cfg.encoder)
+    decoder = AnimationShotDecoder.from_config(cfg.decoder, with_vae=False)
+    model = train_stage_a.EncoderDecoder(encoder, decoder)
+    seen = []
+    hook = decoder.register_forward_pre_hook(lambda _, args: seen.append(args[2].detach().clone()))
+    losses = {}
+    for noise in (0.0, 0.5):
+        torch.manual_seed(1)
+        losses[noise] = train_stage_a.compute_loss(model, model, batch, dataclasses.replace(cfg, shot_noise=noise))
+    hook.remove()
+    clean = encoder(select_frame(batch["clip_tokens"], cfg.encoder.frame), batch["text_tokens"]).detach()
+    torch.testing.assert_close(seen[0], clean)  # 0: the encoder's s_a exactly
+    added = seen[1] - clean
+    assert added.abs().max() > 0 and abs(added.std().item() / clean.std().item() - 0.5) < 0.05
+    assert losses[0.0].item() != losses[0.5].item()
+    losses[0.5].backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in encoder.parameters() if p.requires_grad)
 
 
 def test_motion_guidance_drops_the_level_with_the_shot(data):

@@ -201,6 +201,9 @@ class StageAConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     warmup_steps: int = 10000  # encoder-only steps before LoRA joins (paper: 10k, then 80k joint)
     condition_dropout: float = 0.1  # probability of the unconditional shot representation (for CFG)
+    # the decoder reads s_a + N(0, (shot_noise * std(s_a))^2) (std over the batch, no gradient; 0: the paper's
+    # clean s_a), so it learns to render a shot a little off, as the MLLM predicts them; shot targets stay clean
+    shot_noise: float = 0.0
     motion_loss_weight: float = 0.0  # latent cells that change between latent frames weigh 1 + this (0: plain MSE)
     motion_threshold: float = 0.2  # a cell changes when a channel moves more than this (latent std units)
 
