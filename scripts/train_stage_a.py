@@ -11,8 +11,8 @@ wrapping serves both phases. After that encoder, LoRA and motion embedding train
 
 One step: s_a = encoder(CLIP tokens of the first frame, T5 tokens of the motion text) (``shot_noise`` > 0: the
 decoder reads it with Gaussian noise of that fraction of its std added, to be robust to the MLLM's errors); with
-probability ``condition_dropout`` s_a becomes the decoder's unconditional (zero) representation, so CFG works at sampling time
-(with ``decoder.motion_guidance`` the motion level becomes the null level 0 there too);
+probability ``condition_dropout`` s_a becomes the decoder's unconditional (zero) representation, so CFG works at
+sampling time (with ``decoder.motion_guidance`` the motion level becomes the null level 0 there too);
 the clip's latents are noised at a uniform random timestep and the decoder regresses the scheduler's target
 (v-prediction for CogVideoX-2B) with an MSE loss; ``motion_loss_weight`` > 0 weighs the latent cells that change
 between latent frames extra (animegamer.training.losses; 0, the paper's plain MSE, by default).
