@@ -29,8 +29,8 @@ WALL_POINT = (6, 8)  # (x, y) on the 96x64 design grid: bare wall in the bedroom
 @pytest.fixture(scope="module")
 def memory_data(tmp_path_factory):
     out = tmp_path_factory.mktemp("memory")
-    cfg = small_config(out, num_films=8, shots_per_film=10, test_fraction=0.25, memory=True, held_out_pairs=HELD_OUT,
-                       num_frames=9, height=48, width=72, workers=1)
+    cfg = small_config(out, num_films=8, shots_per_film=10, test_fraction=0.25, memory=True, back=True,
+                       held_out_pairs=HELD_OUT, num_frames=9, height=48, width=72, workers=1)
     return read_manifest(write_dataset(cfg, progress=False))
 
 
@@ -325,6 +325,27 @@ def test_back_names_the_place_before_this_one_and_needs_two_turns_of_history():
     game.resolve(parse_instruction("Character: Kai; Motion: happily eat; Background: still here."))
     spec = game.resolve(parse_instruction("Character: Kai; Motion: calmly walk; Background: later back."))
     assert (spec.place, spec.time) == ("park", "evening")
+
+
+def test_back_is_opt_in_and_off_leaves_the_memory_world_as_it_was(tmp_path):
+    """memory=true without back: no film says "back" and the plans are the world's own (no extra trips); with
+    back the plans change and "back" is said; every other word is drawn the same way either way."""
+    from animegamer.spriteworld.films import plan_world
+
+    kw = dict(num_films=12, shots_per_film=10, test_fraction=0.25, memory=True, held_out_pairs=HELD_OUT)
+    films, memories = plan_world(small_config(tmp_path, **kw))
+    assert [f.shots for f in films] == [f.shots for f in plan_films(0, 12, 10, list(CHARACTERS), 0.25,
+                                                                    HeldOutPairs.parse(HELD_OUT))]
+    assert not any(m.place_word == "back" for ms in memories.values() for m in ms)
+    films_back, memories_back = plan_world(small_config(tmp_path, back=True, **kw))
+    assert [f.shots for f in films_back] != [f.shots for f in films]
+    assert sum(m.place_word == "back" for ms in memories_back.values() for m in ms) >= 10
+    for film in films:  # the same plan with back on: only "back" replaces what was said
+        on = film_memory(np.random.default_rng(7), film.shots, film.friend, HeldOutPairs(), True, True)
+        off = film_memory(np.random.default_rng(7), film.shots, film.friend, HeldOutPairs(), True, False)
+        for a, b in zip(on, off, strict=True):
+            assert a.time_word == b.time_word and a.friend_word == b.friend_word
+            assert a.place_word == b.place_word or a.place_word == "back"
 
 
 def test_memory_films_make_trips_out_and_back_likelier_and_without_it_the_plan_is_unchanged():

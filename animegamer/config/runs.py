@@ -101,6 +101,9 @@ class SpriteWorldConfig:
     # the memory world (animegamer.spriteworld.memory): each film's own home and a friend who follows, drawn
     # but never said; instructions leave out what earlier turns fixed (still / later / here / back / home / friend)
     memory: bool = False
+    # with memory: "back" for the place before this one (2+ turns back, past a one-turn history) and films that
+    # make short trips out and back (memory.COME_BACK); off: the memory world of the shipped checkpoint, bit for bit
+    back: bool = False
     # "Momo:fly" (an action) or "Qiqi:Luna" (a friend): pairs no training film has, only held-out games
     held_out_pairs: list[str] = field(default_factory=list)
     workers: int = 2  # threads writing mp4s (each encode runs in its own ffmpeg process)

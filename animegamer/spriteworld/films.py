@@ -148,12 +148,12 @@ def plan_world(cfg: SpriteWorldConfig) -> tuple[list[Film], dict[str, list[ShotM
     (its instruction's words, home, companion and marks; memory.py), else an empty dict."""
     held_out = HeldOutPairs.parse(cfg.held_out_pairs)
     films = plan_films(cfg.seed, cfg.num_films, cfg.shots_per_film, list(cfg.characters), cfg.test_fraction,
-                       held_out, COME_BACK if cfg.memory else 0.0)
+                       held_out, COME_BACK if cfg.memory and cfg.back else 0.0)
     if not (cfg.memory or cfg.held_out_pairs):
         return films, {}
     return films, {
         film.film_id: film_memory(np.random.default_rng([cfg.seed, 1, index]), film.shots, film.friend, held_out,
-                                  cfg.memory)
+                                  cfg.memory, cfg.back)
         for index, film in enumerate(films)
     }
 

@@ -3,8 +3,8 @@
 
 Switched on by ``SpriteWorldConfig.memory`` / ``held_out_pairs``; with both off the world is the one of
 :mod:`animegamer.spriteworld.films`, bit for bit (every draw below uses its own random stream, seeded by the
-dataset seed and the film's index). The one change memory makes to a film's plan: short trips out and back are
-likelier (``COME_BACK``), so ``back`` is said often enough to learn.
+dataset seed and the film's index). ``SpriteWorldConfig.back`` adds the word ``back`` and the one change to a
+film's plan: short trips out and back are likelier (``COME_BACK``), so ``back`` is said often enough to learn.
 
 **Facts a film keeps** (drawn, never said; :mod:`animegamer.spriteworld.home`):
 
@@ -16,9 +16,9 @@ likelier (``COME_BACK``), so ``back`` is said often enough to learn.
 :func:`animegamer.states.parse_instruction` is kept: the background is always two words, ``<time> <place>``):
 
 - ``still`` for the time of day when it has not changed, ``later`` when it moved on to the next one;
-- ``here`` for the place when the hero stays, ``back`` for the place the hero was before the current one (a short
-  trip out and back: memory films make them likelier, ``COME_BACK``), ``home`` for the bedroom once the film has
-  been there;
+- ``here`` for the place when the hero stays, ``back`` (with ``back`` on) for the place the hero was before the
+  current one (a short trip out and back: such films make them likelier, ``COME_BACK``), ``home`` for the bedroom
+  once the film has been there;
 - ``friend`` for the companion's name in ``talk with`` / ``play ball with`` once the film has shown them.
 
 A memory clip's tag line says what its instruction says (``<EV>later here</EV>``), as the player typed it; the
@@ -157,9 +157,10 @@ class ShotMemory:
 
 
 def film_memory(rng: np.random.Generator, shots: Sequence, friend: str, held_out: HeldOutPairs,
-                memory: bool = True) -> list[ShotMemory]:
+                memory: bool = True, back: bool = True) -> list[ShotMemory]:
     """The memory of one film's shots (module doc). With ``memory`` off every word is said, nothing extra is
-    drawn and only the held-out marks are set (every turn ``full``)."""
+    drawn and only the held-out marks are set (every turn ``full``); with ``back`` off ``back`` is never said
+    (the same draws, so the other words are those of the world before ``back`` existed)."""
     look = HomeLook(int(rng.integers(len(WALLS))), int(rng.integers(len(FLOORS))), bool(rng.random() < 0.5))
     out: list[ShotMemory] = []
     follow, places = 0, []
@@ -181,7 +182,7 @@ def film_memory(rng: np.random.Generator, shots: Sequence, friend: str, held_out
                 time_word = LATER
             if spec.place == prev.place and draw_place < OMIT_PLACE:
                 place_word = HERE
-            elif spec.place == previous and draw_place < SAY_BACK:
+            elif back and spec.place == previous and draw_place < SAY_BACK:
                 place_word = BACK
             elif spec.place == HOME_PLACE and HOME_PLACE in places and draw_place < SAY_HOME:
                 place_word = HOME
