@@ -342,6 +342,20 @@ def test_shot_error_report_on_the_mini_run(mini_run, tmp_path):
     assert report["target_variance"] > 0.0
     num_tokens = load_config(out / "configs" / "stage_b.yaml").mllm.num_slots
     assert len(report["per_token"]["mllm"]) == len(report["per_token"]["text_only"]) == num_tokens
+    # teacher-forced history: the clips before each one in its film; only later clips of a film change
+    script = load_script("spriteworld/shot_error")
+    flags = ["--config", str(out / "configs" / "eval.yaml"), "--manifest", str(out / "data" / "clips.jsonl"),
+             "--split", "train", "--clips", "6"]
+    alone = script.main([*flags, "--out", str(tmp_path / "h0.json")])
+    after = script.main([*flags, "--history", "2", "--out", str(tmp_path / "h2.json")])
+    assert (alone["history"], after["history"]) == (0, 2)
+    assert after["text_only_relative_error"] == alone["text_only_relative_error"]
+    assert after["mllm_relative_error"] != alone["mllm_relative_error"]
+    assert set(after["by_split"]) <= {"history", "far", "full"}
+    for split in after["by_split"].values():
+        assert split["clips"] >= 2 and split["mllm_relative_error"] >= 0.0
+    with pytest.raises(SystemExit, match="--history must be >= 0"):
+        script.main([*flags, "--history", "-1"])
 
 
 def test_follow_slope_and_levels():

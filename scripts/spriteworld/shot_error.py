@@ -9,9 +9,17 @@ encoder's shot of the same clip (its first frame + motion text, exactly what sta
 text-only shot (the GC-style baseline's input: a mid-grey frame + the instruction) is compared too: it tells how
 much of the target the words alone fix, i.e. what a perfect stage (b) could reach without seeing the clip.
 
+``--history K`` plays each clip with the K clips before it in its film as teacher-forced history instead (their
+instructions, stage (a) shots of the real clips and tagged values; at most ``inference.history_turns`` are read):
+run it with K = 3 and K = 1 to see whether the MLLM uses turns further back. SpriteWorld memory clips are also
+split by their marks (``history``, ``far``: reach >= 2, ``full``), as the evaluation splits game turns.
+
 Errors are *relative*: mean squared error over (clips, tokens, channels) divided by the targets' variance over
 clips, so predicting the mean shot scores 1 and the target itself 0; ``per_token`` gives the same per shot token.
 Writes ``--out`` (JSON) and prints the summary.
+
+    python scripts/spriteworld/shot_error.py --config configs/spriteworld/eval.yaml \
+        --manifest outputs/spriteworld/data/clips.jsonl --split test --clips 1000 --history 3
 """
 
 from __future__ import annotations
@@ -41,16 +49,30 @@ def relative_error(predicted: torch.Tensor, target: torch.Tensor) -> tuple[float
 
 def add_flags(parser) -> None:
     add_split_flags(parser, 96, "clips to compare")
+    parser.add_argument("--history", type=int, default=0,
+                        help="earlier clips of the film given as teacher-forced history (0: each clip a first turn)")
     parser.add_argument("--out", default="outputs/shot_error.json", help="JSON report")
+
+
+def mark_splits(record) -> list[str]:
+    """The evaluation's splits a SpriteWorld memory clip falls in (animegamer.eval.intervals.turn_splits)."""
+    extra = record.extra or {}
+    names = [extra["depends"]] if extra.get("depends") in ("history", "full") else []
+    if extra.get("depends") == "history" and extra.get("reach", 0) >= 2:
+        names.append("far")
+    return names
 
 
 def main(argv: list[str] | None = None) -> dict:
     from animegamer.data.video import read_video
     from animegamer.eval.systems import ShotEncoding, grey_frame
+    from animegamer.inference.mllm_runner import HistoryTurn
     from animegamer.inference.session import load_mllm_predictor, resolve_device
     from animegamer.spriteworld.memory import caption_text
 
     cfg, args = parse_config(EvalConfig, __doc__, argv, extra=add_flags)
+    if args.history < 0:
+        raise SystemExit(f"error: --history must be >= 0, got {args.history}")
     manifest, picks = split_clips(args.manifest, args.split, args.clips)
     if len(picks) < 2:
         raise SystemExit(f"error: {args.manifest}: {len(picks)} clip to compare; need at least 2 (--clips)")
@@ -59,19 +81,36 @@ def main(argv: list[str] | None = None) -> dict:
     encoding = ShotEncoding.from_config(cfg, device)
     predictor = load_mllm_predictor(cfg.inference, device, offload=False)
     grey = grey_frame(cfg.inference.sampling.height, cfg.inference.sampling.width)
+    films, shots = manifest.films(), {}
+
+    def shot_of(record) -> torch.Tensor:  # the stage (a) target of a real clip, (N, D)
+        if record.clip_id not in shots:
+            frames, _ = read_video(manifest.video_path(record))
+            shots[record.clip_id] = encoding.encode(frames[0], caption_text(record))
+        return shots[record.clip_id]
+
     targets, predicted, text_only = [], [], []
     for record in tqdm(picks, desc="shots", unit="clip"):
-        tags = record.shot_tags()
-        instruction = tags.instruction().render()
-        frames, _ = read_video(manifest.video_path(record))
-        targets.append(encoding.encode(frames[0], caption_text(record)))
-        predicted.append(predictor.predict_turn([], instruction).shot_embeds.float().cpu())
+        instruction = record.shot_tags().instruction().render()
+        earlier = [r for r in films[record.film_id] if r.clip_index < record.clip_index and r.tags]
+        history = [HistoryTurn(r.shot_tags().instruction().render(), shot_of(r), r.shot_tags().values)
+                   for r in earlier[len(earlier) - args.history:]] if args.history else []
+        targets.append(shot_of(record))
+        predicted.append(predictor.predict_turn(history, instruction).shot_embeds.float().cpu())
         text_only.append(encoding.encode(grey, instruction))
     target = torch.stack(targets)  # (clips, N, D)
     mllm, mllm_tokens = relative_error(torch.stack(predicted), target)
     text, text_tokens = relative_error(torch.stack(text_only), target)
+    by_split = {}
+    for name in ("history", "far", "full"):
+        rows = [i for i, record in enumerate(picks) if name in mark_splits(record)]
+        if len(rows) >= 2:  # relative to the variance of all targets, so splits compare with each other
+            error = (torch.stack(predicted)[rows] - target[rows]).square().mean()
+            by_split[name] = {"clips": len(rows), "mllm_relative_error": round(float(
+                error / (target - target.mean(0)).square().mean()), 4)}
     report = {
-        "split": args.split, "clips": len(picks), "mllm_checkpoint": cfg.inference.mllm_checkpoint,
+        "split": args.split, "clips": len(picks), "history": args.history, "by_split": by_split,
+        "mllm_checkpoint": cfg.inference.mllm_checkpoint,
         "stage_a_checkpoint": cfg.stage_a_checkpoint,
         "mllm_relative_error": round(mllm, 4), "text_only_relative_error": round(text, 4),
         "target_variance": round(float((target - target.mean(0)).square().mean()), 6),
