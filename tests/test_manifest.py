@@ -64,6 +64,8 @@ def test_sample_split_spreads_tagged_clips_of_the_split_films(tmp_path):
     test = [r.clip_id for r in manifest.sample_split("test", 3)]
     assert test == ["b_00000", "b_00002", "b_00005"]  # first, middle, last of the 5 tagged ones (b_00003 has none)
     assert len(manifest.sample_split("train", 50)) == 5 and manifest.sample_split("train", 1)[0].clip_id == "a_00000"
+    # more asked for than there are: every tagged clip once, in order (not the first few, repeated)
+    assert [r.clip_id for r in manifest.sample_split("train", 50)] == [f"a_{i:05d}" for i in (0, 1, 2, 4, 5)]
     with pytest.raises(ValueError, match="'val' films"):
         manifest.sample_split("val", 2)
 

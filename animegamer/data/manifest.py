@@ -109,7 +109,8 @@ class Manifest:
         records = [r for r in self.records if r.tags and r.film_id in films]
         if not records:
             raise ValueError(f"{self.path}: no tagged clips in the '{split}' films of its meta splits")
-        picks = [round(i * (len(records) - 1) / max(1, count - 1)) for i in range(min(count, len(records)))]
+        count = min(count, len(records))  # more than there are: every one, once
+        picks = [round(i * (len(records) - 1) / max(1, count - 1)) for i in range(count)]
         return [records[i] for i in picks]
 
     def __len__(self) -> int:
