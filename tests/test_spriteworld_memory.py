@@ -19,6 +19,7 @@ from animegamer.spriteworld.memory import (
     film_memory,
     resolve_game,
 )
+from animegamer.spriteworld.world import lexicon
 from animegamer.states import TagError, parse_instruction, parse_tags, read_game_file
 from tests.test_spriteworld import SPEC_KEYS, _colour_mask, small_config
 
@@ -337,6 +338,8 @@ def test_back_is_opt_in_and_off_leaves_the_memory_world_as_it_was(tmp_path):
     assert [f.shots for f in films] == [f.shots for f in plan_films(0, 12, 10, list(CHARACTERS), 0.25,
                                                                     HeldOutPairs.parse(HELD_OUT))]
     assert not any(m.place_word == "back" for ms in memories.values() for m in ms)
+    assert "back" not in lexicon() and lexicon(back=True) == [*lexicon()[:lexicon().index("home")], "back",
+                                                              *lexicon()[lexicon().index("home"):]]
     films_back, memories_back = plan_world(small_config(tmp_path, back=True, **kw))
     assert [f.shots for f in films_back] != [f.shots for f in films]
     assert sum(m.place_word == "back" for ms in memories_back.values() for m in ms) >= 10

@@ -99,7 +99,7 @@ class SpriteWorldConfig:
     # and paths start from one spot whatever their speed (the first frame does not tell it) | free: random
     speed_jitter: float = 0.1  # a clip's speed = its adverb's x a factor in [1 - j, 1 + j] that no word says
     # the memory world (animegamer.spriteworld.memory): each film's own home and a friend who follows, drawn
-    # but never said; instructions leave out what earlier turns fixed (still / later / here / back / home / friend)
+    # but never said; instructions leave out what earlier turns fixed (still / later / here / home / friend)
     memory: bool = False
     # with memory: "back" for the place before this one (2+ turns back, past a one-turn history) and films that
     # make short trips out and back (memory.COME_BACK); off: the memory world of the shipped checkpoint, bit for bit

@@ -97,7 +97,8 @@ def pretrain(cfg: SpriteWorldPretrainConfig) -> Path:
 
     # 1. frozen tiny T5 (random, seeded) + tokenizer
     out.mkdir(parents=True, exist_ok=True)
-    build_tiny_t5(out, seed=cfg.seed, d_model=cfg.t5_dim, words=lexicon())
+    back = bool(manifest.meta.get("config", {}).get("back", False))  # the data's world says "back"
+    build_tiny_t5(out, seed=cfg.seed, d_model=cfg.t5_dim, words=lexicon(back))
     t5 = T5TextFeatures.from_config(T5Config(path=str(out), max_length=cfg.text_tokens))
 
     # 2. VAE, and 3. the stage (a) features of every clip from it (kept from an earlier run if resume_vae)

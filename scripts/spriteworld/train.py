@@ -127,7 +127,8 @@ def step_pretrain(cfg: SpriteWorldRunConfig, configs: dict[str, Path]) -> dict:
 
     models = Path(cfg.output_dir) / "models"
     build_tiny_clip(models / "clip", seed=cfg.seed)
-    build_tiny_mistral(models / "Mistral", seed=cfg.seed, hidden_size=cfg.mistral_hidden, words=lexicon())
+    back = load_config(configs["data"]).back  # the world says "back": its word joins the tokenizer's corpus
+    build_tiny_mistral(models / "Mistral", seed=cfg.seed, hidden_size=cfg.mistral_hidden, words=lexicon(back))
     pretrain_cfg = load_config(configs["pretrain"])
     pretrain(pretrain_cfg)
     return json.loads((Path(pretrain_cfg.report_dir) / "summary.json").read_text())
