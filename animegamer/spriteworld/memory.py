@@ -59,9 +59,9 @@ STILL, LATER, HERE, BACK, HOME, FRIEND = "still", "later", "here", "back", "home
 MEMORY_WORDS = (STILL, LATER, HERE, BACK, HOME, FRIEND)
 HOME_PLACE = "bedroom"  # where "home" takes the hero
 FOLLOW_SHOTS = 2  # shots the friend follows after a social shot
-OMIT_TIME, OMIT_PLACE, OMIT_FRIEND, SAY_BACK, SAY_HOME = 0.5, 0.5, 0.6, 0.8, 0.7  # how often a memory
-# instruction leaves it out
-COME_BACK = 0.5  # chance a memory film's next shot returns to the place left one or two shots before
+# how often a memory instruction leaves each out
+OMIT_TIME, OMIT_PLACE, OMIT_FRIEND, SAY_BACK, SAY_HOME = 0.5, 0.5, 0.6, 0.8, 0.7
+COME_BACK = 0.5  # with back: the chance a film's next shot returns to the place left one or two shots before
 BOOST = 2.0  # weight added to a held-out film's held-out actions in every succession
 # the words a captioner adds for what a memory clip shows beyond its tags (caption_text)
 CAPTION_WORDS = ("Home", "walls", "floor", "layout", "mirrored", "designed", "Companion", *WALL_NAMES, *FLOOR_NAMES)
