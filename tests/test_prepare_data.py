@@ -245,7 +245,9 @@ def test_ctrl_c_stops_at_once_and_keeps_finished_films(tmp_path):
         make_film(films / f"film{i}.mp4", seconds=seconds, cuts=cuts, speed=1.0 + i, seed=i)
     out = tmp_path / "out"
     command = [sys.executable, str(SCRIPT), *args(films, out, "workers=2")]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    # SIGINT at its default in the child: an earlier test in this worker may leave it ignored, which a child inherits
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     while not list(out.glob("clips/*/film.json")) and process.poll() is None:
         time.sleep(0.05)
     assert process.poll() is None, process.communicate()
