@@ -93,19 +93,20 @@ def main(argv: list[str] | None = None) -> dict:
     for record in tqdm(picks, desc="shots", unit="clip"):
         instruction = record.shot_tags().instruction().render()
         earlier = [r for r in films[record.film_id] if r.clip_index < record.clip_index and r.tags]
-        history = [HistoryTurn(r.shot_tags().instruction().render(), shot_of(r), r.shot_tags().values)
-                   for r in earlier[len(earlier) - args.history:]] if args.history else []
+        history = [HistoryTurn(tags.instruction().render(), shot_of(r), tags.values)
+                   for r in (earlier[len(earlier) - args.history:] if args.history else [])
+                   for tags in (r.shot_tags(),)]
         targets.append(shot_of(record))
         predicted.append(predictor.predict_turn(history, instruction).shot_embeds.float().cpu())
         text_only.append(encoding.encode(grey, instruction))
-    target = torch.stack(targets)  # (clips, N, D)
-    mllm, mllm_tokens = relative_error(torch.stack(predicted), target)
+    target, prediction = torch.stack(targets), torch.stack(predicted)  # (clips, N, D)
+    mllm, mllm_tokens = relative_error(prediction, target)
     text, text_tokens = relative_error(torch.stack(text_only), target)
     by_split = {}
     for name in ("history", "far", "full"):
         rows = [i for i, record in enumerate(picks) if name in mark_splits(record)]
         if len(rows) >= 2:  # relative to the variance of all targets, so splits compare with each other
-            error = (torch.stack(predicted)[rows] - target[rows]).square().mean()
+            error = (prediction[rows] - target[rows]).square().mean()
             by_split[name] = {"clips": len(rows), "mllm_relative_error": round(float(
                 error / (target - target.mean(0)).square().mean()), 4)}
     report = {
