@@ -1,6 +1,6 @@
 """Write the benchmark: an LLM writes N 10-turn life-simulation games per character, validated, with ground truth.
 
-    python scripts/make_benchmark.py --config configs/benchmark_gen.yaml backend.base_url=http://127.0.0.1:8000/v1 \
+    python scripts/make_benchmark.py --config configs/benchmark_gen.yaml backend.base_url=http://127.0.0.1:8000/v1 \\
         characters=[Qiqi,Sora] games_per_character=10
 
 Writes ``output_dir/<game_id>/game.txt`` (one instruction per turn), ``output_dir/<game_id>/ground_truth.jsonl``

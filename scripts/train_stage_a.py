@@ -1,6 +1,6 @@
 """Stage (a): train the action-aware encoder together with the CogVideoX decoder (LoRA + motion-level embedding).
 
-    accelerate launch --config_file configs/accelerate/multi_gpu.yaml scripts/train_stage_a.py \
+    accelerate launch --config_file configs/accelerate/multi_gpu.yaml scripts/train_stage_a.py \\
         --config configs/stage_a.yaml
     python scripts/train_stage_a.py --config configs/tiny/stage_a.yaml              # tiny models on a laptop CPU
     python scripts/train_stage_a.py --config configs/stage_a.yaml --resume latest   # exact resume

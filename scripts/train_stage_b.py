@@ -1,6 +1,6 @@
 """Stage (b): train the next-game-state MLLM (Mistral + LoRA, query slots, resamplers) on windows of shots.
 
-    accelerate launch --config_file configs/accelerate/deepspeed_zero2.yaml scripts/train_stage_b.py \
+    accelerate launch --config_file configs/accelerate/deepspeed_zero2.yaml scripts/train_stage_b.py \\
         --config configs/stage_b.yaml
     python scripts/train_stage_b.py --config configs/tiny/stage_b.yaml          # CPU, tiny Mistral
     python scripts/train_stage_b.py --config configs/stage_b.yaml --resume latest   # exact resume

@@ -1,6 +1,6 @@
 """Stage (c): decoder adaptation. The frozen MLLM's predicted s_a of each training clip -> the real clip.
 
-    accelerate launch --config_file configs/accelerate/multi_gpu.yaml scripts/train_stage_c.py \
+    accelerate launch --config_file configs/accelerate/multi_gpu.yaml scripts/train_stage_c.py \\
         --config configs/stage_c.yaml
     python scripts/train_stage_c.py --config configs/tiny/stage_c.yaml              # tiny models on a laptop CPU
     python scripts/train_stage_c.py --config configs/stage_c.yaml --resume latest   # exact resume

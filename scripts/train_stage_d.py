@@ -1,7 +1,7 @@
 """Stage (d): few-step distillation of the adapted decoder. The 50-step guided teacher -> a K-step (K <= 4) student
 that samples without classifier-free guidance (one transformer call per step instead of two).
 
-    accelerate launch --config_file configs/accelerate/multi_gpu.yaml scripts/train_stage_d.py \
+    accelerate launch --config_file configs/accelerate/multi_gpu.yaml scripts/train_stage_d.py \\
         --config configs/stage_d.yaml
     python scripts/train_stage_d.py --config configs/tiny/stage_d.yaml              # tiny models on a laptop CPU
     python scripts/train_stage_d.py --config configs/stage_d.yaml --resume latest   # exact resume

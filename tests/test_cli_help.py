@@ -156,3 +156,20 @@ def test_every_flag_of_every_entry_point_has_help(script, monkeypatch):
     with pytest.raises(_ParserBuilt):
         module.main(*([[]] if inspect.signature(module.main).parameters else []))
     assert [a.option_strings or a.dest for a in built[0]._actions if not a.help] == []
+
+
+def test_launch_commands_in_docstrings_keep_their_line_breaks():
+    # a docstring line ending in a single backslash joins the next line into it, so --help (the docstring) showed
+    # `... train_stage_b.py         --config ...` as one line; every entry point's docstring keeps its source lines
+    import ast
+
+    root = Path(__file__).resolve().parents[1]
+    scripts = [*root.glob("*.py"), *root.glob("scripts/*.py"), *root.glob("scripts/spriteworld/*.py")]
+    assert len(scripts) > 20
+    for path in scripts:
+        module = ast.parse(path.read_text())
+        node = module.body[0] if module.body else None
+        if not (isinstance(node, ast.Expr) and isinstance(getattr(node.value, "value", None), str)):
+            continue
+        source_lines = node.end_lineno - node.lineno + 1
+        assert node.value.value.count("\n") + 1 == source_lines, path.relative_to(root)
