@@ -434,8 +434,8 @@ def test_demo_game_is_in_the_world():
     assert len(specs) == 8 and len({s.action for s in specs}) >= 7 and len({s.place for s in specs}) >= 5
     assert {s.time for s in specs} >= {"morning", "night"} and any(s.friend for s in specs)
     said = {word for i in instructions for word in (*i.background.split(), *i.motion.split())}
-    assert {"still", "here", "home", "friend"} <= said  # it exercises the shipped memory world
-    assert "back" not in said  # the shipped world does not say it (SpriteWorldConfig.back is off in run.yaml)
+    assert {"still", "here", "back", "home", "friend"} <= said  # it exercises the shipped memory world
+    assert specs[5].place == specs[2].place == "park" and specs[5].friend == "Momo"  # back: two turns back
 
 
 def test_config_and_script(tmp_path):

@@ -12,6 +12,8 @@ import pytest
 import torch
 
 from animegamer.config import load_config
+from animegamer.data.manifest import read_manifest
+from animegamer.data.sequences import windows_from_config
 from animegamer.spriteworld.pretrain import Log
 from animegamer.spriteworld.pretrain_llm import film_texts, token_windows
 from animegamer.spriteworld.pretrain_transformer import moving_cells, training_timesteps
@@ -99,6 +101,17 @@ def test_every_step_ran_and_wrote_its_outputs(mini_run):
                                              "eval_table_intervals.csv", "eval_table_intervals.json"]
     intervals = json.loads((ship / "eval_table_intervals.json").read_text())
     assert intervals["resamples"] == 2000 and {r["split"] for r in intervals["rows"]} >= {"all", "seen"}
+
+
+def test_stages_b_and_c_train_on_every_training_film(mini_run):
+    # train.jsonl already leaves the held-out films out; a second split of it (data.split=train) held a fifth of
+    # the training films out of stages b and c (here 1 of 2) for nothing
+    out, _ = mini_run
+    manifest = read_manifest(out / "data" / "train.jsonl")
+    assert len(manifest.films()) == 2
+    for stage in ("stage_b", "stage_c"):
+        cfg = load_config(out / "configs" / f"{stage}.yaml")
+        assert {w.film_id for w in windows_from_config(manifest, cfg.data)} == set(manifest.films()), stage
 
 
 def test_losses_are_finite_and_decrease(mini_run):
