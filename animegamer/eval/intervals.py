@@ -84,16 +84,18 @@ def turn_splits(games: Iterable) -> dict[tuple[str, int], tuple[str, ...]]:
     for game in games:
         marks = getattr(game, "marks", ()) or ()
         for turn in range(len(game.shots)):
-            names = ["all"]
-            if marks:
-                mark = marks[turn]
-                if mark.get("depends") in ("history", "full"):
-                    names.append(mark["depends"])
-                if mark.get("depends") == "history" and mark.get("reach", 0) >= 2:
-                    names.append("far")
-                names.append("held_out" if mark.get("held_out_pair") else "seen")
-            splits[(game.game_id, turn)] = tuple(names)
+            splits[(game.game_id, turn)] = ("all", *(mark_splits(marks[turn]) if marks else ()))
     return splits
+
+
+def mark_splits(mark: Mapping) -> tuple[str, ...]:
+    """The splits a turn's memory marks put it in (besides ``all``): ``history`` / ``full``, ``far`` (a history
+    turn whose answer is ``reach`` >= 2 turns back), ``held_out`` / ``seen``."""
+    names = [mark["depends"]] if mark.get("depends") in ("history", "full") else []
+    if mark.get("depends") == "history" and mark.get("reach", 0) >= 2:
+        names.append("far")
+    names.append("held_out" if mark.get("held_out_pair") else "seen")
+    return tuple(names)
 
 
 def interval_rows(records: Mapping[str, Sequence[MetricRecord]], splits: Mapping[tuple[str, int], Sequence[str]],

@@ -54,17 +54,9 @@ def add_flags(parser) -> None:
     parser.add_argument("--out", default="outputs/shot_error.json", help="JSON report")
 
 
-def mark_splits(record) -> list[str]:
-    """The evaluation's splits a SpriteWorld memory clip falls in (animegamer.eval.intervals.turn_splits)."""
-    extra = record.extra or {}
-    names = [extra["depends"]] if extra.get("depends") in ("history", "full") else []
-    if extra.get("depends") == "history" and extra.get("reach", 0) >= 2:
-        names.append("far")
-    return names
-
-
 def main(argv: list[str] | None = None) -> dict:
     from animegamer.data.video import read_video
+    from animegamer.eval.intervals import mark_splits
     from animegamer.eval.systems import ShotEncoding, grey_frame
     from animegamer.inference.mllm_runner import HistoryTurn
     from animegamer.inference.session import load_mllm_predictor, resolve_device
@@ -102,19 +94,20 @@ def main(argv: list[str] | None = None) -> dict:
     target, prediction = torch.stack(targets), torch.stack(predicted)  # (clips, N, D)
     mllm, mllm_tokens = relative_error(prediction, target)
     text, text_tokens = relative_error(torch.stack(text_only), target)
+    variance = float((target - target.mean(0)).square().mean())
+    marked = [mark_splits(record.extra or {}) for record in picks]  # unmarked clips: in none of the three
     by_split = {}
     for name in ("history", "far", "full"):
-        rows = [i for i, record in enumerate(picks) if name in mark_splits(record)]
+        rows = [i for i, names in enumerate(marked) if name in names]
         if len(rows) >= 2:  # relative to the variance of all targets, so splits compare with each other
-            error = (prediction[rows] - target[rows]).square().mean()
-            by_split[name] = {"clips": len(rows), "mllm_relative_error": round(float(
-                error / (target - target.mean(0)).square().mean()), 4)}
+            error = float((prediction[rows] - target[rows]).square().mean())
+            by_split[name] = {"clips": len(rows), "mllm_relative_error": round(error / variance, 4)}
     report = {
         "split": args.split, "clips": len(picks), "history": args.history, "by_split": by_split,
         "mllm_checkpoint": cfg.inference.mllm_checkpoint,
         "stage_a_checkpoint": cfg.stage_a_checkpoint,
         "mllm_relative_error": round(mllm, 4), "text_only_relative_error": round(text, 4),
-        "target_variance": round(float((target - target.mean(0)).square().mean()), 6),
+        "target_variance": round(variance, 6),
         "per_token": {"mllm": mllm_tokens, "text_only": text_tokens},
     }
     atomic_write_json(args.out, report)
