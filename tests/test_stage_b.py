@@ -56,6 +56,25 @@ def test_windows_history_and_stride(tmp_path):
     assert {w[-1] for w in every} == set(ids) and set(got) <= set(every)
 
 
+def test_windows_shorter_than_a_turns_reach_are_dropped(tmp_path):
+    manifest = read_manifest(write_stage_b_data(tmp_path, films=1, clips_per_film=5)[0])
+    run = runs(manifest.records)[0]
+    ids = [r.clip_id for r in run]
+    run[3].extra["reach"] = 2  # turn 3 names something only turn 1 showed ("go back")
+    run[4].extra["reach"] = 1
+    every = windows_of_run(run, history_turns=3, all_history_lengths=True, reach_field="reach")
+    by_turn = {i: sorted(len(w.history) for w in every if w.current == i) for i in ids}
+    assert by_turn == {ids[0]: [0], ids[1]: [0, 1], ids[2]: [0, 1, 2], ids[3]: [2, 3], ids[4]: [1, 2, 3]}
+    # without the field every window stays; a turn reaching past the longest history has none
+    assert len(windows_of_run(run, history_turns=3, all_history_lengths=True)) == len(every) + 3
+    run[3].extra["reach"] = 4
+    assert ids[3] not in {w.current for w in windows_of_run(run, history_turns=3, reach_field="reach")}
+    for bad in (-1, "2", True, 1.5):
+        run[3].extra["reach"] = bad
+        with pytest.raises(ValueError, match="reach"):
+            windows_of_run(run, history_turns=3, reach_field="reach")
+
+
 def test_runs_break_at_uncaptioned_clips_and_gaps(tmp_path):
     manifest = read_manifest(write_stage_b_data(tmp_path, films=1, clips_per_film=8, uncaptioned=(clip_id(0, 3),))[0])
     records = [r for r in manifest.records if r.clip_index != 6]  # clip 6 dropped: 5 and 7 are not consecutive

@@ -88,6 +88,10 @@ class DataConfig:
     # also train each turn with every shorter history, down to none: a model that always sees the previous shot
     # can learn to copy it instead of reading the instruction, and then fails on a game's first turn
     all_history_lengths: bool = False
+    # a clip ``extra`` field holding how many turns back the latest shot showing what the turn's instruction leaves
+    # unsaid is (SpriteWorld's memory world: ``reach``); windows whose history is shorter are not trained, since
+    # their target cannot be read from what they show. "" keeps every window
+    reach_field: str = ""
     sequence_stride: int = 1  # step between consecutive stage (b) windows of a film
     min_sequence_turns: int = 1  # drop films shorter than this
     split: str = "train"  # which split of the manifest to use: train | test | all

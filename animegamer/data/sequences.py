@@ -10,7 +10,9 @@ run, since the story is not continuous across it. Every clip of a run whose posi
 
 so early turns see a short history, as the first turns of a game do. With ``all_history_lengths`` every turn also
 gets a window for each shorter history, down to none (``[c3] [c2 c3] [c1 c2 c3]`` for c3). Runs with fewer than
-``min_turns`` clips are dropped.
+``min_turns`` clips are dropped. With ``reach_field``, a window whose history is shorter than its current clip's
+``extra[reach_field]`` (how many turns back what the instruction leaves unsaid was shown) is dropped: its target
+cannot be read from it, and training on it teaches the average of the possible answers.
 
 Split (``DataConfig.split_by``):
   film  whole films go to test, chosen by a stable hash of ``film_id`` (round(n * test_fraction), at least one when
@@ -90,13 +92,28 @@ def runs(clips: list[ClipRecord]) -> list[list[ClipRecord]]:
     return out
 
 
+def clip_reach(record: ClipRecord, reach_field: str) -> int:
+    """``record.extra[reach_field]``: how many history turns the clip's target needs (0 when the field is unset)."""
+    if not reach_field:
+        return 0
+    value = record.extra.get(reach_field, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"clip {record.clip_id}: extra.{reach_field}={value!r} is not a count of turns (int >= 0)")
+    return value
+
+
 def windows_of_run(
-    run: list[ClipRecord], history_turns: int, stride: int = 1, all_history_lengths: bool = False
+    run: list[ClipRecord],
+    history_turns: int,
+    stride: int = 1,
+    all_history_lengths: bool = False,
+    reach_field: str = "",
 ) -> list[Window]:
     """The windows whose current turns are the run's clips at positions 0, stride, 2*stride, ...
 
     One window per current turn with the longest history available, or, with ``all_history_lengths``, one for
-    each history length from the longest down to none.
+    each history length from the longest down to none; with ``reach_field``, only histories of at least the
+    current clip's reach.
     """
     if history_turns < 0 or stride < 1:
         raise ValueError(f"need history_turns >= 0 and stride >= 1 (got {history_turns}, {stride})")
@@ -104,8 +121,10 @@ def windows_of_run(
     windows = []
     for t in range(0, len(run), stride):
         longest = min(t, history_turns)
+        shortest = clip_reach(run[t], reach_field)
         for h in range(longest, -1, -1) if all_history_lengths else (longest,):
-            windows.append(Window(run[t].film_id, tuple(ids[t - h : t + 1])))
+            if h >= shortest:
+                windows.append(Window(run[t].film_id, tuple(ids[t - h : t + 1])))
     return windows
 
 
@@ -118,6 +137,7 @@ def build_windows(
     test_fraction: float = 0.2,
     split_by: str = "film",
     all_history_lengths: bool = False,
+    reach_field: str = "",
 ) -> list[Window]:
     """All windows of one split of the manifest, film by film (films sorted by id, runs in time order)."""
     if split not in SPLITS:
@@ -143,7 +163,7 @@ def build_windows(
     for clips in parts.values():
         for run in runs(clips):
             if len(run) >= min_turns:
-                windows += windows_of_run(run, history_turns, stride, all_history_lengths)
+                windows += windows_of_run(run, history_turns, stride, all_history_lengths, reach_field)
     return windows
 
 
@@ -157,4 +177,5 @@ def windows_from_config(manifest: Manifest, data: DataConfig) -> list[Window]:
         test_fraction=data.test_fraction,
         split_by=data.split_by,
         all_history_lengths=data.all_history_lengths,
+        reach_field=data.reach_field,
     )
