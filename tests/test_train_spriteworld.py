@@ -371,6 +371,22 @@ def test_shot_error_report_on_the_mini_run(mini_run, tmp_path):
         script.main([*flags, "--history", "-1"])
 
 
+@pytest.mark.parametrize("tool", ["shot_error", "motion_response", "places"])
+def test_research_tools_without_weights_are_one_line(mini_run, tool, tmp_path, capsys):
+    out, _ = mini_run
+    config = out / "configs" / ("inference.yaml" if tool == "places" else "eval.yaml")
+    override = f"{'mllm_checkpoint' if tool == 'places' else 'stage_a_checkpoint'}={tmp_path / 'no_run'}"
+    report = tmp_path / "report.json"
+    with pytest.raises(SystemExit) as exc:
+        load_script(f"spriteworld/{tool}").main([
+            "--config", str(config), "--manifest", str(out / "data" / "clips.jsonl"), "--split", "train",
+            "--clips" if tool != "places" else "--turns", "2", "--out", str(report), override])
+    err = capsys.readouterr().err
+    last = err.rstrip("\n").split("\n")[-1]  # after the weights' loading bars, if any
+    assert exc.value.code == 2 and last.startswith("error: ") and str(tmp_path) in last
+    assert "Traceback" not in err and not report.exists()
+
+
 def test_follow_slope_and_levels():
     motion_response = load_script("spriteworld/motion_response")
     requested = np.array([1, 2, 3, 4, 5] * 3)

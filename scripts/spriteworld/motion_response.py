@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from animegamer.cli import add_split_flags, parse_config, split_clips
+from animegamer.cli import add_split_flags, fail, parse_config, split_clips
 from animegamer.config import EvalConfig
 from animegamer.io import atomic_write_json
 from animegamer.states import NUM_MOTION_LEVELS
@@ -78,8 +78,11 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit("error: no decoder: set stage_a_checkpoint or --decoder-checkpoint")
     device = resolve_device(cfg.inference.device)
     torch.manual_seed(cfg.seed)
-    encoding = ShotEncoding.from_config(cfg, device)
-    renderer = load_renderer(dataclasses.replace(cfg.inference, decoder_checkpoint=checkpoint), device, False)
+    try:
+        encoding = ShotEncoding.from_config(cfg, device)
+        renderer = load_renderer(dataclasses.replace(cfg.inference, decoder_checkpoint=checkpoint), device, False)
+    except (FileNotFoundError, ValueError) as exc:  # missing or unreadable weights
+        fail(str(exc))
     meter = build_level_meter(manifest, cfg.motion_calibration_clips)
     scorer = scorer_for(meter.settings)
 

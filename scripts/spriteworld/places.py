@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from animegamer.cli import add_split_flags, parse_config, split_clips
+from animegamer.cli import add_split_flags, fail, parse_config, split_clips
 from animegamer.config import InferenceConfig
 from animegamer.data.manifest import ClipRecord
 from animegamer.io import atomic_write_json
@@ -93,8 +93,11 @@ def main(argv: list[str] | None = None) -> dict:
     cfg, args = parse_config(InferenceConfig, __doc__, argv, extra=add_flags)
     manifest, picks = split_clips(args.manifest, args.split, args.turns)
     scenes = sceneries(manifest, [r for r in manifest.records if r.tags])
-    targets = TensorStore(args.shot_targets) if args.shot_targets else None
-    session = build_session(cfg, render=True, output_dir=Path(args.out).parent / "places_session")
+    try:
+        targets = TensorStore(args.shot_targets) if args.shot_targets else None
+        session = build_session(cfg, render=True, output_dir=Path(args.out).parent / "places_session")
+    except (FileNotFoundError, ValueError) as exc:  # missing or unreadable weights / shot targets
+        fail(str(exc))
     rows = []
     for record in tqdm(picks, desc="places", unit="turn"):
         tags = record.shot_tags()

@@ -30,7 +30,7 @@ import sys
 import torch
 from tqdm.auto import tqdm
 
-from animegamer.cli import add_split_flags, parse_config, split_clips
+from animegamer.cli import add_split_flags, fail, parse_config, split_clips
 from animegamer.config import EvalConfig
 from animegamer.io import atomic_write_json
 
@@ -70,8 +70,11 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit(f"error: {args.manifest}: {len(picks)} clip to compare; need at least 2 (--clips)")
     device = resolve_device(cfg.inference.device)
     torch.manual_seed(cfg.seed)
-    encoding = ShotEncoding.from_config(cfg, device)
-    predictor = load_mllm_predictor(cfg.inference, device, offload=False)
+    try:
+        encoding = ShotEncoding.from_config(cfg, device)
+        predictor = load_mllm_predictor(cfg.inference, device, offload=False)
+    except (FileNotFoundError, ValueError) as exc:  # missing or unreadable weights
+        fail(str(exc))
     grey = grey_frame(cfg.inference.sampling.height, cfg.inference.sampling.width)
     films, shots = manifest.films(), {}
 
