@@ -13,6 +13,7 @@ from animegamer.eval.intervals import (
     difference_rows,
     interval_markdown,
     interval_rows,
+    mean_difference_rows,
     turn_splits,
     write_interval_table,
 )
@@ -91,3 +92,23 @@ def test_paired_differences_are_tighter_than_the_two_means():
     assert row["turns"] == 6 and row["games"] == 3
     means = {r["system"]: r for r in interval_rows({"a": a, "b": b}, splits, ("psnr",))}
     assert means["a"]["upper"] - means["a"]["lower"] > 5  # the unpaired intervals overlap widely
+
+
+def test_mean_difference_over_runs_averages_turn_by_turn():
+    # Two runs: run 0's K = 3 beats its K = 1 by 2 on every turn, run 1's by 0 on g0 and 1 on g1; a turn one run
+    # did not score is left out of the mean.
+    splits = {(g, t): ("all", "far" if t else "full") for g in ("g0", "g1") for t in range(2)}
+    k1 = {key: 15.0 for key in splits}
+    run0 = (_records("k3", {key: 17.0 for key in splits}), _records("k1", k1))
+    run1 = (_records("k3", {("g0", 0): 15.0, ("g0", 1): 15.0, ("g1", 0): 16.0}), _records("k1", k1))
+    rows = {(r["split"], r["metric"]): r for r in mean_difference_rows("mean", [run0, run1], splits, ("psnr",))}
+    assert rows[("all", "psnr")]["turns"] == 3 and rows[("far", "psnr")]["turns"] == 1
+    assert rows[("all", "psnr")]["mean"] == pytest.approx((1.0 + 1.0 + 1.5) / 3)
+    assert rows[("full", "psnr")]["mean"] == pytest.approx(1.25)
+    (one,) = [r for r in mean_difference_rows("run 0", [run0], splits, ("psnr",)) if r["split"] == "all"]
+    assert (one["mean"], one["lower"], one["upper"], one["turns"]) == (2.0, 2.0, 2.0, 4)
+    # one pair is difference_rows' cell
+    same = difference_rows("k3", {"k3": run0[0], "k1": run0[1]}, splits, ("psnr",))
+    assert [r | {"system": "run 0"} for r in same if r["split"] == "all"] == [one]
+    with pytest.raises(ValueError, match="no pairs"):
+        mean_difference_rows("none", [], splits)

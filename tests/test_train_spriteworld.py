@@ -387,6 +387,36 @@ def test_research_tools_without_weights_are_one_line(mini_run, tool, tmp_path, c
     assert "Traceback" not in err and not report.exists()
 
 
+def test_pool_runs_differences_each_run_and_their_mean(mini_run, tmp_path, capsys):
+    out, _ = mini_run
+    lines = (out / "eval" / "main" / "results.jsonl").read_text().splitlines()
+    runs = []
+    for shift in (1.0, 3.0):  # run i: K = 1 renders `shift` dB below K = 3 on every turn
+        run = tmp_path / f"run{shift:g}"
+        for row, delta in (("main", 0.0), ("k1", -shift)):
+            records = [json.loads(line) for line in lines]
+            for record in records:
+                if record["values"].get("psnr") is not None:
+                    record["values"]["psnr"] += delta
+            (run / row).mkdir(parents=True)
+            (run / row / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        runs.append(str(run))
+    pool = load_script("spriteworld/pool_runs")
+    rows = pool.main(["--games", str(out / "data" / "games"), "--runs", *runs, "--metrics", "psnr",
+                      "--out", str(tmp_path / "pooled")])
+    cell = {(r["system"].split(":")[0], r["split"]): r["mean"] for r in rows}
+    assert cell[(runs[0], "all")] == pytest.approx(1.0) and cell[(runs[1], "all")] == pytest.approx(3.0)
+    assert cell[("mean of 2 runs", "all")] == pytest.approx(2.0)
+    assert json.loads((tmp_path / "pooled.json").read_text())["rows"] == rows
+    assert "mean of 2 runs: main − k1" in (tmp_path / "pooled.md").read_text()
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        pool.main(["--games", str(out / "data" / "games"), "--runs", str(tmp_path / "nope"),
+                   "--out", str(tmp_path / "bad")])
+    assert exc.value.code == 2 and capsys.readouterr().err.startswith("error: not found: ")
+    assert not (tmp_path / "bad.json").exists()
+
+
 def test_follow_slope_and_levels():
     motion_response = load_script("spriteworld/motion_response")
     requested = np.array([1, 2, 3, 4, 5] * 3)

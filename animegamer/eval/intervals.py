@@ -131,28 +131,42 @@ def difference_rows(reference: str, records: Mapping[str, Sequence[MetricRecord]
     interval over games: two systems on the same turns differ far less noisily than their two means suggest.
 
     Rows look like :func:`interval_rows`' with ``system = "<reference> − <other>"``."""
-    def values(label: str, metric: str) -> dict[tuple[str, int], float]:
-        return {(r.game_id, r.turn): float(r.values[metric]) for r in records[label]
+    rows = []
+    for other in records:
+        if other != reference:
+            rows += mean_difference_rows(f"{reference} − {other}", [(records[reference], records[other])], splits,
+                                         metrics, resamples=resamples, level=level, seed=seed)
+    return rows
+
+
+def mean_difference_rows(label: str, pairs: Sequence[tuple[Sequence[MetricRecord], Sequence[MetricRecord]]],
+                         splits: Mapping[tuple[str, int], Sequence[str]], metrics: Sequence[str] = INTERVAL_METRICS,
+                         *, resamples: int = RESAMPLES, level: float = LEVEL, seed: int = SEED) -> list[dict]:
+    """The paired difference ``a - b`` of each ``(a, b)`` pair (e.g. K = 3 and K = 1 of one training run), averaged
+    over the pairs turn by turn, on the turns every pair scored; bootstrap interval over games (the runs are
+    fixed: the interval is the games' noise, not the runs'). One pair is :func:`difference_rows`' cell."""
+    if not pairs:
+        raise ValueError("no pairs of records to difference")
+
+    def values(records: Sequence[MetricRecord], metric: str) -> dict[tuple[str, int], float]:
+        return {(r.game_id, r.turn): float(r.values[metric]) for r in records
                 if r.turn >= 0 and r.values.get(metric) is not None}
 
     rows = []
-    for other in records:
-        if other == reference:
-            continue
-        for split in SPLITS:
-            for metric in metrics:
-                a, b = values(reference, metric), values(other, metric)
-                by_game: dict[str, list[float]] = defaultdict(list)
-                for key in sorted(a.keys() & b.keys()):
-                    if split in splits.get(key, ()) and math.isfinite(a[key]) and math.isfinite(b[key]):
-                        by_game[key[0]].append(a[key] - b[key])
-                if not by_game:
-                    continue
-                mean, lo, hi = bootstrap_interval(list(by_game.values()), resamples=resamples, level=level,
-                                                  seed=seed)
-                rows.append({"system": f"{reference} − {other}", "split": split, "metric": metric, "mean": mean,
-                             "lower": lo, "upper": hi, "turns": sum(map(len, by_game.values())),
-                             "games": len(by_game)})
+    for split in SPLITS:
+        for metric in metrics:
+            per_pair = [(values(a, metric), values(b, metric)) for a, b in pairs]
+            keys = set.intersection(*(set(a) & set(b) for a, b in per_pair))
+            by_game: dict[str, list[float]] = defaultdict(list)
+            for key in sorted(keys):
+                diffs = [a[key] - b[key] for a, b in per_pair]
+                if split in splits.get(key, ()) and all(map(math.isfinite, diffs)):
+                    by_game[key[0]].append(sum(diffs) / len(diffs))
+            if not by_game:
+                continue
+            mean, lo, hi = bootstrap_interval(list(by_game.values()), resamples=resamples, level=level, seed=seed)
+            rows.append({"system": label, "split": split, "metric": metric, "mean": mean, "lower": lo,
+                         "upper": hi, "turns": sum(map(len, by_game.values())), "games": len(by_game)})
     return rows
 
 
