@@ -25,7 +25,7 @@ def parse_args(argv: list[str] | None):
 
     parser = argparse.ArgumentParser(prog=command_name(), description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--games", required=True, help="the games the runs were evaluated on (their marks split turns)")
+    parser.add_argument("--games", required=True, help="the games the runs were evaluated on (marks split turns)")
     parser.add_argument("--runs", required=True, nargs="+", help="evaluation folders, one per run")
     parser.add_argument("--rows", nargs=2, default=["main", "k1"], metavar=("A", "B"),
                         help="the two ablation rows to difference, A − B (default: main k1)")
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         pairs.append(tuple(records))
         names.append(str(run))
     rows = []
-    for name, pair in zip(names, pairs):
+    for name, pair in zip(names, pairs, strict=True):
         rows += mean_difference_rows(f"{name}: {a} − {b}", [pair], splits, args.metrics)
     if not rows:
         fail(f"{args.games}: the runs' records share no turn with these games")
