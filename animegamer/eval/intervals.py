@@ -152,16 +152,21 @@ def mean_difference_rows(label: str, pairs: Sequence[tuple[Sequence[MetricRecord
         return {(r.game_id, r.turn): float(r.values[metric]) for r in records
                 if r.turn >= 0 and r.values.get(metric) is not None}
 
+    mean_diffs = {}  # metric -> {(game, turn): a - b averaged over the pairs}, on turns every pair scored finitely
+    for metric in metrics:
+        per_pair = [(values(a, metric), values(b, metric)) for a, b in pairs]
+        mean_diffs[metric] = {}
+        for key in sorted(set.intersection(*(set(a) & set(b) for a, b in per_pair))):
+            diffs = [a[key] - b[key] for a, b in per_pair]
+            if all(map(math.isfinite, diffs)):
+                mean_diffs[metric][key] = sum(diffs) / len(diffs)
     rows = []
     for split in SPLITS:
         for metric in metrics:
-            per_pair = [(values(a, metric), values(b, metric)) for a, b in pairs]
-            keys = set.intersection(*(set(a) & set(b) for a, b in per_pair))
             by_game: dict[str, list[float]] = defaultdict(list)
-            for key in sorted(keys):
-                diffs = [a[key] - b[key] for a, b in per_pair]
-                if split in splits.get(key, ()) and all(map(math.isfinite, diffs)):
-                    by_game[key[0]].append(sum(diffs) / len(diffs))
+            for key, diff in mean_diffs[metric].items():
+                if split in splits.get(key, ()):
+                    by_game[key[0]].append(diff)
             if not by_game:
                 continue
             mean, lo, hi = bootstrap_interval(list(by_game.values()), resamples=resamples, level=level, seed=seed)
