@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     except (FileNotFoundError, ValueError) as exc:  # BenchmarkError is a ValueError; its text names the path
         fail(str(exc))
     a, b = args.rows
-    pairs, names = [], []
+    pairs = []
     for run in args.runs:
         records = []
         for row in (a, b):
@@ -61,9 +61,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 fail(f"{path}: no records of system {args.system!r} (has {sorted(grouped)})")
             records.append(grouped[args.system])
         pairs.append(tuple(records))
-        names.append(str(run))
     rows = []
-    for name, pair in zip(names, pairs, strict=True):
+    for name, pair in zip(args.runs, pairs, strict=True):
         rows += mean_difference_rows(f"{name}: {a} − {b}", [pair], splits, args.metrics)
     if not rows:
         fail(f"{args.games}: the runs' records share no turn with these games")
