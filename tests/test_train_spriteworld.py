@@ -369,6 +369,15 @@ def test_shot_error_report_on_the_mini_run(mini_run, tmp_path):
         assert split["clips"] >= 2 and split["mllm_relative_error"] >= 0.0
     with pytest.raises(SystemExit, match="--history must be >= 0"):
         script.main([*flags, "--history", "-1"])
+    # closed loop: the history is the MLLM's own earlier shots, so later clips' predictions move, the targets and
+    # the text-only shots do not
+    own = script.main([*flags, "--history", "2", "--own", "--out", str(tmp_path / "own.json")])
+    assert own["own"] and not after["own"]
+    assert own["text_only_relative_error"] == after["text_only_relative_error"]
+    assert own["target_variance"] == after["target_variance"]
+    assert own["mllm_relative_error"] != after["mllm_relative_error"]
+    with pytest.raises(SystemExit, match="--own plays the film"):
+        script.main([*flags, "--own"])
 
 
 @pytest.mark.parametrize("tool", ["shot_error", "motion_response", "places"])

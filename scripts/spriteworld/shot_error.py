@@ -11,8 +11,11 @@ much of the target the words alone fix, i.e. what a perfect stage (b) could reac
 
 ``--history K`` plays each clip with the K clips before it in its film as teacher-forced history instead (their
 instructions, stage (a) shots of the real clips and tagged values; at most ``inference.history_turns`` are read):
-run it with K = 3 and K = 1 to see whether the MLLM uses turns further back. SpriteWorld memory clips are also
-split by their marks (``history``, ``far``: reach >= 2, ``full``), as the evaluation splits game turns.
+run it with K = 3 and K = 1 to see whether the MLLM uses turns further back. ``--own`` (with ``--history K``)
+plays each clip's film from its start as a game does instead: the history is the MLLM's own earlier shots and
+values (closed loop), so an older turn helps only if the MLLM's own shot of it carries what is left unsaid.
+SpriteWorld memory clips are also split by their marks (``history``, ``far``: reach >= 2, ``full``), as the
+evaluation splits game turns.
 
 Errors are *relative*: mean squared error over (clips, tokens, channels) divided by the targets' variance over
 clips, so predicting the mean shot scores 1 and the target itself 0; ``per_token`` gives the same per shot token.
@@ -20,6 +23,8 @@ Writes ``--out`` (JSON) and prints the summary.
 
     python scripts/spriteworld/shot_error.py --config configs/spriteworld/eval.yaml \\
         --manifest outputs/spriteworld/data/clips.jsonl --split test --clips 1000 --history 3
+    python scripts/spriteworld/shot_error.py --config configs/spriteworld/eval.yaml \\
+        --manifest outputs/spriteworld/data/clips.jsonl --split test --clips 1000 --history 3 --own
 """
 
 from __future__ import annotations
@@ -51,6 +56,9 @@ def add_flags(parser) -> None:
     add_split_flags(parser, 96, "clips to compare")
     parser.add_argument("--history", type=int, default=0,
                         help="earlier clips of the film given as teacher-forced history (0: each clip a first turn)")
+    parser.add_argument("--own", action="store_true",
+                        help="with --history: the history is the MLLM's own shots of the film's earlier clips, "
+                             "played from its start as a game plays (closed loop), not the encoder's")
     parser.add_argument("--out", default="outputs/shot_error.json", help="JSON report")
 
 
@@ -65,6 +73,8 @@ def main(argv: list[str] | None = None) -> dict:
     cfg, args = parse_config(EvalConfig, __doc__, argv, extra=add_flags)
     if args.history < 0:
         raise SystemExit(f"error: --history must be >= 0, got {args.history}")
+    if args.own and not args.history:
+        raise SystemExit("error: --own plays the film with its own history: give --history K >= 1")
     manifest, picks = split_clips(args.manifest, args.split, args.clips)
     if len(picks) < 2:
         raise SystemExit(f"error: {args.manifest}: {len(picks)} clip to compare; need at least 2 (--clips)")
@@ -84,6 +94,18 @@ def main(argv: list[str] | None = None) -> dict:
             shots[record.clip_id] = encoding.encode(frames[0], caption_text(record))
         return shots[record.clip_id]
 
+    played: dict[str, torch.Tensor] = {}  # --own: clip id -> the MLLM's shot in its film's closed-loop play
+
+    def own_shot(record) -> torch.Tensor:
+        if record.clip_id not in played:
+            history: list[HistoryTurn] = []
+            for clip in sorted((r for r in films[record.film_id] if r.tags), key=lambda r: r.clip_index):
+                text = clip.shot_tags().instruction().render()
+                turn = predictor.predict_turn(history[-args.history:], text)
+                history.append(HistoryTurn(text, turn.shot_embeds, turn.values))
+                played[clip.clip_id] = turn.shot_embeds.float().cpu()
+        return played[record.clip_id]
+
     targets, predicted, text_only = [], [], []
     for record in tqdm(picks, desc="shots", unit="clip"):
         instruction = record.shot_tags().instruction().render()
@@ -92,7 +114,8 @@ def main(argv: list[str] | None = None) -> dict:
                    for r in (earlier[len(earlier) - args.history:] if args.history else [])
                    for tags in (r.shot_tags(),)]
         targets.append(shot_of(record))
-        predicted.append(predictor.predict_turn(history, instruction).shot_embeds.float().cpu())
+        predicted.append(own_shot(record) if args.own
+                         else predictor.predict_turn(history, instruction).shot_embeds.float().cpu())
         text_only.append(encoding.encode(grey, instruction))
     target, prediction = torch.stack(targets), torch.stack(predicted)  # (clips, N, D)
     mllm, mllm_tokens = relative_error(prediction, target)
@@ -106,7 +129,7 @@ def main(argv: list[str] | None = None) -> dict:
             error = float((prediction[rows] - target[rows]).square().mean())
             by_split[name] = {"clips": len(rows), "mllm_relative_error": round(error / variance, 4)}
     report = {
-        "split": args.split, "clips": len(picks), "history": args.history, "by_split": by_split,
+        "split": args.split, "clips": len(picks), "history": args.history, "own": args.own, "by_split": by_split,
         "mllm_checkpoint": cfg.inference.mllm_checkpoint,
         "stage_a_checkpoint": cfg.stage_a_checkpoint,
         "mllm_relative_error": round(mllm, 4), "text_only_relative_error": round(text, 4),
