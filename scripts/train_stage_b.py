@@ -9,6 +9,9 @@ Needs the clip manifest (``data.manifest``, captioned) and the stage (a) shot ta
 TensorStore with ``shot_embeds`` (num_slots, shot_dim) per clip). Windows whose clips lack a target are skipped
 and listed in ``output_dir/missing_shot_targets.txt``.
 
+``history_noise`` > 0: the history shots the MLLM reads get Gaussian noise of that fraction of their std (the
+targets stay clean), as a game's history holds its own predicted shots, not the encoder's.
+
 Loss = CE(state value tokens) + mse_weight * MSE(s_a) + cosine_weight * (1 - cos(s_a)); the parts are logged
 separately (csv/tensorboard/wandb) and shown on the progress bar. Checkpoints (``output_dir/checkpoints/step_X``)
 hold the LoRA (peft adapter format), the new token rows and resamplers (safetensors), and the optimizer, scheduler
@@ -71,6 +74,15 @@ def build_dataset(cfg: StageBConfig, accelerator) -> StageBDataset:
                 f"{len(dataset.too_long)} dropped as too long"
             )
     return dataset
+
+
+def perturb_history(batch: dict, history_noise: float) -> dict:
+    """``batch`` with its history shots read as s_a + N(0, (history_noise * std)^2), std over the batch's history
+    shots (no gradient); 0, or a batch without history, is returned as it is (no random draw)."""
+    shots = batch["history_shots"]
+    if history_noise <= 0 or shots.numel() == 0:
+        return batch
+    return {**batch, "history_shots": shots + history_noise * shots.detach().std() * torch.randn_like(shots)}
 
 
 def gather_needed(accelerator) -> bool:
@@ -148,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
         for _ in range(train.grad_accum):
             batch = next(batches)
             tokens += batch["num_tokens"]
-            batch = move_batch(batch, accelerator.device)
+            batch = perturb_history(move_batch(batch, accelerator.device), cfg.history_noise)
             with accelerator.accumulate(model):
                 out = model(batch)
                 accelerator.backward(out["loss"])

@@ -172,6 +172,33 @@ def test_collator_padding_and_packing(tmp_path, layout):
     torch.testing.assert_close(packed["target_shots"], padded["target_shots"])
 
 
+def test_history_noise_perturbs_the_history_shots_only(tmp_path, layout):
+    """history_noise > 0: the MLLM reads history shots + noise of that fraction of their std (a game's history is
+    its own predicted shots); targets and tokens stay as they were, 0 draws nothing."""
+    script = load_script()
+    manifest_path, store_path = write_stage_b_data(tmp_path, films=1, clips_per_film=4, num_slots=SLOTS,
+                                                   shot_dim=SHOT_DIM)
+    manifest = read_manifest(manifest_path)
+    dataset = StageBDataset(build_windows(manifest, 2, split="all"), manifest, TensorStore(store_path), layout,
+                            max_seq_len=512, shot_dim=SHOT_DIM)
+    batch = StageBCollator(pad_id=0, max_seq_len=512)([dataset[i] for i in range(len(dataset))])
+    clean = batch["history_shots"]
+    assert clean.shape[0] >= 4
+    rng = torch.get_rng_state()
+    assert script.perturb_history(batch, 0.0) is batch and torch.equal(torch.get_rng_state(), rng)
+    empty = {**batch, "history_shots": clean[:0]}
+    assert script.perturb_history(empty, 0.5) is empty
+    torch.manual_seed(0)
+    noisy = script.perturb_history(batch, 0.5)
+    assert torch.equal(batch["history_shots"], clean)  # the input batch is not changed in place
+    noise = noisy["history_shots"] - clean
+    assert abs(float(noise.std() / clean.std()) - 0.5) < 0.05
+    for key in batch.keys() - {"history_shots"}:
+        assert noisy[key] is batch[key], key
+    with pytest.raises(Exception, match="history_noise=-0.1 must be >= 0"):
+        load_config(ROOT / "configs" / "tiny" / "stage_b.yaml", ["history_noise=-0.1"])
+
+
 # ---------------------------------------------------------------- the training script
 
 
@@ -218,13 +245,15 @@ def trained_tensors(step_dir: Path) -> dict[str, torch.Tensor]:
     }
 
 
-def test_train_stage_b_resumes_exactly(tmp_path, tiny_mistral_dir, capsys):
+@pytest.mark.parametrize("history_noise", [0.0, 0.3])
+def test_train_stage_b_resumes_exactly(tmp_path, tiny_mistral_dir, capsys, history_noise):
     script = load_script()
     config = str(ROOT / "configs" / "tiny" / "stage_b.yaml")
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
 
     def run(out: Path, **extra) -> None:
-        script.main(["--config", config, *stage_b_overrides(tmp_path, tiny_mistral_dir, out, **extra)])
+        script.main(["--config", config, *stage_b_overrides(tmp_path, tiny_mistral_dir, out,
+                                                            history_noise=history_noise, **extra)])
 
     run(straight, **{"train.max_steps": 6})
     printed = capsys.readouterr().out

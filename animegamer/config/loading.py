@@ -77,7 +77,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 
 
 _DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")  # every config's ``device``
-_NON_NEGATIVE = ("history_turns",)  # counts checked wherever a config has them
+_NON_NEGATIVE = ("history_turns", "shot_noise", "history_noise")  # checked wherever a config has them
 
 
 def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> DictConfig:

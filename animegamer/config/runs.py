@@ -224,6 +224,10 @@ class StageBConfig:
     cosine_weight: float = 0.0  # beta (0.5 in the cosine-loss ablation)
     max_seq_len: int = 2048  # sequences are padded (or packed) to at most this many tokens
     pack_sequences: bool = False
+    # the MLLM reads each history shot as s_a + N(0, (history_noise * std)^2) (std over the batch's history shots,
+    # no gradient; 0: the paper's clean teacher-forced history), so reading a turn back survives a game, whose
+    # history is the MLLM's own predicted shots; targets stay clean
+    history_noise: float = 0.0
 
 
 @dataclass
