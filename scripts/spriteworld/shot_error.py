@@ -106,16 +106,18 @@ def main(argv: list[str] | None = None) -> dict:
                 played[clip.clip_id] = turn.shot_embeds.float().cpu()
         return played[record.clip_id]
 
-    targets, predicted, text_only = [], [], []
-    for record in tqdm(picks, desc="shots", unit="clip"):
-        instruction = record.shot_tags().instruction().render()
+    def teacher_forced_shot(record, instruction: str) -> torch.Tensor:
         earlier = [r for r in films[record.film_id] if r.clip_index < record.clip_index and r.tags]
         history = [HistoryTurn(tags.instruction().render(), shot_of(r), tags.values)
                    for r in (earlier[len(earlier) - args.history:] if args.history else [])
                    for tags in (r.shot_tags(),)]
+        return predictor.predict_turn(history, instruction).shot_embeds.float().cpu()
+
+    targets, predicted, text_only = [], [], []
+    for record in tqdm(picks, desc="shots", unit="clip"):
+        instruction = record.shot_tags().instruction().render()
         targets.append(shot_of(record))
-        predicted.append(own_shot(record) if args.own
-                         else predictor.predict_turn(history, instruction).shot_embeds.float().cpu())
+        predicted.append(own_shot(record) if args.own else teacher_forced_shot(record, instruction))
         text_only.append(encoding.encode(grey, instruction))
     target, prediction = torch.stack(targets), torch.stack(predicted)  # (clips, N, D)
     mllm, mllm_tokens = relative_error(prediction, target)
