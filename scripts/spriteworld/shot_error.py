@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> dict:
     from animegamer.data.video import read_video
     from animegamer.eval.intervals import mark_splits
     from animegamer.eval.systems import ShotEncoding, grey_frame
-    from animegamer.inference.mllm_runner import HistoryTurn
+    from animegamer.inference.mllm_runner import HistoryTurn, MLLMRunner
     from animegamer.inference.session import load_mllm_predictor, resolve_device
     from animegamer.spriteworld.memory import caption_text
 
@@ -95,15 +95,16 @@ def main(argv: list[str] | None = None) -> dict:
         return shots[record.clip_id]
 
     played: dict[str, torch.Tensor] = {}  # --own: clip id -> the MLLM's shot in its film's closed-loop play
+    runner = predictor.runner  # --own plays as a game's runner does, reading (as teacher-forced) at most K turns
+    closed_loop = MLLMRunner(runner.model, min(args.history, runner.history_turns), runner.max_instruction_tokens,
+                             runner.compat)
 
     def own_shot(record) -> torch.Tensor:
         if record.clip_id not in played:
-            history: list[HistoryTurn] = []
-            for clip in sorted((r for r in films[record.film_id] if r.tags), key=lambda r: r.clip_index):
-                text = clip.shot_tags().instruction().render()
-                turn = predictor.predict_turn(history[-args.history:], text)
-                history.append(HistoryTurn(text, turn.shot_embeds, turn.values))
-                played[clip.clip_id] = turn.shot_embeds.float().cpu()
+            clips = sorted((r for r in films[record.film_id] if r.tags), key=lambda r: r.clip_index)
+            turns = closed_loop.play([clip.shot_tags().instruction().render() for clip in clips])
+            played.update((clip.clip_id, turn.prediction.shot_embeds.float().cpu())
+                          for clip, turn in zip(clips, turns, strict=True))
         return played[record.clip_id]
 
     def teacher_forced_shot(record, instruction: str) -> torch.Tensor:
