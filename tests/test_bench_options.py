@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from animegamer.bench.options import bench_options, distilled_timesteps
-from animegamer.bench.report import options_table
+from animegamer.bench.options import bench_options, decode_and_write, distilled_timesteps
+from animegamer.bench.report import options_table, turn_profile_table
 from animegamer.config import DecoderConfig, SamplingConfig
 from animegamer.models.decoder import AnimationShotDecoder
 
@@ -46,3 +46,20 @@ def test_every_option_is_timed_and_counted(tiny_cogvideox_dir):
     with_mllm = "\n".join(options_table({"options": result, "turn": {"ours": {"mllm_s": 1.5}}}))
     line = next(x for x in with_mllm.splitlines() if x.startswith("| distilled | 1.500 | 4 |"))
     assert line.endswith(f"| {1.5 + rows['distilled']['time_to_first_frame_s']:.3f} |")
+
+
+def test_writing_that_fails_is_reported_not_fatal(tiny_cogvideox_dir, tmp_path, monkeypatch):
+    # imageio-ffmpeg runs the binary IMAGEIO_FFMPEG_EXE names: one that does not exist is a machine without ffmpeg
+    monkeypatch.setenv("IMAGEIO_FFMPEG_EXE", str(tmp_path / "no-ffmpeg"))
+    torch.manual_seed(0)
+    cfg = DecoderConfig(pretrained=str(tiny_cogvideox_dir), lora_rank=4, lora_alpha=4, motion_embed_dim=16,
+                        gradient_checkpointing=False, dtype="fp32")
+    decoder = AnimationShotDecoder.from_config(cfg).eval()
+    latents = torch.randn(1, 2, 4, 6, 8, generator=torch.Generator().manual_seed(0))
+    profile = decode_and_write(decoder, latents, fps=8, device="cpu", warmup=0, repeats=1)
+    assert profile["vae_decode_s"] > 0 and profile["write_s"] is None and profile["raw_write_s"] == []
+    assert "no-ffmpeg" in profile["write_error"] or "ffmpeg" in profile["write_error"].lower()
+    options = {"rows": {"standard": {"transformer_calls": 2, "denoise_s": 0.5, "time_to_first_frame_s": 0.6,
+                                     "render_s": 0.7}}, "profile": profile}
+    table = "\n".join(turn_profile_table(options, None))
+    assert "| standard | — | 2 | 0.500 |" in table and "Writing not measured (" in table

@@ -366,6 +366,27 @@ def test_bad_checkpoints_are_refused_and_nothing_is_written(tmp_path, ref, kind)
     assert not out.exists() and not marker.exists()
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_position_table_stored_in_half_precision_passes_a_wrong_one_is_refused(tmp_path, ref, dtype):
+    """A half-precision release stores the sin-cos table rounded (max abs error 2.4e-4 in fp16 at 2B's sizes);
+    that is the table, while one of another grid order is not."""
+    from animegamer.official.decoder import check_position_table
+    from animegamer.official.sat_layout import read_model_yaml
+    from animegamer.official.synthetic import position_table
+
+    (tmp_path / "model.yaml").write_text(yaml.safe_dump(ref[0]["tiny_model_yaml"]))
+    spec = read_model_yaml(tmp_path / "model.yaml")
+    table = position_table(spec)
+    key = "mixins.pos_embed.pos_embedding"
+    diff = check_position_table({key: table.to(dtype)}, spec, tmp_path / "ckpt.pt")
+    assert 0 < diff <= torch.finfo(dtype).eps / 2
+    assert check_position_table({key: table}, spec, tmp_path / "ckpt.pt") < 1e-6
+    video = table[:, spec.text_length:]
+    swapped = torch.cat([table[:, : spec.text_length], video.flip(1)], dim=1)  # the grid read backwards
+    with pytest.raises(ReleaseFileError, match="position table differs"):
+        check_position_table({key: swapped.to(dtype)}, spec, tmp_path / "ckpt.pt")
+
+
 def test_yaml_that_disagrees_with_the_checkpoint_is_refused(tmp_path, ref):
     tree = json.loads(json.dumps(ref[0]["tiny_model_yaml"]))
     tree["model"]["network_config"]["params"]["modules"]["lora_config"]["params"]["r"] += 1

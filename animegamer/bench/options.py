@@ -151,7 +151,7 @@ def bench_options(decoder, shot: torch.Tensor, levels: torch.Tensor, sampling: S
     base = rows["standard"]["denoise_s"]
     for row in rows.values():
         row["speedup_vs_standard"] = base / max(row["denoise_s"], 1e-12)
-        row["render_s"] = row["denoise_s"] + profile["vae_decode_s"] + profile["write_s"]
+        row["render_s"] = row["denoise_s"] + profile["vae_decode_s"] + (profile["write_s"] or 0.0)
     return {"rows": rows, "skipped": skipped, "profile": profile,
             "settings": {"steps": steps, "student_steps": STUDENT_STEPS,
                                                             "student_timesteps": list(student.timesteps),
@@ -169,6 +169,11 @@ def decode_and_write(decoder, latents: torch.Tensor, fps: int, device, warmup: i
             write_mp4(Path(tmp) / "turn.mp4", frames, fps=fps)
             write_gif(Path(tmp) / "turn.gif", frames, fps=fps)
 
-        written = measure(write, "cpu", warmup, repeats)
+        try:
+            written = measure(write, "cpu", warmup, repeats)
+        except (OSError, RuntimeError, ImportError) as exc:  # e.g. no ffmpeg: the denoising rows still stand
+            return {"vae_decode_s": decode.median, "write_s": None, "frames": int(frames.shape[0]),
+                    "raw_vae_decode_s": decode.seconds, "raw_write_s": [],
+                    "write_error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
     return {"vae_decode_s": decode.median, "write_s": written.median, "frames": int(frames.shape[0]),
             "raw_vae_decode_s": decode.seconds, "raw_write_s": written.seconds}

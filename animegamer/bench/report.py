@@ -96,6 +96,8 @@ def turn_profile_table(options: dict[str, Any], mllm: float | None) -> list[str]
             f"{_s(row['denoise_s'])} | {_s(profile['vae_decode_s'])} | {_s(profile['write_s'])} | "
             f"{_s(extra + row['render_s'])} | {_s(extra + row['time_to_first_frame_s'])} |"
         )
+    if profile["write_s"] is None:
+        lines += ["", f"Writing not measured ({profile.get('write_error', 'failed')}): the turn column leaves it out."]
     return lines + [""]
 
 
