@@ -13,11 +13,15 @@ from animegamer.models.decoder import AnimationShotDecoder
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def test_every_option_is_timed_and_counted(tiny_cogvideox_dir):
+def _decoder(tiny_cogvideox_dir) -> AnimationShotDecoder:
     torch.manual_seed(0)
     cfg = DecoderConfig(pretrained=str(tiny_cogvideox_dir), lora_rank=4, lora_alpha=4, motion_embed_dim=16,
                         gradient_checkpointing=False, dtype="fp32")
-    decoder = AnimationShotDecoder.from_config(cfg).eval()
+    return AnimationShotDecoder.from_config(cfg).eval()
+
+
+def test_every_option_is_timed_and_counted(tiny_cogvideox_dir):
+    decoder = _decoder(tiny_cogvideox_dir)
     assert distilled_timesteps(decoder) == (999, 759, 499, 239)  # configs/stage_d.yaml's student
     sampling = SamplingConfig(height=48, width=64, num_frames=17)  # 5 latent frames: the first chunk is 3
     shot = torch.randn(1, 226, 32, generator=torch.Generator().manual_seed(0))
@@ -51,10 +55,7 @@ def test_every_option_is_timed_and_counted(tiny_cogvideox_dir):
 def test_writing_that_fails_is_reported_not_fatal(tiny_cogvideox_dir, tmp_path, monkeypatch):
     # imageio-ffmpeg runs the binary IMAGEIO_FFMPEG_EXE names: one that does not exist is a machine without ffmpeg
     monkeypatch.setenv("IMAGEIO_FFMPEG_EXE", str(tmp_path / "no-ffmpeg"))
-    torch.manual_seed(0)
-    cfg = DecoderConfig(pretrained=str(tiny_cogvideox_dir), lora_rank=4, lora_alpha=4, motion_embed_dim=16,
-                        gradient_checkpointing=False, dtype="fp32")
-    decoder = AnimationShotDecoder.from_config(cfg).eval()
+    decoder = _decoder(tiny_cogvideox_dir)
     latents = torch.randn(1, 2, 4, 6, 8, generator=torch.Generator().manual_seed(0))
     profile = decode_and_write(decoder, latents, fps=8, device="cpu", warmup=0, repeats=1)
     assert profile["vae_decode_s"] > 0 and profile["write_s"] is None and profile["raw_write_s"] == []

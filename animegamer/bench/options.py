@@ -169,11 +169,12 @@ def decode_and_write(decoder, latents: torch.Tensor, fps: int, device, warmup: i
             write_mp4(Path(tmp) / "turn.mp4", frames, fps=fps)
             write_gif(Path(tmp) / "turn.gif", frames, fps=fps)
 
+        profile = {"vae_decode_s": decode.median, "write_s": None, "frames": int(frames.shape[0]),
+                   "raw_vae_decode_s": decode.seconds, "raw_write_s": []}
         try:
             written = measure(write, "cpu", warmup, repeats)
         except (OSError, RuntimeError, ImportError) as exc:  # e.g. no ffmpeg: the denoising rows still stand
-            return {"vae_decode_s": decode.median, "write_s": None, "frames": int(frames.shape[0]),
-                    "raw_vae_decode_s": decode.seconds, "raw_write_s": [],
-                    "write_error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
-    return {"vae_decode_s": decode.median, "write_s": written.median, "frames": int(frames.shape[0]),
-            "raw_vae_decode_s": decode.seconds, "raw_write_s": written.seconds}
+            profile["write_error"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        else:
+            profile["write_s"], profile["raw_write_s"] = written.median, written.seconds
+    return profile
