@@ -17,7 +17,8 @@ Writes ``output_dir/<row>/`` (each row's evaluation: results.jsonl, table, per-t
 ``output_dir/table.md`` / ``table.csv`` (one line per row and system) and ``output_dir/table_intervals.{md,csv,json}``
 (every cell with its 95 % bootstrap interval over games, split into history-dependent turns, fully specified turns
 and held-out pairs, and the paired differences of the first line against every other; see
-:mod:`animegamer.eval.intervals`). ``--table-only`` rebuilds the tables from the rows' existing results.
+:mod:`animegamer.eval.intervals`). ``--table-only`` rebuilds the tables from the rows' existing results;
+``--rows a,b`` runs those rows only, and the tables keep every other row whose results ``output_dir`` already has.
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ def main(argv: list[str] | None = None) -> list[tuple[str, MetricSummary]]:
     def flags(parser):
         parser.add_argument("--skip-train", action="store_true", help="evaluate existing checkpoints only")
         parser.add_argument("--table-only", action="store_true", help="rebuild the table from existing results")
-        parser.add_argument("--rows", default="", help="comma-separated row names to run (default: all)")
+        parser.add_argument("--rows", default="", help="comma-separated row names to run (default: all); the "
+                            "table keeps the other rows' earlier results where output_dir has them")
         parser.add_argument("--quiet", action="store_true", help="no progress bars")
 
     cfg, args = parse_config(AblationsConfig, __doc__, argv, extra=flags)
@@ -86,13 +88,16 @@ def main(argv: list[str] | None = None) -> list[tuple[str, MetricSummary]]:
     labelled: dict[str, list] = {}  # table line -> its per-turn records, for the intervals
     splits: dict[tuple[str, int], tuple[str, ...]] = {}
     for row in cfg.rows:
-        if row.name not in wanted:
-            continue
         label = row.label or row.name
         row_dir = out / row.name
         eval_overrides = [*cfg.eval_overrides, *row.eval_overrides, f"output_dir={row_dir}"]
-        if args.table_only:
-            results = row_dir / RESULTS_FILE
+        results = row_dir / RESULTS_FILE
+        kept = row.name not in wanted  # not run now: its earlier results, if any, stay in the table
+        if kept and (args.table_only or not results.is_file()):
+            continue
+        if kept:
+            print(f"row {row.name}: not run (--rows); the table keeps its results in {results}", file=sys.stderr)
+        if args.table_only or kept:
             if not results.is_file():
                 raise SystemExit(f"error: row {row.name}: no results at {results} (run without --table-only)")
             grouped = read_results(results)

@@ -104,6 +104,12 @@ def test_two_tiny_rows_train_evaluate_and_print(tmp_path, tiny_clip_config, tiny
     # --table-only rebuilds the same table from the rows' results, without training or sampling
     assert [label for label, _ in script.main([*argv, "--table-only"])] == ["concat (ours)", "addition"]
     assert (out / "table.md").read_text() == table
+    # --rows evaluates the named row again; the table keeps the other row's results (read, not evaluated)
+    kept = (out / "concat" / "results.jsonl").read_bytes()
+    again = script.main([*argv, "--skip-train", "--rows", "fusion_add"])
+    assert [label for label, _ in again] == ["concat (ours)", "addition"]
+    assert (out / "concat" / "results.jsonl").read_bytes() == kept
+    assert again[0][1].means == entries[0][1].means and again[1][1].counts == entries[1][1].counts
 
 
 def test_skip_train_without_checkpoints_is_one_clear_error(tmp_path, tiny_clip_config, tiny_cogvideox_dir,

@@ -155,6 +155,41 @@ def test_evaluate_end_to_end(world, tiny_clip_config, tiny_cogvideox_dir, tiny_m
     assert result.files["intervals_md"].read_text().startswith("# 2 games from")
 
 
+def test_batched_rendering_scores_every_turn_as_one_by_one(world, tiny_clip_config, tiny_cogvideox_dir,
+                                                           tiny_mistral_dir, tmp_path):
+    """render_batch renders the clips of several games at once, each from its own seed: the records match the
+    game-by-game evaluation up to float rounding; clip_games writes the first games' clips only."""
+    from animegamer.config import EvalConfig, load_config
+    from animegamer.eval.harness import evaluate
+
+    common = [*eval_overrides(world, tiny_clip_config, tiny_cogvideox_dir, tiny_mistral_dir),
+              "systems=[animegamer,gc_baseline,ground_truth]"]
+    one = evaluate(load_config(TINY_EVAL, [*common, f"output_dir={tmp_path / 'one'}"], schema=EvalConfig), False)
+    batched_dir = tmp_path / "batched"
+    stale = batched_dir / "clips" / "animegamer" / "old_game" / "turn_000.mp4"  # an earlier evaluation's clip
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"old")
+    batched = evaluate(load_config(TINY_EVAL, [*common, f"output_dir={batched_dir}", "render_batch=4",
+                                               "clip_games=1"], schema=EvalConfig), False)
+    for name in ("animegamer", "gc_baseline", "ground_truth"):
+        a, b = one.records[name], batched.records[name]
+        assert [(r.game_id, r.turn) for r in a] == [(r.game_id, r.turn) for r in b] and len(a) == 6
+        for x, y in zip(a, b, strict=True):
+            assert set(x.values) == set(y.values) and x.missing == y.missing
+            for metric in x.values.keys() - {"seconds"}:
+                assert y.values[metric] == pytest.approx(x.values[metric], rel=1e-3, abs=1e-3), (name, metric)
+            assert y.values["seconds"] >= 0
+    games = sorted({r.game_id for r in one.records["animegamer"]})
+    for name in ("animegamer", "gc_baseline", "ground_truth"):
+        written = sorted(p.relative_to(batched_dir / "clips" / name).as_posix()
+                         for p in (batched_dir / "clips" / name).rglob("*.mp4"))
+        assert written == [f"{games[0]}/turn_{t:03d}.mp4" for t in range(3)]
+        assert len(list((tmp_path / "one" / "clips" / name).rglob("turn_*.mp4"))) == 6  # default: every game
+    with pytest.raises(ValueError, match="render_batch=0"):
+        evaluate(load_config(TINY_EVAL, [*common, f"output_dir={tmp_path / 'bad'}", "render_batch=0"],
+                             schema=EvalConfig), False)
+
+
 def test_evaluate_rejects_unknown_systems_and_missing_benchmarks(tmp_path, world, capsys):
     script = _script("evaluate")
     with pytest.raises(SystemExit):

@@ -69,3 +69,36 @@ def test_the_game_writes_the_first_frames_before_the_rest(tiny_cogvideox_dir, tm
     game.render_turn(turn, progress)
     assert f"first 9 frames: {gif}" in heard and heard[-1] == "writing the clip"
     assert turn.gif == str(gif) and _gif_frames(gif) == 17
+
+
+def test_a_batch_renders_each_clip_as_it_renders_alone(tiny_cogvideox_dir):
+    """render_many draws every clip from its own seed (initial latents and the DPM scheduler's per-step noise), so
+    a batch gives each clip of the single renders, up to float rounding; the clips differ from each other."""
+    from animegamer.config import SamplingConfig
+    from animegamer.inference.session import DecoderRenderer
+    from animegamer.models.decoder import AnimationShotDecoder
+    from animegamer.models.sampling import initial_noise
+
+    torch.manual_seed(0)
+    decoder = AnimationShotDecoder.from_config(DecoderConfig(pretrained=str(tiny_cogvideox_dir), lora_rank=4,
+                                                             lora_alpha=4, motion_embed_dim=16, dtype="fp32")).eval()
+    renderer = DecoderRenderer(decoder, SamplingConfig(scheduler="dpm", steps=3, height=48, width=64, num_frames=9),
+                               "cpu")
+    shots = [torch.randn(226, 32, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    levels, seeds = [1, 3, 5], [7, 8, 9]
+    alone = np.stack([renderer.render(*clip) for clip in zip(shots, levels, seeds, strict=True)])
+    together = np.stack(renderer.render_many(shots, levels, seeds))
+    assert together.shape == alone.shape == (3, 9, 48, 64, 3) and together.dtype == np.uint8
+    gap = np.abs(together.astype(int) - alone.astype(int))
+    assert gap.max() <= 1 and (gap > 0).mean() < 1e-3
+    assert np.abs(alone[0].astype(int) - alone[1].astype(int)).mean() > 1  # three different clips
+    assert renderer.render_many([], [], []) == []
+    with pytest.raises(ValueError, match="2 shots, 1 levels and 2 seeds"):
+        renderer.render_many(shots[:2], levels[:1], seeds[:2])
+
+    generators = [torch.Generator().manual_seed(s) for s in seeds]  # one draw per clip, as B single draws
+    noise = initial_noise((3, 2, 4), generators)
+    singles = [torch.randn((1, 2, 4), generator=torch.Generator().manual_seed(s)) for s in seeds]
+    torch.testing.assert_close(noise, torch.cat(singles), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="2 generators for a batch of 3"):
+        initial_noise((3, 2, 4), generators[:2])

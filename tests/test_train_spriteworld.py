@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -101,6 +102,28 @@ def test_every_step_ran_and_wrote_its_outputs(mini_run):
                                              "eval_table_intervals.csv", "eval_table_intervals.json"]
     intervals = json.loads((ship / "eval_table_intervals.json").read_text())
     assert intervals["resamples"] == 2000 and {r["split"] for r in intervals["rows"]} >= {"all", "seen"}
+
+
+def test_eval_rows_run_some_rows_and_keep_the_others(mini_run, tmp_path):
+    """eval_rows re-runs the named rows and the tables keep the others' results; a call that ships a new checkpoint
+    drops them (they were evaluated on the previous one)."""
+    out, _ = mini_run
+    run = tmp_path / "run"
+    shutil.copytree(out, run)
+    argv = ["--config", str(ROOT / "configs/spriteworld/mini.yaml"), f"output_dir={run}", f"ship_dir={run / 'ship'}"]
+    kept = (run / "eval" / "no_motion_scope" / "results.jsonl").read_bytes()
+    threads = torch.get_num_threads()
+    try:
+        summary = load_script("spriteworld/train").main([*argv, "steps=[evaluate]", "eval_rows=[main]"])
+        assert summary["evaluate"]["rows"][-1] == "w/o motion scope"
+        assert (run / "eval" / "no_motion_scope" / "results.jsonl").read_bytes() == kept  # not evaluated again
+        assert "| w/o motion scope |" in (run / "ship" / "eval_table.md").read_text()
+        summary = load_script("spriteworld/train").main([*argv, "steps=[ship,evaluate]", "eval_rows=[main]"])
+    finally:
+        torch.set_num_threads(threads)
+    assert summary["evaluate"]["rows"] == ["full game (animegamer)", "full game (random)", "full game (majority)"]
+    assert not (run / "eval" / "no_motion_scope").exists()
+    assert "w/o motion scope" not in (run / "ship" / "eval_table.md").read_text()
 
 
 def test_stages_b_and_c_train_on_every_training_film(mini_run):

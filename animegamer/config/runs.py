@@ -184,6 +184,9 @@ class SpriteWorldRunConfig:
         default_factory=lambda: ["data", "pretrain", "pretrain_llm", "stage_a", "stage_b", "stage_c", "stage_d",
                                  "ship", "evaluate"]
     )
+    # rows of ablations.yaml the evaluate step runs (empty = all); the tables keep the other rows' earlier results
+    # unless this call also ran ship (a new checkpoint: earlier rows are dropped)
+    eval_rows: list[str] = field(default_factory=list)
     mistral_hidden: int = 128  # hidden size of the tiny random Mistral (animegamer.tiny.build_tiny_mistral)
     seed: int = 0  # seed of the tiny random CLIP and Mistral
     threads: int = 1  # torch CPU threads; 1 runs best on shared cores (OpenMP spin-waits otherwise)
@@ -338,6 +341,10 @@ class EvalConfig:
     frames_per_clip: int = 0  # frames sampled evenly per clip for CLIP-I / CLIP-T / DreamSim; 0 = every frame
     dreamsim_path: str = ""  # local DreamSim weights; empty = reported as missing
     max_games: int = 0  # 0 = all
+    # clips rendered in one batch, across games (every clip from its own seed: batching changes float rounding
+    # only; a CPU renders batches of 8 about twice as fast); s/turn is then the batch's time shared by its clips
+    render_batch: int = 1
+    clip_games: int = -1  # games whose clips are written as mp4 under output_dir/clips: -1 = all, 0 = none
     judge: JudgeConfig = field(default_factory=JudgeConfig)  # LLM-as-judge; skipped while judge.backend is empty
     # Clip manifest of the training data: its meta gives the flow settings + level bin edges that ACC-F / MAE-F
     # measure generated clips with, and its train split the majority classes; "" = compare predicted levels

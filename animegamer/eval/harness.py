@@ -16,7 +16,11 @@ Per turn (one :class:`MetricRecord` per system, game and turn; the LLM judge add
   system's *predicted* level is compared instead; ``MetricSettings.flow["levels"]`` says which.
 - **ACC-S / MAE-S**: predicted social / entertainment / stamina against the ground truth (systems that predict a
   state); ``acc_level`` is the accuracy of the predicted (not measured) motion level.
-- **seconds**: the system's model time for the turn.
+- **seconds**: the system's model time for the turn (with ``render_batch`` > 1 the clips of a game render in batches
+  across games, and a batch's time is shared evenly by its clips).
+
+``clip_games`` limits the clips written under ``output_dir/clips/<system>/<game>/`` to the first games (writing
+every clip of a long evaluation costs about as much as rendering it on a CPU).
 
 Beside the table of means, ``table_intervals.{md,csv,json}`` gives every cell a 95 % bootstrap interval over games,
 split into history-dependent turns, fully specified turns and held-out pairs, and the paired differences of the
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import gc
 import json
+import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -289,6 +294,20 @@ def _judge_record(judge, system: str, game: BenchmarkGame, outputs: list[TurnOut
     return judgement.to_record(system, settings)
 
 
+def _score_game(name: str, game: BenchmarkGame, outputs: list[TurnOutput], tools: MetricTools, judge,
+                settings: MetricSettings) -> list[MetricRecord]:
+    """The records of one game played by system ``name``: one per turn, and the judge's (if any)."""
+    references = tools.references(game.character) if tools.reference == "characters" else None
+    records = []
+    for turn, (output, shot) in enumerate(zip(outputs, game.shots, strict=True)):
+        truth = game.clip_frames(turn) if tools.reference == "truth" and output.frames is not None else None
+        values, missing = score_turn(output, shot, truth, references, tools)
+        records.append(MetricRecord(name, game.game_id, turn, values, missing, settings))
+    if judge is not None and all(o.frames is not None for o in outputs):
+        records.append(_judge_record(judge, name, game, outputs, references, settings))
+    return records
+
+
 def evaluate(cfg: EvalConfig, progress: bool = True) -> EvalResult:
     """Play every game with every system of ``cfg``, score every turn, write results, tables and plots."""
     from animegamer.eval.intervals import difference_rows, interval_rows, turn_splits, write_interval_table
@@ -297,6 +316,9 @@ def evaluate(cfg: EvalConfig, progress: bool = True) -> EvalResult:
     unknown = [s for s in cfg.systems if s not in SYSTEMS]
     if unknown or not cfg.systems:
         raise ValueError(f"systems={cfg.systems}: choose from {list(SYSTEMS)}")
+    if cfg.render_batch < 1 or cfg.clip_games < -1:
+        raise ValueError(f"render_batch={cfg.render_batch} must be 1 or more and clip_games={cfg.clip_games} "
+                         "-1 (all), 0 (none) or more")
     games = load_games(cfg.benchmark, cfg.max_games)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -317,23 +339,21 @@ def evaluate(cfg: EvalConfig, progress: bool = True) -> EvalResult:
         system = build_system(name, cfg, train)
         settings = settings_for(name in RENDERING, tools, cfg.frames_per_clip, cfg.clip_scale)
         system_records: list[MetricRecord] = []
+        shutil.rmtree(out / "clips" / name, ignore_errors=True)  # no clips of an earlier evaluation beside these
         turns = sum(len(g) for g in games)
         with tqdm(total=turns, desc=name, unit="turn", disable=not progress) as bar:
-            for game in games:
-                outputs = system.play_game(game, out / "clips" / name / game.game_id)
-                if len(outputs) != len(game):
-                    raise RuntimeError(f"{name} played {len(outputs)} turns of {game.game_id}, expected {len(game)}")
-                references = tools.references(game.character) if tools.reference == "characters" else None
-                for turn, (output, shot) in enumerate(zip(outputs, game.shots, strict=True)):
-                    truth = None
-                    if tools.reference == "truth" and output.frames is not None:
-                        truth = game.clip_frames(turn)
-                    values, missing = score_turn(output, shot, truth, references, tools)
-                    system_records.append(MetricRecord(name, game.game_id, turn, values, missing, settings))
-                if judge is not None and all(o.frames is not None for o in outputs):
-                    system_records.append(_judge_record(judge, name, game, outputs, references, settings))
-                bar.update(len(game))
-                bar.set_postfix(s_per_turn=f"{np.mean([o.seconds for o in outputs]):.2f}")
+            # render_batch games at a time: their clips render in batches of render_batch (1: game by game)
+            for first in range(0, len(games), cfg.render_batch):
+                group = games[first : first + cfg.render_batch]
+                dirs = [out / "clips" / name / game.game_id if cfg.clip_games < 0 or first + i < cfg.clip_games
+                        else None for i, game in enumerate(group)]
+                for game, outputs in zip(group, system.play_games(group, dirs, cfg.render_batch), strict=True):
+                    if len(outputs) != len(game):
+                        raise RuntimeError(f"{name} played {len(outputs)} turns of {game.game_id}, "
+                                           f"expected {len(game)}")
+                    system_records += _score_game(name, game, outputs, tools, judge, settings)
+                    bar.update(len(game))
+                    bar.set_postfix(s_per_turn=f"{np.mean([o.seconds for o in outputs]):.2f}")
         records[name] = system_records
         # rewritten after every system, so a later system's failure keeps the finished ones
         atomic_write_jsonl(results_path, [r.to_dict() for done in records.values() for r in done])

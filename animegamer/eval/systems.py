@@ -16,8 +16,13 @@
 - ``random`` (:class:`RandomSystem`) and ``majority`` (:class:`MajorityClassSystem`): chance and majority-class
   predictions of the motion level and state values, without clips: the floor for ACC-S / MAE-S.
 
+The rendering systems plan a game first (the per-turn model work, each turn possibly reading the one before: the
+MLLM's prediction, the shot encoding), then render the planned clips ``render_batch`` at a time across the games of
+one :meth:`play_games` call (:meth:`~animegamer.inference.session.DecoderRenderer.render_many`: every clip from its
+own seed, so a batch changes float rounding only; on a CPU, batches of 8 render about twice as fast).
+
 Time per turn counts the model work only (MLLM prediction, shot encoding, decoder sampling and VAE decoding), not
-writing the clip files.
+writing the clip files; a batch's rendering time is shared evenly by its clips.
 """
 
 from __future__ import annotations
@@ -61,9 +66,23 @@ class TurnOutput:
 class System(Protocol):
     name: str
 
-    def play_game(self, game: BenchmarkGame, out_dir: str | Path) -> list[TurnOutput]:
-        """Play every instruction of ``game`` in order; clips (if any) go under ``out_dir``."""
+    def play_game(self, game: BenchmarkGame, out_dir: str | Path | None) -> list[TurnOutput]:
+        """Play every instruction of ``game`` in order; clips (if any) go under ``out_dir`` (None: not written)."""
         ...
+
+    def play_games(self, games: Sequence[BenchmarkGame], out_dirs: Sequence[str | Path | None],
+                   render_batch: int = 1) -> list[list[TurnOutput]]:
+        """:meth:`play_game` of each game; the rendering systems render their clips ``render_batch`` at a time."""
+        ...
+
+
+@dataclass
+class PlannedClip:
+    """What the renderer needs for one turn's clip, planned before any clip is drawn."""
+
+    shot: torch.Tensor  # (N, H) s_a
+    motion_level: int
+    seed: int
 
 
 def _sync(device: str) -> None:
@@ -72,7 +91,7 @@ def _sync(device: str) -> None:
 
 
 class _Stopwatch:
-    """Model seconds of the current turn, accumulated by the timed predictor and renderer below."""
+    """Model seconds of the current turn (or batch of clips), accumulated by the timed calls."""
 
     def __init__(self, device: str):
         self.device, self.seconds = device, 0.0
@@ -94,16 +113,47 @@ class _TimedPredictor:
         return self.watch.timed(self.predictor.predict_turn, history, instruction)
 
 
-class _CapturingRenderer:
-    """Times the renderer and keeps the last clip's raw frames (the mp4 the session writes is lossy)."""
+class _TurnByTurn:
+    """Systems without a renderer: games are played one after another."""
 
-    def __init__(self, renderer, watch: _Stopwatch):
-        self.renderer, self.watch, self.fps = renderer, watch, renderer.fps
-        self.frames: np.ndarray | None = None
+    def play_games(self, games: Sequence[BenchmarkGame], out_dirs: Sequence[str | Path | None],
+                   render_batch: int = 1) -> list[list[TurnOutput]]:
+        return [self.play_game(game, out_dir) for game, out_dir in zip(games, out_dirs, strict=True)]
 
-    def render(self, shot_embeds: torch.Tensor, motion_level: int, seed: int) -> np.ndarray:
-        self.frames = self.watch.timed(self.renderer.render, shot_embeds, motion_level, seed)
-        return self.frames
+
+class _Rendering:
+    """Systems with a renderer: :meth:`plan_game` does a game's per-turn model work and returns each turn's output
+    (without frames) and clip plan; :meth:`play_games` then renders the plans of all its games in batches."""
+
+    renderer: object  # animegamer.inference.session.DecoderRenderer
+    device: str
+
+    def plan_game(self, game: BenchmarkGame) -> list[tuple[TurnOutput, PlannedClip]]:
+        raise NotImplementedError
+
+    def play_game(self, game: BenchmarkGame, out_dir: str | Path | None) -> list[TurnOutput]:
+        return self.play_games([game], [out_dir])[0]
+
+    def play_games(self, games: Sequence[BenchmarkGame], out_dirs: Sequence[str | Path | None],
+                   render_batch: int = 1) -> list[list[TurnOutput]]:
+        if render_batch < 1:
+            raise ValueError(f"render_batch must be at least 1, got {render_batch}")
+        planned = [self.plan_game(game) for game in games]
+        pending = [turn for game_plan in planned for turn in game_plan]
+        watch = _Stopwatch(self.device)
+        for start in range(0, len(pending), render_batch):
+            batch = pending[start : start + render_batch]
+            watch.seconds = 0.0
+            clips = [clip for _, clip in batch]
+            frames = watch.timed(self.renderer.render_many, [c.shot for c in clips], [c.motion_level for c in clips],
+                                 [c.seed for c in clips])
+            for (output, _), clip_frames in zip(batch, frames, strict=True):
+                output.frames = clip_frames
+                output.seconds += watch.seconds / len(batch)
+        for game_plan, out_dir in zip(planned, out_dirs, strict=True):
+            for index, (output, _) in enumerate(game_plan):
+                output.clip = _write_clip(output.frames, out_dir, index, self.renderer.fps)
+        return [[output for output, _ in game_plan] for game_plan in planned]
 
 
 # --------------------------------------------------------------------------------------------
@@ -111,7 +161,7 @@ class _CapturingRenderer:
 # --------------------------------------------------------------------------------------------
 
 
-class AnimeGamerSystem:
+class AnimeGamerSystem(_Rendering):
     """The full game: MLLM next-state prediction with a sliding history, decoder rendering."""
 
     name = "animegamer"
@@ -131,20 +181,27 @@ class AnimeGamerSystem:
         renderer = load_renderer(cfg, device, offload) if render else None
         return cls(predictor, renderer, history_turns=cfg.history_turns, seed=cfg.seed, device=device)
 
-    def play_game(self, game: BenchmarkGame, out_dir: str | Path) -> list[TurnOutput]:
+    def plan_game(self, game: BenchmarkGame) -> list[tuple[TurnOutput, PlannedClip]]:
+        """The game's turns through a :class:`GameSession` without a renderer (the MLLM reads its own predicted
+        shots as history, none of them needs a clip); each turn's clip as the session would render it."""
         watch = _Stopwatch(self.device)
-        capture = _CapturingRenderer(self.renderer, watch) if self.renderer is not None else None
         # A fresh session per game: every game starts from the initial state and an empty history.
-        session = GameSession(_TimedPredictor(self.predictor, watch), capture, history_turns=self.history_turns,
-                              output_dir=out_dir, seed=self.seed)
-        outputs = []
+        session = GameSession(_TimedPredictor(self.predictor, watch), None, history_turns=self.history_turns,
+                              seed=self.seed)
+        planned = []
         for instruction in game.instructions:
             watch.seconds = 0.0
             turn = session.play(instruction.render())
-            frames = capture.frames if capture is not None else None
-            outputs.append(TurnOutput(turn.instruction, turn.values, frames, turn.values.motion_level, watch.seconds,
-                                      turn.clip))
-        return outputs
+            output = TurnOutput(turn.instruction, turn.values, None, turn.values.motion_level, watch.seconds)
+            planned.append((output, PlannedClip(turn.shot_embeds, turn.values.motion_level,
+                                                turn_seed(self.seed, turn.index))))
+        return planned
+
+    def play_games(self, games: Sequence[BenchmarkGame], out_dirs: Sequence[str | Path | None],
+                   render_batch: int = 1) -> list[list[TurnOutput]]:
+        if self.renderer is None:  # state predictions only
+            return [[output for output, _ in self.plan_game(game)] for game in games]
+        return super().play_games(games, out_dirs, render_batch)
 
 
 # --------------------------------------------------------------------------------------------
@@ -198,9 +255,12 @@ def load_stage_a_parts(cfg: EvalConfig) -> tuple[ShotEncoding, object]:
     return encoding, renderer
 
 
-def _write_clip(frames: np.ndarray, out_dir: str | Path, index: int, fps: int) -> str:
+def _write_clip(frames: np.ndarray, out_dir: str | Path | None, index: int, fps: int) -> str:
+    """``out_dir/turn_<index>.mp4``; nothing (and "") when ``out_dir`` is None."""
     from animegamer.data.video import write_mp4
 
+    if out_dir is None:
+        return ""
     return str(write_mp4(Path(out_dir) / f"turn_{index:03d}.mp4", frames, fps=fps))
 
 
@@ -209,7 +269,7 @@ def grey_frame(height: int, width: int) -> np.ndarray:
     return np.full((height, width, 3), 128, np.uint8)
 
 
-class GCBaseline:
+class GCBaseline(_Rendering):
     """The decoder driven by each instruction alone: fixed reference frame, fixed motion level, no history."""
 
     name = "gc_baseline"
@@ -234,21 +294,24 @@ class GCBaseline:
             raise FileNotFoundError(f"gc_reference: reference image not found: {path}")
         return load_image(path)
 
-    def play_game(self, game: BenchmarkGame, out_dir: str | Path) -> list[TurnOutput]:
+    @property
+    def device(self) -> str:
+        return self.encoding.device
+
+    def plan_game(self, game: BenchmarkGame) -> list[tuple[TurnOutput, PlannedClip]]:
         reference = self.reference_frame(game.character)
-        watch = _Stopwatch(self.encoding.device)
-        outputs = []
+        watch = _Stopwatch(self.device)
+        planned = []
         for index, instruction in enumerate(game.instructions):
             text = instruction.render()
             watch.seconds = 0.0
             shot = watch.timed(self.encoding.encode, reference, text)
-            frames = watch.timed(self.renderer.render, shot, self.motion_level, turn_seed(self.seed, index))
-            clip = _write_clip(frames, out_dir, index, self.renderer.fps)
-            outputs.append(TurnOutput(text, None, frames, self.motion_level, watch.seconds, clip))
-        return outputs
+            output = TurnOutput(text, None, None, self.motion_level, watch.seconds)
+            planned.append((output, PlannedClip(shot, self.motion_level, turn_seed(self.seed, index))))
+        return planned
 
 
-class ReconstructionSystem:
+class ReconstructionSystem(_Rendering):
     """Stage (a) on the ground truth: s_a of each real clip (first frame + its caption), decoded at its level."""
 
     name = "reconstruction"
@@ -256,24 +319,27 @@ class ReconstructionSystem:
     def __init__(self, encoding: ShotEncoding, renderer, *, seed: int = 42):
         self.encoding, self.renderer, self.seed = encoding, renderer, seed
 
-    def play_game(self, game: BenchmarkGame, out_dir: str | Path) -> list[TurnOutput]:
+    @property
+    def device(self) -> str:
+        return self.encoding.device
+
+    def plan_game(self, game: BenchmarkGame) -> list[tuple[TurnOutput, PlannedClip]]:
         if not isinstance(game, GroundTruthGame) or not game.has_clips():
             raise ValueError(f"{game.game_id}: the reconstruction system needs games with ground-truth clips "
                              "(a games directory written by scripts/spriteworld/make.py)")
-        watch = _Stopwatch(self.encoding.device)
-        outputs = []
+        watch = _Stopwatch(self.device)
+        planned = []
         for index, shot in enumerate(game.shots):
             first = game.clip_frames(index)[0]
             level = shot.values.motion_level
             watch.seconds = 0.0
             embeds = watch.timed(self.encoding.encode, first, game.caption(index))
-            frames = watch.timed(self.renderer.render, embeds, level, turn_seed(self.seed, index))
-            clip = _write_clip(frames, out_dir, index, self.renderer.fps)
-            outputs.append(TurnOutput(shot.instruction().render(), None, frames, level, watch.seconds, clip))
-        return outputs
+            output = TurnOutput(shot.instruction().render(), None, None, level, watch.seconds)
+            planned.append((output, PlannedClip(embeds, level, turn_seed(self.seed, index))))
+        return planned
 
 
-class GroundTruthSystem:
+class GroundTruthSystem(_TurnByTurn):
     """The real clips themselves, resized to the sampling size: the ceiling of every clip metric.
 
     Its ACC-F / MAE-F say how well the flow meter recovers the data's own motion levels (the most any generated
@@ -285,7 +351,7 @@ class GroundTruthSystem:
     def __init__(self, height: int, width: int, fps: int):
         self.height, self.width, self.fps = height, width, fps
 
-    def play_game(self, game: BenchmarkGame, out_dir: str | Path) -> list[TurnOutput]:
+    def play_game(self, game: BenchmarkGame, out_dir: str | Path | None) -> list[TurnOutput]:
         from animegamer.data.features import fit_frames
 
         if not isinstance(game, GroundTruthGame) or not game.has_clips():
@@ -317,7 +383,7 @@ def majority_values(records: Sequence[ClipRecord]) -> StateValues:
     return StateValues(**chosen)
 
 
-class MajorityClassSystem:
+class MajorityClassSystem(_TurnByTurn):
     """Predicts the training set's most common motion level and state values every turn; renders nothing."""
 
     name = "majority"
@@ -325,11 +391,11 @@ class MajorityClassSystem:
     def __init__(self, values: StateValues):
         self.values = values
 
-    def play_game(self, game: BenchmarkGame, out_dir: str | Path) -> list[TurnOutput]:
+    def play_game(self, game: BenchmarkGame, out_dir: str | Path | None) -> list[TurnOutput]:
         return [TurnOutput(i.render(), self.values, None, self.values.motion_level, 0.0) for i in game.instructions]
 
 
-class RandomSystem:
+class RandomSystem(_TurnByTurn):
     """Uniformly random motion level and state values (seeded per game); renders nothing."""
 
     name = "random"
@@ -337,7 +403,7 @@ class RandomSystem:
     def __init__(self, seed: int = 42):
         self.seed = seed
 
-    def play_game(self, game: BenchmarkGame, out_dir: str | Path) -> list[TurnOutput]:
+    def play_game(self, game: BenchmarkGame, out_dir: str | Path | None) -> list[TurnOutput]:
         # Seeded by the game id, so a game's draws do not depend on which games ran before it.
         rng = np.random.default_rng([self.seed, *game.game_id.encode("utf-8")])
         outputs = []

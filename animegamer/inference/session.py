@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -120,6 +120,29 @@ class DecoderRenderer:
                 if on_frames is not None:
                     on_frames(chunks[-1], index, count)
         return np.concatenate(chunks)  # (T, H, W, 3)
+
+    def render_many(self, shots: Sequence[torch.Tensor], motion_levels: Sequence[int],
+                    seeds: Sequence[int]) -> list[np.ndarray]:
+        """Several clips in one batch (the evaluation's way to fill a CPU): each drawn from its own seed's
+        generator, as :meth:`render` draws it alone, so a clip differs from its single render by float rounding
+        only. A cache method decides its skips for the whole batch and the release's sampler draws from one
+        generator: with either, the clips render one at a time."""
+        if not len(shots) == len(motion_levels) == len(seeds):
+            raise ValueError(f"{len(shots)} shots, {len(motion_levels)} levels and {len(seeds)} seeds")
+        if not shots:
+            return []
+        released = self.decoder.compat == "released" and self.decoder.release_sampler is not None
+        if self.sampler.cache is not None or released:
+            return [self.render(*clip) for clip in zip(shots, motion_levels, seeds, strict=True)]
+        generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+        with on_device(self.decoder, self.device, self.offload):
+            latents = self.sampler.latents(
+                torch.stack(list(shots)).to(self.decoder.dtype),  # (B, N, H)
+                torch.tensor(list(motion_levels)),
+                generators,
+            )  # (B, F, C, h, w)
+            frames = torch.cat(list(decode_chunks(self.decoder.vae, latents)), dim=1)  # (B, T, H, W, 3) uint8
+        return list(frames.numpy())
 
 
 def weights_hint(key: str, path: str) -> str:

@@ -36,8 +36,10 @@ from animegamer.config import DecoderConfig, SamplingConfig
 from animegamer.models.decoder_parts import cast_keeping_lost, load_parts, restore_cast, save_parts
 from animegamer.models.sampling import (
     DTYPES,
+    Generators,
     build_scheduler,
     guidance_scales,
+    initial_noise,
     load_vae,
     require_dir,
     scheduler_step,
@@ -417,7 +419,7 @@ class AnimationShotDecoder(nn.Module):
 
     # ------------------------------------------------------------------ sampling
 
-    def start_sampling(self, batch: int, sampling: SamplingConfig, generator: torch.Generator):
+    def start_sampling(self, batch: int, sampling: SamplingConfig, generator: Generators):
         """The scheduler set to ``sampling.steps``, the guidance scale of every step and the initial latents.
 
         Latents are drawn on the generator's device (CPU by default) so a seed gives the same clip on any device.
@@ -425,7 +427,7 @@ class AnimationShotDecoder(nn.Module):
         scheduler = build_scheduler(sampling.scheduler, self.scheduler_config)
         scheduler.set_timesteps(sampling.steps, device=self.device)
         shape = (batch, *self.latent_shape(sampling.num_frames, sampling.height, sampling.width))
-        latents = torch.randn(shape, generator=generator, device=generator.device).to(self.device)
+        latents = initial_noise(shape, generator).to(self.device)
         return scheduler, guidance_scales(sampling), latents * scheduler.init_noise_sigma  # (B, F, C, h, w)
 
     @torch.no_grad()
@@ -434,7 +436,7 @@ class AnimationShotDecoder(nn.Module):
         shot_embeds: torch.Tensor,
         motion_level: torch.Tensor | None,
         sampling: SamplingConfig,
-        generator: torch.Generator | None = None,
+        generator: Generators | None = None,
         progress: bool = False,
         decode: bool = True,
         on_step: Callable[[int, int], None] | None = None,
@@ -465,6 +467,8 @@ class AnimationShotDecoder(nn.Module):
 
             if motion_level is None:
                 raise ValueError("the release's sampler needs the motion level (its flow value)")
+            if isinstance(generator, list):
+                raise ValueError("the release's sampler draws a batch's noise from one generator, not a list")
             latents = sample_released(
                 self,
                 shot_embeds,

@@ -75,7 +75,24 @@ def build_scheduler(name: str, config: dict):
     return classes[name].from_config(config)
 
 
-def scheduler_step(scheduler, out, i: int, latents, old_x0, generator):
+Generators = torch.Generator | list[torch.Generator]  # one for the batch, or one per clip of the batch
+
+
+def initial_noise(shape: tuple[int, ...], generator: Generators) -> torch.Tensor:
+    """Gaussian latents of ``shape`` (B, ...) on the generator's device.
+
+    A list of B generators draws each clip's latents from its own generator, as B renders of one clip would; the
+    CogVideoX DPM scheduler draws its per-step noise the same way from such a list (diffusers' ``randn_tensor``).
+    So a batch of clips with a generator each renders every clip as it renders alone, up to float rounding.
+    """
+    if isinstance(generator, list):
+        if len(generator) != shape[0]:
+            raise ValueError(f"{len(generator)} generators for a batch of {shape[0]} clips")
+        return torch.cat([torch.randn((1, *shape[1:]), generator=g, device=g.device) for g in generator])
+    return torch.randn(shape, generator=generator, device=generator.device)
+
+
+def scheduler_step(scheduler, out, i: int, latents, old_x0, generator: Generators):
     """One denoising step ``i`` of ``scheduler.timesteps`` -> (latents (float32), old_x0).
 
     DPM-Solver++ (second order) also takes the previous timestep and keeps the previous x0 prediction; DDIM needs

@@ -22,6 +22,7 @@ import torch
 from animegamer.config import SamplingConfig
 from animegamer.models.cache import MagRatios, TransformerCache
 from animegamer.models.fewstep import FewStepSampler, fewstep_sample
+from animegamer.models.sampling import Generators, initial_noise
 
 
 def effective_sampling(sampling: SamplingConfig) -> SamplingConfig:
@@ -135,7 +136,7 @@ class PresetSampler:
             text = f"{self.sampling.preset}: {self.sampling.steps} {self.sampling.scheduler} steps"
         return text + (f", cache {self.cache.method}" if self.cache is not None else "")
 
-    def latents(self, shot_embeds: torch.Tensor, motion_level: torch.Tensor | None, generator: torch.Generator,
+    def latents(self, shot_embeds: torch.Tensor, motion_level: torch.Tensor | None, generator: Generators,
                 on_step: Callable[[int, int], None] | None = None) -> torch.Tensor:
         """s_a (B, N, H), levels (B,) -> the final latents (B, F, C, h, w) of the preset's sampler;
         ``on_step(step, steps)`` after every denoising step."""
@@ -145,7 +146,7 @@ class PresetSampler:
         if motion_level is not None and not ((motion_level >= 1) & (motion_level <= decoder.num_motion_levels)).all():
             raise ValueError(f"motion levels must be in 1..{decoder.num_motion_levels}, got {motion_level.tolist()}")
         shape = (shot_embeds.shape[0], *decoder.latent_shape(s.num_frames, s.height, s.width))
-        noise = torch.randn(shape, generator=generator, device=generator.device)  # as decoder.sample draws it
+        noise = initial_noise(shape, generator)  # as decoder.sample draws it
         return fewstep_sample(decoder, shot_embeds, motion_level, self.fewstep, noise, on_step)
 
     def close(self) -> None:

@@ -22,7 +22,9 @@ YAML from ``configs`` (data.yaml, pretrain.yaml, pretrain_llm.yaml, stage_a/b/c/
                the pretrained models and the resolved configs; ship_dir's README.md is kept
     evaluate   scripts/run_ablations.py with ablations.yaml: the main table (AnimeGamer, GC-style, random,
                majority), no decoder adaptation, stage (a) reconstruction with and without the motion scope;
-               its tables (table.{md,csv}, table_intervals.{md,csv,json}) copied into ship_dir as eval_*
+               its tables (table.{md,csv}, table_intervals.{md,csv,json}) copied into ship_dir as eval_*.
+               ``eval_rows`` runs some rows only; the tables keep the other rows' earlier results (dropped when
+               the same call ran ship: they belong to the previous checkpoint)
 
 The step YAMLs name ``outputs/spriteworld`` and ``checkpoints/spriteworld``; they are rewritten to ``output_dir`` and
 ``ship_dir`` (and ``configs/spriteworld`` to ``output_dir/configs``), the step's ``overrides`` applied (their paths
@@ -186,9 +188,13 @@ def step_ship(cfg: SpriteWorldRunConfig, configs: dict[str, Path]) -> dict:
 
 
 def step_evaluate(cfg: SpriteWorldRunConfig, configs: dict[str, Path]) -> dict:
-    """The ablation table, then its files (means, and intervals split by turn kind) copied into ship_dir."""
-    entries = load_script("run_ablations").main(["--config", str(configs["ablations"]), "--quiet"])
+    """The ablation table (the rows of ``eval_rows``, the others kept from earlier unless this call shipped a new
+    checkpoint), then its files (means, and intervals split by turn kind) copied into ship_dir."""
     table_dir, ship = Path(load_config(configs["ablations"]).output_dir), Path(cfg.ship_dir)
+    if "ship" in cfg.steps and table_dir.is_dir():  # rows evaluated on the previous checkpoint are stale
+        shutil.rmtree(table_dir)
+    rows = ["--rows", ",".join(cfg.eval_rows)] if cfg.eval_rows else []
+    entries = load_script("run_ablations").main(["--config", str(configs["ablations"]), "--quiet", *rows])
     copied = []
     if ship.is_dir():
         for name in ("table.md", "table.csv", "table_intervals.md", "table_intervals.csv", "table_intervals.json"):
