@@ -271,7 +271,7 @@ def test_the_second_character_is_named_by_its_shirt():
             assert friends.second_character(frames, "Qiqi", home_background(place, time, 64, 96, None)) == friend
 
 
-def test_friend_report_on_real_clips(memory_data, tmp_path):
+def test_friend_report_on_real_clips(memory_data, tmp_path, capsys):
     import shutil
 
     friends = _friends_script()
@@ -284,6 +284,12 @@ def test_friend_report_on_real_clips(memory_data, tmp_path):
             shutil.copy(memory_data.root / row["video"], target)
     report = friends.main(["--eval-dir", str(tmp_path / "eval"), "--games", str(games)])
     assert report["turns"] > 0 and report["copy"]["all"] == report["real"]["all"] >= 0.8
+    assert report["copy"]["turns"] == report["real"]["turns"] == report["turns"]
+    shutil.rmtree(tmp_path / "eval" / "clips" / "copy" / report["rows"][0]["game"])  # one game's clips not written
+    partial = friends.main(["--eval-dir", str(tmp_path / "eval"), "--games", str(games), "--out",
+                            str(tmp_path / "partial.json")])
+    assert partial["copy"]["turns"] < partial["turns"] == report["turns"]
+    assert "warning: copy: clips of" in capsys.readouterr().err
     assert json.loads((tmp_path / "eval" / "friends.json").read_text())["turns"] == report["turns"]
     with pytest.raises(SystemExit):
         friends.main(["--eval-dir", str(tmp_path / "nothing"), "--games", str(games)])

@@ -8,7 +8,9 @@ the friend who follows), each system's rendered clip (``<eval-dir>/clips/<system
 scripts/evaluate.py writes them) and the real clip are read, and the second character is named by colour: of the
 characters other than the protagonist, the one whose shirt colour covers the most pixels beyond what the shot's
 empty scenery already has. Turns are split by whether the instruction named the friend or said "friend" (history).
-Chance is 1/3 (three possible friends). Writes ``--out`` (JSON) and prints the accuracies.
+Chance is 1/3 (three possible friends). Writes ``--out`` (JSON) and prints the accuracies, with the turns each
+system was scored on: an evaluation writes the clips of its first ``clip_games`` games only (SpriteWorld's eval.yaml:
+4), so evaluate with ``clip_games=-1`` for the whole report; a system with clips of fewer turns is warned about.
 """
 
 from __future__ import annotations
@@ -85,8 +87,12 @@ def main(argv: list[str] | None = None) -> dict:
 
     report: dict = {"turns": len(rows), "chance": 1 / 3}
     for name in ("real", *systems):
+        scored = sum(name in r for r in rows)
         report[name] = {"all": accuracy(name, rows), "named": accuracy(name, [r for r in rows if r["named"]]),
-                        "not named": accuracy(name, [r for r in rows if not r["named"]])}
+                        "not named": accuracy(name, [r for r in rows if not r["named"]]), "turns": scored}
+        if scored < len(rows):
+            print(f"warning: {name}: clips of {scored} of the {len(rows)} turns with a friend (evaluate with "
+                  "clip_games=-1 to write every game's clips)", file=sys.stderr)
     report["rows"] = rows
     out = Path(args.out) if args.out else eval_dir / "friends.json"
     atomic_write_json(out, report)
