@@ -419,6 +419,29 @@ def test_research_tools_without_weights_are_one_line(mini_run, tool, tmp_path, c
     assert "Traceback" not in err and not report.exists()
 
 
+def test_friend_probe_swaps_the_named_friend_on_the_mini_run(mini_run, tmp_path, capsys):
+    probe = load_script("spriteworld/friend_probe")
+    assert probe.named_friend("Character: Kai; Motion: talk with Momo.", "Kai", ["Kai", "Momo", "Luna"]) == "Momo"
+    assert probe.named_friend("Character: Kai; Motion: talk with friend.", "Kai", ["Kai", "Momo"]) is None
+    assert probe.swap_name("talk with Momo; Companion: Momo.", "Momo", "Luna") == "talk with Luna; Companion: Luna."
+    out, _ = mini_run
+    config = str(out / "configs" / "eval.yaml")
+    report = probe.main(["--config", config, "--out", str(tmp_path / "probe.json")])
+    games = list((out / "data" / "games").glob("*.jsonl"))
+    named = [row for game in games for row in map(json.loads, game.read_text().splitlines())
+             if row["spec"]["friend"] and row["spec"]["friend"] in row["instruction"]]
+    assert report["turns"] == len(named) >= 1 and report["swaps"] == 2 * len(named)  # the two other friends
+    assert json.loads((tmp_path / "probe.json").read_text())["swaps"] == report["swaps"]
+    for row in report["rows"]:
+        assert row["swapped_for"] not in (row["friend"], "") and row["mllm_swap"] > 0 and row["encoder_swap"] > 0
+        assert row["mllm_error"] > 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:  # no weights: one line, no report
+        probe.main(["--config", config, "--out", str(tmp_path / "none.json"), f"stage_a_checkpoint={tmp_path / 'x'}"])
+    assert exc.value.code == 2 and capsys.readouterr().err.rstrip().split("\n")[-1].startswith("error: ")
+    assert not (tmp_path / "none.json").exists()
+
+
 def test_pool_runs_differences_each_run_and_their_mean(mini_run, tmp_path, capsys):
     out, _ = mini_run
     lines = (out / "eval" / "main" / "results.jsonl").read_text().splitlines()

@@ -1,0 +1,112 @@
+"""Does the MLLM's predicted shot carry who the friend is? Swap the friend's name and see how much the shot moves.
+
+    python scripts/spriteworld/friend_probe.py --config configs/spriteworld/eval.yaml
+
+Every held-out game of ``benchmark`` is played as a game plays it (closed loop: the MLLM's own earlier shots are its
+history, ``inference.history_turns`` of them). At each turn whose instruction names the friend (``play ball with
+Momo``), the instruction is also given with each other possible friend's name instead, from the same history, and
+three numbers are taken, each relative to the norm of the unswapped shot:
+
+- ``mllm_swap``: how far the MLLM's shot moves when the name changes;
+- ``encoder_swap``: how far the stage (a) encoder's shot of the real clip moves (its first frame + its caption with
+  the name changed): what stage (b) is trained to predict, so the move a perfect MLLM would make;
+- ``mllm_error``: the MLLM's shot against that target (the real clip's, with the right name).
+
+A ``mllm_swap`` well below ``encoder_swap``, under a larger ``mllm_error``, says the prediction hardly depends on the
+name (and the decoder cannot draw a friend its shot does not carry; ``friends.py`` measures what is drawn). Writes
+``--out`` (JSON) and prints the summary.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from animegamer.cli import fail, parse_config
+from animegamer.config import EvalConfig
+from animegamer.io import atomic_write_json
+
+
+def named_friend(instruction: str, hero: str, names) -> str | None:
+    """The character other than ``hero`` that ``instruction`` names as a whole word, if any."""
+    return next((n for n in names if n != hero and re.search(rf"\b{re.escape(n)}\b", instruction)), None)
+
+
+def swap_name(text: str, old: str, new: str) -> str:
+    """``text`` with every whole-word ``old`` replaced by ``new``."""
+    return re.sub(rf"\b{re.escape(old)}\b", new, text)
+
+
+def relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    """||a - b|| / ||a||."""
+    return float((a - b).norm() / a.norm().clamp_min(1e-12))
+
+
+def add_flags(parser) -> None:
+    parser.add_argument("--out", default="outputs/friend_probe.json", help="JSON report")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from animegamer.eval.games import GroundTruthGame, load_games
+    from animegamer.eval.systems import ShotEncoding
+    from animegamer.inference.mllm_runner import HistoryTurn
+    from animegamer.inference.session import load_mllm_predictor, resolve_device
+    from animegamer.spriteworld import CHARACTERS
+
+    cfg, args = parse_config(EvalConfig, __doc__, argv, extra=add_flags)
+    try:
+        games = load_games(cfg.benchmark, cfg.max_games)
+    except (FileNotFoundError, ValueError) as exc:
+        fail(str(exc))
+    if not all(isinstance(g, GroundTruthGame) and g.has_clips() for g in games):
+        fail(f"{cfg.benchmark}: the probe needs games with real clips (a SpriteWorld games directory)")
+    device = resolve_device(cfg.inference.device)
+    torch.manual_seed(cfg.seed)
+    try:
+        encoding = ShotEncoding.from_config(cfg, device)
+        predictor = load_mllm_predictor(cfg.inference, device, offload=False)
+    except (FileNotFoundError, ValueError) as exc:  # missing or unreadable weights
+        fail(str(exc))
+    window = cfg.inference.history_turns
+    rows = []
+    for game in tqdm(games, desc="games", unit="game"):
+        history: list[HistoryTurn] = []
+        for turn, instruction in enumerate(game.instructions):
+            text = instruction.render()
+            predicted = predictor.predict_turn(history, text)
+            friend = named_friend(text, game.character, CHARACTERS)
+            if friend is not None:
+                first, caption = game.clip_frames(turn)[0], game.caption(turn)
+                target = encoding.encode(first, caption)
+                shot = predicted.shot_embeds.float().cpu()
+                for other in (n for n in CHARACTERS if n not in (friend, game.character)):
+                    swapped = predictor.predict_turn(history, swap_name(text, friend, other))
+                    rows.append({
+                        "game": game.game_id, "turn": turn, "friend": friend, "swapped_for": other,
+                        "mllm_swap": relative(shot, swapped.shot_embeds.float().cpu()),
+                        "encoder_swap": relative(target, encoding.encode(first, swap_name(caption, friend, other))),
+                        "mllm_error": relative(target, shot),
+                    })
+            history.append(HistoryTurn(text, predicted.shot_embeds, predicted.values))
+            history = history[max(0, len(history) - window):] if window else []
+    if not rows:
+        fail(f"{cfg.benchmark}: no turn of its {len(games)} games names a friend")
+    means = {key: round(float(np.mean([r[key] for r in rows])), 4) for key in ("mllm_swap", "encoder_swap",
+                                                                              "mllm_error")}
+    report = {"games": len(games), "turns": len({(r["game"], r["turn"]) for r in rows}), "swaps": len(rows),
+              "history_turns": window, "mllm_checkpoint": cfg.inference.mllm_checkpoint,
+              "stage_a_checkpoint": cfg.stage_a_checkpoint, **means, "rows": rows}
+    atomic_write_json(args.out, report)
+    print(json.dumps({k: v for k, v in report.items() if k != "rows"}, indent=2))
+    print(f"report {args.out}", file=sys.stderr)
+    return report
+
+
+if __name__ == "__main__":
+    torch.set_grad_enabled(False)
+    main()
