@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
@@ -83,6 +84,17 @@ def fail(message: str) -> NoReturn:
     """A user's mistake: one ``error: ...`` line on stderr and exit code 2, never a traceback."""
     print(f"error: {message}", file=sys.stderr)
     raise SystemExit(2)
+
+
+def write_report(path: str | Path, report: dict, hide: tuple[str, ...] = ()) -> dict:
+    """A research tool's JSON report: written atomically to ``path``, printed without the ``hide`` keys (the long
+    per-row parts), its path on stderr. Returns ``report``."""
+    from animegamer.io import atomic_write_json
+
+    atomic_write_json(path, report)
+    print(json.dumps({k: v for k, v in report.items() if k not in hide}, indent=2))
+    print(f"report {path}", file=sys.stderr)
+    return report
 
 
 def add_split_flags(parser: argparse.ArgumentParser, count: int, what: str, count_flag: str = "--clips") -> None:

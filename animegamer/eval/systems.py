@@ -243,6 +243,17 @@ class ShotEncoding:
         return self.encoder(clip_tokens.float(), text_tokens.float())[0].float().cpu()  # (N, H)
 
 
+def load_shot_models(cfg: EvalConfig) -> tuple[ShotEncoding, object]:
+    """The stage (a) encoder (with its CLIP and T5) and the MLLM predictor of ``cfg`` on its device, seeded: what the
+    shot-level research tools (scripts/spriteworld/shot_error.py, friend_probe.py) compare. Missing or unreadable
+    weights raise FileNotFoundError or ValueError."""
+    from animegamer.inference.session import load_mllm_predictor, resolve_device
+
+    device = resolve_device(cfg.inference.device)
+    torch.manual_seed(cfg.seed)
+    return ShotEncoding.from_config(cfg, device), load_mllm_predictor(cfg.inference, device, offload=False)
+
+
 def load_stage_a_parts(cfg: EvalConfig) -> tuple[ShotEncoding, object]:
     """The stage (a) encoder (with its CLIP and T5 feature extractors) and the stage (a) decoder as a renderer."""
     from animegamer.inference.session import load_renderer, resolve_device

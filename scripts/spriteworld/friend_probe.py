@@ -19,17 +19,14 @@ name (and the decoder cannot draw a friend its shot does not carry; ``friends.py
 
 from __future__ import annotations
 
-import json
 import re
-import sys
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from animegamer.cli import fail, parse_config
+from animegamer.cli import fail, parse_config, write_report
 from animegamer.config import EvalConfig
-from animegamer.io import atomic_write_json
 
 
 def named_friend(instruction: str, hero: str, names) -> str | None:
@@ -53,9 +50,8 @@ def add_flags(parser) -> None:
 
 def main(argv: list[str] | None = None) -> dict:
     from animegamer.eval.games import GroundTruthGame, load_games
-    from animegamer.eval.systems import ShotEncoding
+    from animegamer.eval.systems import load_shot_models
     from animegamer.inference.mllm_runner import HistoryTurn
-    from animegamer.inference.session import load_mllm_predictor, resolve_device
     from animegamer.spriteworld import CHARACTERS
 
     cfg, args = parse_config(EvalConfig, __doc__, argv, extra=add_flags)
@@ -65,11 +61,8 @@ def main(argv: list[str] | None = None) -> dict:
         fail(str(exc))
     if not all(isinstance(g, GroundTruthGame) and g.has_clips() for g in games):
         fail(f"{cfg.benchmark}: the probe needs games with real clips (a SpriteWorld games directory)")
-    device = resolve_device(cfg.inference.device)
-    torch.manual_seed(cfg.seed)
     try:
-        encoding = ShotEncoding.from_config(cfg, device)
-        predictor = load_mllm_predictor(cfg.inference, device, offload=False)
+        encoding, predictor = load_shot_models(cfg)
     except (FileNotFoundError, ValueError) as exc:  # missing or unreadable weights
         fail(str(exc))
     window = cfg.inference.history_turns
@@ -101,10 +94,7 @@ def main(argv: list[str] | None = None) -> dict:
     report = {"games": len(games), "turns": len({(r["game"], r["turn"]) for r in rows}), "swaps": len(rows),
               "history_turns": window, "mllm_checkpoint": cfg.inference.mllm_checkpoint,
               "stage_a_checkpoint": cfg.stage_a_checkpoint, **means, "rows": rows}
-    atomic_write_json(args.out, report)
-    print(json.dumps({k: v for k, v in report.items() if k != "rows"}, indent=2))
-    print(f"report {args.out}", file=sys.stderr)
-    return report
+    return write_report(args.out, report, hide=("rows",))
 
 
 if __name__ == "__main__":

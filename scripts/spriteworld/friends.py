@@ -16,14 +16,13 @@ system was scored on: an evaluation writes the clips of its first ``clip_games``
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from animegamer.cli import command_name
-from animegamer.io import atomic_write_json, iter_jsonl
+from animegamer.cli import command_name, write_report
+from animegamer.io import iter_jsonl
 
 TOLERANCE = 40.0  # RGB distance within which a pixel counts as a character's shirt colour
 
@@ -95,10 +94,7 @@ def main(argv: list[str] | None = None) -> dict:
                   "clip_games=-1 to write every game's clips)", file=sys.stderr)
     report["rows"] = rows
     out = Path(args.out) if args.out else eval_dir / "friends.json"
-    atomic_write_json(out, report)
-    print(json.dumps({k: v for k, v in report.items() if k != "rows"}, indent=2))
-    print(f"report {out}", file=sys.stderr)
-    return report
+    return write_report(out, report, hide=("rows",))
 
 
 if __name__ == "__main__":

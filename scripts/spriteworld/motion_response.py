@@ -17,16 +17,13 @@ run of an ablation). Writes ``--out`` (JSON) and prints the summary.
 from __future__ import annotations
 
 import dataclasses
-import json
-import sys
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from animegamer.cli import add_split_flags, fail, parse_config, split_clips
+from animegamer.cli import add_split_flags, fail, parse_config, split_clips, write_report
 from animegamer.config import EvalConfig
-from animegamer.io import atomic_write_json
 from animegamer.states import NUM_MOTION_LEVELS
 
 
@@ -122,10 +119,7 @@ def main(argv: list[str] | None = None) -> dict:
         "meter": meter.info,
         "rows": rows,
     }
-    atomic_write_json(args.out, report)
-    print(json.dumps({k: v for k, v in report.items() if k not in ("rows", "meter")}, indent=2))
-    print(f"report {args.out}", file=sys.stderr)
-    return report
+    return write_report(args.out, report, hide=("rows", "meter"))
 
 
 if __name__ == "__main__":

@@ -18,18 +18,15 @@ accuracies.
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from animegamer.cli import add_split_flags, fail, parse_config, split_clips
+from animegamer.cli import add_split_flags, fail, parse_config, split_clips, write_report
 from animegamer.config import InferenceConfig
 from animegamer.data.manifest import ClipRecord
-from animegamer.io import atomic_write_json
 
 SCENERY_CLIPS = 12  # clips per background whose first frames make its empty scenery
 
@@ -126,10 +123,7 @@ def main(argv: list[str] | None = None) -> dict:
            for name in ("mllm", "encoder") for what, part in (("place", -1), ("time", 0))},
         "rows": rows,
     }
-    atomic_write_json(args.out, report)
-    print(json.dumps({k: v for k, v in report.items() if k.endswith("accuracy")}, indent=2))
-    print(f"report {args.out}", file=sys.stderr)
-    return report
+    return write_report(args.out, report, hide=tuple(k for k in report if not k.endswith("accuracy")))
 
 
 if __name__ == "__main__":

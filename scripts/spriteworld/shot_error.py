@@ -29,15 +29,11 @@ Writes ``--out`` (JSON) and prints the summary.
 
 from __future__ import annotations
 
-import json
-import sys
-
 import torch
 from tqdm.auto import tqdm
 
-from animegamer.cli import add_split_flags, fail, parse_config, split_clips
+from animegamer.cli import add_split_flags, fail, parse_config, split_clips, write_report
 from animegamer.config import EvalConfig
-from animegamer.io import atomic_write_json
 
 
 def relative_error(predicted: torch.Tensor, target: torch.Tensor) -> tuple[float, list[float]]:
@@ -65,9 +61,8 @@ def add_flags(parser) -> None:
 def main(argv: list[str] | None = None) -> dict:
     from animegamer.data.video import read_video
     from animegamer.eval.intervals import mark_splits
-    from animegamer.eval.systems import ShotEncoding, grey_frame
+    from animegamer.eval.systems import grey_frame, load_shot_models
     from animegamer.inference.mllm_runner import HistoryTurn, MLLMRunner
-    from animegamer.inference.session import load_mllm_predictor, resolve_device
     from animegamer.spriteworld.memory import caption_text
 
     cfg, args = parse_config(EvalConfig, __doc__, argv, extra=add_flags)
@@ -78,11 +73,8 @@ def main(argv: list[str] | None = None) -> dict:
     manifest, picks = split_clips(args.manifest, args.split, args.clips)
     if len(picks) < 2:
         raise SystemExit(f"error: {args.manifest}: {len(picks)} clip to compare; need at least 2 (--clips)")
-    device = resolve_device(cfg.inference.device)
-    torch.manual_seed(cfg.seed)
     try:
-        encoding = ShotEncoding.from_config(cfg, device)
-        predictor = load_mllm_predictor(cfg.inference, device, offload=False)
+        encoding, predictor = load_shot_models(cfg)
     except (FileNotFoundError, ValueError) as exc:  # missing or unreadable weights
         fail(str(exc))
     grey = grey_frame(cfg.inference.sampling.height, cfg.inference.sampling.width)
@@ -139,10 +131,7 @@ def main(argv: list[str] | None = None) -> dict:
         "target_variance": round(variance, 6),
         "per_token": {"mllm": mllm_tokens, "text_only": text_tokens},
     }
-    atomic_write_json(args.out, report)
-    print(json.dumps({k: v for k, v in report.items() if k != "per_token"}, indent=2))
-    print(f"report {args.out}", file=sys.stderr)
-    return report
+    return write_report(args.out, report, hide=("per_token",))
 
 
 if __name__ == "__main__":
