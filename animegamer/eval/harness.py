@@ -20,7 +20,8 @@ Per turn (one :class:`MetricRecord` per system, game and turn; the LLM judge add
   across games, and a batch's time is shared evenly by its clips).
 
 ``clip_games`` limits the clips written under ``output_dir/clips/<system>/<game>/`` to the first games (writing
-every clip of a long evaluation costs about as much as rendering it on a CPU).
+every clip of a long evaluation costs about as much as rendering it on a CPU); a system's clips of an earlier
+evaluation in the same ``output_dir`` are removed first, so every clip there is from this one.
 
 Beside the table of means, ``table_intervals.{md,csv,json}`` gives every cell a 95 % bootstrap interval over games,
 split into history-dependent turns, fully specified turns and held-out pairs, and the paired differences of the
