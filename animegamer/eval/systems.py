@@ -136,8 +136,6 @@ class _Rendering:
 
     def play_games(self, games: Sequence[BenchmarkGame], out_dirs: Sequence[str | Path | None],
                    render_batch: int = 1) -> list[list[TurnOutput]]:
-        if render_batch < 1:
-            raise ValueError(f"render_batch must be at least 1, got {render_batch}")
         planned = [self.plan_game(game) for game in games]
         pending = [turn for game_plan in planned for turn in game_plan]
         watch = _Stopwatch(self.device)

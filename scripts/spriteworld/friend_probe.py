@@ -65,7 +65,6 @@ def main(argv: list[str] | None = None) -> dict:
         encoding, predictor = load_shot_models(cfg)
     except (FileNotFoundError, ValueError) as exc:  # missing or unreadable weights
         fail(str(exc))
-    window = cfg.inference.history_turns
     rows = []
     for game in tqdm(games, desc="games", unit="game"):
         history: list[HistoryTurn] = []
@@ -85,14 +84,13 @@ def main(argv: list[str] | None = None) -> dict:
                         "encoder_swap": relative(target, encoding.encode(first, swap_name(caption, friend, other))),
                         "mllm_error": relative(target, shot),
                     })
-            history.append(HistoryTurn(text, predicted.shot_embeds, predicted.values))
-            history = history[max(0, len(history) - window):] if window else []
+            history.append(HistoryTurn(text, predicted.shot_embeds, predicted.values))  # the runner windows it
     if not rows:
         fail(f"{cfg.benchmark}: no turn of its {len(games)} games names a friend")
     means = {key: round(float(np.mean([r[key] for r in rows])), 4) for key in ("mllm_swap", "encoder_swap",
                                                                               "mllm_error")}
     report = {"games": len(games), "turns": len({(r["game"], r["turn"]) for r in rows}), "swaps": len(rows),
-              "history_turns": window, "mllm_checkpoint": cfg.inference.mllm_checkpoint,
+              "history_turns": cfg.inference.history_turns, "mllm_checkpoint": cfg.inference.mllm_checkpoint,
               "stage_a_checkpoint": cfg.stage_a_checkpoint, **means, "rows": rows}
     return write_report(args.out, report, hide=("rows",))
 
