@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from animegamer.config import ConfigError, config_help, load_config
+from animegamer.io import atomic_write_json
 
 # an override example per config kind, shown in --help (tests load each one against its schema)
 OVERRIDE_EXAMPLES: dict[str, str] = {
@@ -89,8 +90,6 @@ def fail(message: str) -> NoReturn:
 def write_report(path: str | Path, report: dict, hide: tuple[str, ...] = ()) -> dict:
     """A research tool's JSON report: written atomically to ``path``, printed without the ``hide`` keys (the long
     per-row parts), its path on stderr. Returns ``report``."""
-    from animegamer.io import atomic_write_json
-
     atomic_write_json(path, report)
     print(json.dumps({k: v for k, v in report.items() if k not in hide}, indent=2))
     print(f"report {path}", file=sys.stderr)

@@ -39,16 +39,12 @@ def swap_name(text: str, old: str, new: str) -> str:
     return re.sub(rf"\b{re.escape(old)}\b", new, text)
 
 
-def relative(a: torch.Tensor, b: torch.Tensor) -> float:
-    """||a - b|| / ||a||."""
-    return float((a - b).norm() / a.norm().clamp_min(1e-12))
-
-
 def add_flags(parser) -> None:
     parser.add_argument("--out", default="outputs/friend_probe.json", help="JSON report")
 
 
 def main(argv: list[str] | None = None) -> dict:
+    from animegamer.bench.turn import relative_difference  # ||a - b|| / ||b||
     from animegamer.eval.games import GroundTruthGame, load_games
     from animegamer.eval.systems import load_shot_models
     from animegamer.inference.mllm_runner import HistoryTurn
@@ -74,15 +70,15 @@ def main(argv: list[str] | None = None) -> dict:
             friend = named_friend(text, game.character, CHARACTERS)
             if friend is not None:
                 first, caption = game.clip_frames(turn)[0], game.caption(turn)
-                target = encoding.encode(first, caption)
-                shot = predicted.shot_embeds.float().cpu()
+                target, shot = encoding.encode(first, caption), predicted.shot_embeds
                 for other in (n for n in CHARACTERS if n not in (friend, game.character)):
                     swapped = predictor.predict_turn(history, swap_name(text, friend, other))
                     rows.append({
                         "game": game.game_id, "turn": turn, "friend": friend, "swapped_for": other,
-                        "mllm_swap": relative(shot, swapped.shot_embeds.float().cpu()),
-                        "encoder_swap": relative(target, encoding.encode(first, swap_name(caption, friend, other))),
-                        "mllm_error": relative(target, shot),
+                        "mllm_swap": relative_difference(swapped.shot_embeds, shot),
+                        "encoder_swap": relative_difference(
+                            encoding.encode(first, swap_name(caption, friend, other)), target),
+                        "mllm_error": relative_difference(shot, target),
                     })
             history.append(HistoryTurn(text, predicted.shot_embeds, predicted.values))  # the runner windows it
     if not rows:
