@@ -34,7 +34,6 @@ others still run; the exit status is then 1.
 from __future__ import annotations
 
 import gc
-import importlib.util
 import platform
 import sys
 import tempfile
@@ -59,7 +58,7 @@ from animegamer.bench.report import markdown
 from animegamer.bench.timing import device_name, matmul_peak_flops
 from animegamer.bench.training import StepSettings, bench_stage_a, bench_stage_b
 from animegamer.bench.turn import TurnSettings, bench_turn
-from animegamer.cli import parse_config
+from animegamer.cli import load_script, parse_config
 from animegamer.config import BenchmarkConfig, ConfigError, StageAConfig, StageBConfig, load_config
 from animegamer.io import atomic_write_json, atomic_write_text
 
@@ -83,14 +82,6 @@ CONVENTIONS = {
     "one prefill + cached constrained state decoding, both CFG branches in one batch, LoRA merged and transformer "
     "blocks compiled when enabled.",
 }
-
-
-def load_script(name: str):
-    """A sibling training script as a module (its EncoderDecoder / compute_loss are what the benchmark times)."""
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def device_info(device: torch.device) -> dict:
@@ -297,7 +288,7 @@ def main(argv: list[str] | None = None) -> dict:
                             cfg.compile, seed=cfg.seed,
                         )
                 elif part == "stage_a":
-                    script = load_script("train_stage_a")
+                    script = load_script(Path(__file__).with_name("train_stage_a.py"))
                     run_cfg = load_config(cfg.stage_a, schema=StageAConfig)
                     encoder = build_encoder(arch, run_cfg.encoder, device, seed=cfg.seed)
                     decoder = build_decoder(arch, run_cfg.decoder, device, with_vae=False, seed=cfg.seed)

@@ -23,14 +23,13 @@ and held-out pairs, and the paired differences of the first line against every o
 
 from __future__ import annotations
 
-import importlib.util
 import shlex
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from animegamer.cli import parse_config
+from animegamer.cli import load_script, parse_config
 from animegamer.config import AblationsConfig, AblationStep, ConfigError, EvalConfig, load_config
 from animegamer.eval.games import load_games
 from animegamer.eval.harness import RESULTS_FILE, evaluate, read_results
@@ -54,10 +53,7 @@ def run_step(step: AblationStep, common: list[str], launcher: str) -> None:
     if launcher:
         subprocess.run([*shlex.split(launcher), str(script), *argv], check=True)
         return
-    spec = importlib.util.spec_from_file_location(f"train_{step.script}", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.main(argv)
+    load_script(script).main(argv)
 
 
 def row_entries(label: str, summaries: list[MetricSummary]) -> list[tuple[str, MetricSummary]]:

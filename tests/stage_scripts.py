@@ -4,14 +4,12 @@ metrics, a 2-process launch, and the check that a bad resume leaves a finished r
 from __future__ import annotations
 
 import csv
-import importlib.util
 import os
 import socket
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
@@ -20,15 +18,6 @@ from animegamer.config import DecoderConfig
 from animegamer.models.decoder import AnimationShotDecoder
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_script(name: str) -> ModuleType:
-    """``scripts/<name>.py`` (``spriteworld/train``: scripts/spriteworld/train.py) as a module (scripts/ is not a
-    package), so tests call its ``main`` and helpers."""
-    spec = importlib.util.spec_from_file_location(Path(name).name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def tiny_decoder_config(pretrained: str | Path) -> DecoderConfig:

@@ -1,10 +1,10 @@
 """scripts/run_ablations.py: the shipped ablation tables are complete and consistent; two tiny rows train and print."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
+from animegamer.cli import load_script
 from animegamer.config import SCHEMAS, EvalConfig, load_config
 from tests.eval_data import clip_overrides, eval_overrides, make_spriteworld
 
@@ -17,10 +17,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("run_ablations", ROOT / "scripts" / "run_ablations.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/run_ablations.py")
 
 
 def _listed(items: list[str]) -> str:

@@ -10,6 +10,7 @@ import torch
 import yaml
 
 from animegamer.bench.official import release_sizes, write_release
+from animegamer.cli import load_script
 from animegamer.official.agent import RELEASE_MAX_NEW_TOKENS
 from animegamer.official.sat_layout import (
     MODEL_STATES,
@@ -19,7 +20,6 @@ from animegamer.official.sat_layout import (
     read_sat_checkpoint,
 )
 from animegamer.official.synthetic import measure_conversion, sat_model_yaml
-from tests.stage_scripts import load_script
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -53,7 +53,7 @@ def test_a_failing_conversion_is_reported_in_one_line(tmp_path):
 
 
 def test_official_part_writes_every_field(tmp_path):
-    script = load_script("benchmark")
+    script = load_script("scripts/benchmark")
     threads = torch.get_num_threads()
     try:
         script.main(["--preset", "tiny", "--device", "cpu", f"output_dir={tmp_path}", "parts=[official]",
@@ -93,7 +93,7 @@ def test_official_part_writes_every_field(tmp_path):
 
 def test_full_size_needs_a_gpu(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
-        load_script("benchmark").main(
+        load_script("scripts/benchmark").main(
             ["--preset", "full", "--device", "cpu", "parts=[official]", f"output_dir={tmp_path}"]
         )
     assert exc.value.code == 2

@@ -1,5 +1,4 @@
 import base64
-import importlib.util
 import io
 import json
 from pathlib import Path
@@ -7,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from animegamer.cli import load_script
 from animegamer.config import BenchmarkGenConfig, EvalConfig, JudgeConfig, load_config
 from animegamer.eval.benchmark import (
     BenchmarkError,
@@ -110,9 +110,7 @@ def test_generation_rejects_malformed_answers_retries_and_stores(tmp_path):
     assert len(load_benchmark(root, max_games=1)) == 1
 
     # a rerun keeps the stored games and only retries the failed one; the script reports success
-    spec = importlib.util.spec_from_file_location("make_benchmark", ROOT / "scripts" / "make_benchmark.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("scripts/make_benchmark.py")
     with FakeChatServer([story("Sam", 0)]) as server:
         argv = ["--config", str(ROOT / "configs" / "benchmark_gen.yaml"), f"output_dir={root}",
                 "characters=[Qiqi,Sam]", "games_per_character=2", f"backend.base_url={server.base_url}"]

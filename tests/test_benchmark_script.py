@@ -1,7 +1,6 @@
 """scripts/benchmark.py on tiny models (CPU): every field of benchmark.json, the timing helpers, and the fast path
 (batched CFG, merged LoRA, compiled blocks, cached state decoding) against the plain path at fp32 tolerance."""
 
-import importlib.util
 import json
 import math
 import time
@@ -16,6 +15,7 @@ from animegamer.bench.models import FULL, TINY, build_decoder, build_mllm
 from animegamer.bench.report import markdown, mfus_above_peak
 from animegamer.bench.timing import PeakMemory, _rss_bytes, count_flops, measure, mllm_training_flops
 from animegamer.bench.turn import STATE_TOKENS, make_history, plain_denoise, plain_generate
+from animegamer.cli import load_script
 from animegamer.config import DecoderConfig, MLLMConfig, SamplingConfig
 from animegamer.inference.mllm_runner import decode_states, predict_turn, prefill_turn
 
@@ -23,13 +23,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SAMPLING = SamplingConfig(steps=4, height=48, width=64, num_frames=9, guidance_scale=6.0)
 INSTRUCTION = "Character: Qiqi; Motion: gently lie down; Background: night bedroom."
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("benchmark_script", ROOT / "scripts" / "benchmark.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def tiny_decoder():
@@ -85,7 +78,7 @@ def _timings(obj, key=""):
 
 
 def test_tiny_benchmark_writes_every_field(tmp_path, monkeypatch):
-    script = load_script()
+    script = load_script("scripts/benchmark.py")
     threads = torch.get_num_threads()
     try:
         script.main(["--preset", "tiny", "--device", "cpu", f"output_dir={tmp_path}"])
@@ -183,7 +176,7 @@ def test_tiny_benchmark_writes_every_field(tmp_path, monkeypatch):
 
 
 def test_cli_errors_exit_2(tmp_path):
-    script = load_script()
+    script = load_script("scripts/benchmark.py")
     with pytest.raises(SystemExit) as bad_part:
         script.main(["--preset", "tiny", "--device", "cpu", "parts=[turn,nope]", f"output_dir={tmp_path}"])
     assert bad_part.value.code == 2

@@ -2,7 +2,6 @@
 the command, the usage line as the user typed it; missing weights are one line that says what to do."""
 
 import argparse
-import importlib.util
 import inspect
 import subprocess
 import sys
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from animegamer.cli import OVERRIDE_EXAMPLES, command_name, split_clips
+from animegamer.cli import OVERRIDE_EXAMPLES, command_name, load_script, split_clips
 from animegamer.config import SCHEMAS, InferenceConfig, config_help, load_config
 from animegamer.config_docs import config_keys_help, field_descriptions
 from animegamer.inference.session import check_checkpoints
@@ -132,8 +131,8 @@ def test_split_clips_bad_manifest_exits_2(tmp_path, capsys):
 
 
 ROOT = Path(__file__).resolve().parents[1]
-ENTRY_POINTS = sorted([p.name for p in ROOT.glob("*.py")]
-                      + [p.relative_to(ROOT).as_posix() for p in ROOT.glob("scripts/**/*.py")])
+PROGRAMS = [*ROOT.glob("scripts/**/*.py"), *ROOT.glob("research/**/*.py")]
+ENTRY_POINTS = sorted([p.name for p in ROOT.glob("*.py")] + [p.relative_to(ROOT).as_posix() for p in PROGRAMS])
 
 
 class _ParserBuilt(Exception):
@@ -150,9 +149,7 @@ def test_every_flag_of_every_entry_point_has_help(script, monkeypatch):
 
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", capture)
     monkeypatch.setattr(sys, "argv", [script])
-    spec = importlib.util.spec_from_file_location(Path(script).stem, ROOT / script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script(script)
     with pytest.raises(_ParserBuilt):
         module.main(*([[]] if inspect.signature(module.main).parameters else []))
     assert [a.option_strings or a.dest for a in built[0]._actions if not a.help] == []
@@ -164,7 +161,7 @@ def test_launch_commands_in_docstrings_keep_their_line_breaks():
     import ast
 
     root = Path(__file__).resolve().parents[1]
-    scripts = [*root.glob("*.py"), *root.glob("scripts/*.py"), *root.glob("scripts/spriteworld/*.py")]
+    scripts = [*root.glob("*.py"), *root.glob("scripts/**/*.py"), *root.glob("research/**/*.py")]
     assert len(scripts) > 20
     for path in scripts:
         module = ast.parse(path.read_text())

@@ -1,7 +1,6 @@
 """scripts/evaluate.py end to end on tiny models, and the parts it is made of: games, systems, scoring, report."""
 
 import csv
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -10,6 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from animegamer.cli import load_script
 from animegamer.data.manifest import ClipRecord, read_manifest, write_manifest
 from animegamer.data.motion import MotionSettings
 from animegamer.eval.benchmark import BenchmarkError, BenchmarkGame
@@ -44,10 +44,7 @@ JUDGED = {"overall": 6, "instruction_following": 7, "contextual_coherence": 5, "
 
 
 def _script(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(f"scripts/{name}.py")
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,10 @@
-import importlib.util
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
+from animegamer.cli import load_script
 from animegamer.config import load_config
 from animegamer.inference.mllm_runner import (
     HistoryTurn,
@@ -24,10 +24,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def load_entry_point():
-    spec = importlib.util.spec_from_file_location("inference_MLLM", ROOT / "inference_MLLM.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("inference_MLLM.py")
 
 
 def scrambled_model(cfg, seed: int) -> AnimeGamerMLLM:

@@ -6,11 +6,11 @@ import json
 import pytest
 import torch
 
+from animegamer.cli import load_script
 from animegamer.config import InferenceConfig, load_config
 from animegamer.inference.session import build_session
 from animegamer.models.cache import MagRatios
 from animegamer.models.sampling_presets import PresetSampler
-from tests.stage_scripts import load_script
 from tests.test_game import TINY, tiny_overrides
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -23,7 +23,7 @@ def calibrated(tiny_mistral_dir, tiny_cogvideox_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("magcache")
     overrides = [*tiny_overrides(tiny_mistral_dir, tiny_cogvideox_dir, out / "play"), f"sampling.steps={STEPS}"]
     torch.set_num_threads(1)
-    path = load_script("calibrate_magcache").main(["--config", str(TINY), "--out", str(out), "--prompts", "2",
+    path = load_script("scripts/calibrate_magcache").main(["--config", str(TINY), "--out", str(out), "--prompts", "2",
                                                    *overrides])
     return overrides, path
 
@@ -97,7 +97,7 @@ def test_missing_or_mismatched_ratios_are_one_line_errors(calibrated, tmp_path):
 
 
 def test_calibration_script_user_errors(tmp_path, capsys):
-    script = load_script("calibrate_magcache")
+    script = load_script("scripts/calibrate_magcache")
     with pytest.raises(SystemExit) as exit_info:
         script.main(["--config", str(TINY), "--out", str(tmp_path), "--prompts", "0"])
     assert exit_info.value.code == 2 and "--prompts must be at least 1" in capsys.readouterr().err

@@ -1,4 +1,3 @@
-import importlib.util
 import json
 import os
 import shutil
@@ -9,6 +8,7 @@ from pathlib import Path
 import imageio.v2 as imageio
 import pytest
 
+from animegamer.cli import load_script
 from animegamer.data.manifest import read_manifest
 from animegamer.data.video import probe_video
 from animegamer.states import parse_tags
@@ -19,13 +19,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "prepare_data.py"
 SPEEDS = [0.33, 0.67, 1.33, 2.0, 2.67]  # px per source frame; x2 (16 -> 8 fps) x0.75 (resize) per clip frame
 GOOD = "<S>Girl</S><MD>walk</MD><EV>street</EV><MA>slowly</MA><SC>0</SC><ET>0</ET><ST>0</ST>"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("prepare_data_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +56,7 @@ def test_help_documents_the_whole_flow():
 
 
 def test_cut_motion_levels_skip_bad_films_and_resume(films_dir, tmp_path, capsys):
-    script = load_script()
+    script = load_script(SCRIPT)
     out = tmp_path / "out"
     films_dir = Path(shutil.copytree(films_dir, tmp_path / "films"))  # this test edits a film
     summary = script.main(args(films_dir, out, "workers=2"))
@@ -116,7 +109,7 @@ def test_cut_motion_levels_skip_bad_films_and_resume(films_dir, tmp_path, capsys
 
 
 def test_captions_retried_marked_and_kept_on_rerun(films_dir, tmp_path):
-    script = load_script()
+    script = load_script(SCRIPT)
     out = tmp_path / "out"
     films = f"{films_dir / 'speed3.mp4'},{films_dir / 'speed2.mp4'}"  # three clips: speed2 x2, speed3
     answers = ["no tags, sorry", GOOD, GOOD.replace("slowly", "quickly"), "<S>Girl</S>", "<S>Girl</S><MD>x</MD>"]
@@ -145,7 +138,7 @@ def test_captions_retried_marked_and_kept_on_rerun(films_dir, tmp_path):
 
 
 def test_bad_config_fails_before_any_work(tmp_path, capsys):
-    script = load_script()
+    script = load_script(SCRIPT)
     with pytest.raises(SystemExit) as exc:
         script.main(args(tmp_path / "none", tmp_path / "out"))
     assert exc.value.code == 2 and "none" in capsys.readouterr().err
@@ -168,7 +161,7 @@ def test_bad_config_fails_before_any_work(tmp_path, capsys):
 
 
 def test_touched_or_moved_films_keep_their_clips_and_captions(films_dir, tmp_path):
-    script = load_script()
+    script = load_script(SCRIPT)
     films = Path(shutil.copytree(films_dir, tmp_path / "films", ignore=shutil.ignore_patterns("corrupt*", "trunc*")))
     out = tmp_path / "out"
     with FakeChatServer([GOOD] * 6) as server:
@@ -211,7 +204,7 @@ def corrupt_middle(path: Path, fraction: float = 0.05) -> None:
 
 
 def test_corrupt_data_in_the_middle_is_counted_and_smeared_clips_dropped(tmp_path):
-    script = load_script()
+    script = load_script(SCRIPT)
     films = tmp_path / "films"
     make_film(films / "clean.mp4", seconds=8.25, cuts=(4.125,), speed=2.0, seed=3)
     make_film(films / "broken.mp4", seconds=8.25, cuts=(4.125,), speed=2.0, seed=3)
@@ -258,7 +251,7 @@ def test_ctrl_c_stops_at_once_and_keeps_finished_films(tmp_path):
     assert "Traceback" not in stderr and any(line.startswith("interrupted:") for line in stderr.splitlines())
     finished = {p.parent.name for p in out.glob("clips/*/film.json")}
     assert finished and not (out / "clips.jsonl").exists()
-    summary = load_script().main(args(films, out, "workers=1"))
+    summary = load_script(SCRIPT).main(args(films, out, "workers=1"))
     assert summary["films_already_done"] == len(finished) and summary["films_cut"] == 6 - len(finished)
 
 
@@ -266,7 +259,7 @@ def test_a_killed_worker_skips_its_films_instead_of_hanging(tmp_path):
     import multiprocessing
     import signal
 
-    script = load_script()
+    script = load_script(SCRIPT)
     films = tmp_path / "films"
     for i in range(4):
         make_film(films / f"film{i}.mp4", seconds=12.25, cuts=(4.25, 8.25), speed=1.0 + i, seed=i)

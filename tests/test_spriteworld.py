@@ -16,6 +16,7 @@ from animegamer.data.video import read_video
 from animegamer.spriteworld.animate import animate, fit_motion_bins, motion_level, motion_scope, render_shot
 from animegamer.spriteworld.draw import background
 from animegamer.spriteworld.films import plan_films, write_dataset
+from animegamer.spriteworld.memory import lexicon
 from animegamer.spriteworld.world import (
     ACTIONS,
     ADVERB_SPEED,
@@ -24,7 +25,6 @@ from animegamer.spriteworld.world import (
     TIMES,
     TRANSITIONS,
     ShotSpec,
-    lexicon,
     spec_from_instruction,
 )
 from animegamer.states import TagError, parse_instruction, parse_tags, read_game_file

@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 
+from animegamer.cli import load_script
 from animegamer.data.manifest import read_manifest
 from animegamer.spriteworld import CHARACTERS, ShotSpec, caption_tags, plan_films, render_shot, write_dataset
 from animegamer.spriteworld.home import FLOOR_NAMES, FLOORS, WALL_NAMES, WALLS, HomeLook, home_background
@@ -17,9 +18,9 @@ from animegamer.spriteworld.memory import (
     HeldOutPairs,
     caption_text,
     film_memory,
+    lexicon,
     resolve_game,
 )
-from animegamer.spriteworld.world import lexicon
 from animegamer.states import TagError, parse_instruction, parse_tags, read_game_file
 from tests.test_spriteworld import SPEC_KEYS, _colour_mask, small_config
 
@@ -253,14 +254,7 @@ def test_training_tags_are_the_training_records_tag_lines(memory_data):
 
 
 def _friends_script():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "scripts" / "spriteworld" / "friends.py"
-    spec = importlib.util.spec_from_file_location("friends", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("research/spriteworld/friends.py")
 
 
 def test_the_second_character_is_named_by_its_shirt():

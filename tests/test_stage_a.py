@@ -2,7 +2,6 @@
 
 import csv
 import dataclasses
-import importlib.util
 import json
 import os
 import subprocess
@@ -12,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from animegamer.cli import load_script
 from animegamer.config import StageAConfig, load_config
 from animegamer.data.features import (
     StageADataset,
@@ -37,15 +37,8 @@ TINY_CONFIG = ROOT / "configs" / "tiny" / "stage_a.yaml"
 TAGS = "<S>{who}</S><MD>{what}</MD><EV>park</EV><ML>{level}</ML><MA>quickly</MA><SC>0</SC><ET>1</ET><ST>-1</ST>"
 
 
-def _load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-train_stage_a = _load_script("train_stage_a")
-encode_shots = _load_script("encode_shots")
+train_stage_a = load_script("scripts/train_stage_a")
+encode_shots = load_script("scripts/encode_shots")
 
 
 @pytest.fixture(autouse=True, scope="module")

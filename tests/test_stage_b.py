@@ -1,5 +1,4 @@
 import csv
-import importlib.util
 import json
 import os
 import socket
@@ -10,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from animegamer.cli import load_script
 from animegamer.config import load_config
 from animegamer.data.manifest import read_manifest
 from animegamer.data.sequences import build_windows, runs, split_films, split_in_time, windows_of_run
@@ -24,13 +24,6 @@ from tests.stage_b_data import clip_id, write_stage_b_data
 ROOT = Path(__file__).resolve().parents[1]
 SLOTS, SHOT_DIM = 8, 32  # the tiny config's shot_dim; slots reduced from 226 for speed
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("train_stage_b", ROOT / "scripts" / "train_stage_b.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 # ---------------------------------------------------------------- windows and splits
@@ -175,7 +168,7 @@ def test_collator_padding_and_packing(tmp_path, layout):
 def test_history_noise_perturbs_the_history_shots_only(tmp_path, layout):
     """history_noise > 0: the MLLM reads history shots + noise of that fraction of their std (a game's history is
     its own predicted shots); targets and tokens stay as they were, 0 draws nothing."""
-    script = load_script()
+    script = load_script("scripts/train_stage_b.py")
     manifest_path, store_path = write_stage_b_data(tmp_path, films=1, clips_per_film=4, num_slots=SLOTS,
                                                    shot_dim=SHOT_DIM)
     manifest = read_manifest(manifest_path)
@@ -247,7 +240,7 @@ def trained_tensors(step_dir: Path) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("history_noise", [0.0, 0.3])
 def test_train_stage_b_resumes_exactly(tmp_path, tiny_mistral_dir, capsys, history_noise):
-    script = load_script()
+    script = load_script("scripts/train_stage_b.py")
     config = str(ROOT / "configs" / "tiny" / "stage_b.yaml")
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
 
@@ -350,8 +343,9 @@ def test_a_bad_manifest_line_is_one_error_naming_file_and_line(tmp_path, tiny_mi
         row["tags"] = row["tags"].replace(row["tags"][row["tags"].index("<ST>") :], "<ST>7</ST>")
         line = json.dumps(row)
     manifest.write_text("\n".join([*lines[:2], line, *lines[3:]]) + "\n")
-    err = _fails_with_one_line(load_script(), ["--config", str(ROOT / "configs" / "tiny" / "stage_b.yaml"),
-                                               *overrides], capsys)
+    script = load_script("scripts/train_stage_b.py")
+    argv = ["--config", str(ROOT / "configs" / "tiny" / "stage_b.yaml"), *overrides]
+    err = _fails_with_one_line(script, argv, capsys)
     assert f"{manifest}:3: " in err and needle in err
     assert not (tmp_path / "run").exists()  # nothing of the run was written
 
@@ -365,7 +359,7 @@ def test_a_missing_resume_checkpoint_leaves_a_finished_run_alone(tmp_path, tiny_
         (out / name).write_text(text)
     argv = ["--config", str(ROOT / "configs" / "tiny" / "stage_b.yaml"),
             *stage_b_overrides(tmp_path, tiny_mistral_dir, out), "--resume", str(tmp_path / "nonexistent")]
-    err = _fails_with_one_line(load_script(), argv, capsys)
+    err = _fails_with_one_line(load_script("scripts/train_stage_b.py"), argv, capsys)
     assert "checkpoint not found" in err and str(tmp_path / "nonexistent") in err
     assert {name: (out / name).read_text() for name in finished} == finished
 
@@ -373,4 +367,4 @@ def test_a_missing_resume_checkpoint_leaves_a_finished_run_alone(tmp_path, tiny_
 def test_the_removed_encoder_checkpoint_key_is_an_unknown_key(tmp_path, tiny_mistral_dir, capsys):
     argv = ["--config", str(ROOT / "configs" / "tiny" / "stage_b.yaml"),
             *stage_b_overrides(tmp_path, tiny_mistral_dir, tmp_path / "run"), "encoder_checkpoint=/nonexistent"]
-    assert "encoder_checkpoint" in _fails_with_one_line(load_script(), argv, capsys)
+    assert "encoder_checkpoint" in _fails_with_one_line(load_script("scripts/train_stage_b.py"), argv, capsys)

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from animegamer.cli import load_script
 from animegamer.config import MLLMConfig, load_config
 from animegamer.data.manifest import read_manifest
 from animegamer.data.stage_b import clip_turn
@@ -28,7 +29,6 @@ from tests.stage_scripts import (
     ROOT,
     check_bad_resumes_leave_the_run_alone,
     launch_two_processes,
-    load_script,
     logged_losses,
     tiny_decoder_config,
     write_decoder_run,
@@ -41,7 +41,7 @@ NO_FEATURES, NO_TARGET = clip_id(1, 3), clip_id(0, 2)
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-train_stage_c = load_script("train_stage_c")
+train_stage_c = load_script("scripts/train_stage_c")
 
 
 def _digest(directory: Path) -> dict[str, str]:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from animegamer.cli import load_script
 from animegamer.config import SamplingConfig, load_config
 from animegamer.models.fewstep import SAMPLER_FILE, FewStepSampler, alpha_schedule, ddim_step, fewstep_sample
 from animegamer.models.sampling import guidance_scales
@@ -26,7 +27,6 @@ from tests.stage_scripts import (
     ROOT,
     check_bad_resumes_leave_the_run_alone,
     launch_two_processes,
-    load_script,
     logged_losses,
     tiny_decoder_config,
     write_decoder_run,
@@ -38,7 +38,7 @@ UNCAPTIONED = clip_id(0, 3)
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-train_stage_d = load_script("train_stage_d")
+train_stage_d = load_script("scripts/train_stage_d")
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""scripts/teacher_agreement.py on tiny checkpoints: a teacher decoder run, a 1- and a 2-step "student" (random
+"""research/teacher_agreement.py on tiny checkpoints: a teacher decoder run, a 1- and a 2-step "student" (random
 trained parts with a sampler.json), two held-out SpriteWorld games; the files, the call counts, the reference row."""
 
 import json
@@ -7,12 +7,13 @@ import pytest
 import torch
 
 from animegamer.bench.options import distilled_timesteps
+from animegamer.cli import load_script
 from animegamer.config import SamplingConfig
 from animegamer.models.decoder import AnimationShotDecoder
 from animegamer.models.fewstep import FewStepSampler
 from animegamer.models.sampling_presets import guided_calls
 from tests.eval_data import make_spriteworld
-from tests.stage_scripts import load_script, tiny_decoder_config, write_decoder_run
+from tests.stage_scripts import tiny_decoder_config, write_decoder_run
 from tests.test_game import TINY, tiny_overrides
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -44,7 +45,7 @@ def setup(tiny_mistral_dir, tiny_cogvideox_dir, tmp_path_factory):
 
 def test_every_sampler_against_the_teacher(setup):
     argv, root, cfg = setup
-    json_path, md_path = load_script("teacher_agreement").main(argv)
+    json_path, md_path = load_script("research/teacher_agreement").main(argv)
     result = json.loads(json_path.read_text())
     rows = result["rows"]
     assert list(rows) == ["teacher", "distilled 2", "distilled 1", "undistilled 4", "undistilled 2", "undistilled 1",
@@ -84,7 +85,7 @@ def test_every_sampler_against_the_teacher(setup):
 
 def test_user_errors_are_one_line(setup, capsys, tmp_path):
     argv, root, cfg = setup
-    script = load_script("teacher_agreement")
+    script = load_script("research/teacher_agreement")
     other = write_decoder_run(cfg, tmp_path / "other", 1, torch.Generator().manual_seed(1))
     FewStepSampler((999, 499), teacher={**TEACHER, "steps": 20}).save(other / "decoder")
     cases = [

@@ -243,7 +243,7 @@ class ShotEncoding:
 
 def load_shot_models(cfg: EvalConfig) -> tuple[ShotEncoding, object]:
     """The stage (a) encoder (with its CLIP and T5) and the MLLM predictor of ``cfg`` on its device, seeded: what the
-    shot-level research tools (scripts/spriteworld/shot_error.py, friend_probe.py) compare. Missing or unreadable
+    shot-level research tools (research/spriteworld/shot_error.py, friend_probe.py) compare. Missing or unreadable
     weights raise FileNotFoundError or ValueError."""
     from animegamer.inference.session import load_mllm_predictor, resolve_device
 

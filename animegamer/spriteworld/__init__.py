@@ -20,7 +20,7 @@ The real-data path (animegamer.data, .inference, .models, .training) never impor
 
 from animegamer.spriteworld.animate import animate, draw_scene, motion_scope, render_shot
 from animegamer.spriteworld.films import drawing_settings, plan_films, training_tags, write_dataset
-from animegamer.spriteworld.memory import resolve_game
+from animegamer.spriteworld.memory import lexicon, resolve_game
 from animegamer.spriteworld.world import (
     ACTIONS,
     ADVERB_SPEED,
@@ -29,7 +29,6 @@ from animegamer.spriteworld.world import (
     TIMES,
     ShotSpec,
     caption_tags,
-    lexicon,
     spec_from_instruction,
 )
 

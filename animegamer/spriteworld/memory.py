@@ -52,7 +52,15 @@ import numpy as np
 
 from animegamer.data.manifest import ClipRecord
 from animegamer.spriteworld.home import FLOOR_NAMES, FLOORS, INDOORS, WALL_NAMES, WALLS, HomeLook
-from animegamer.spriteworld.world import ACTIONS, CHARACTERS, TIMES, caption_tags, spec_from_instruction
+from animegamer.spriteworld.world import (
+    ACTIONS,
+    ADVERB_SPEED,
+    CHARACTERS,
+    PLACES,
+    TIMES,
+    caption_tags,
+    spec_from_instruction,
+)
 from animegamer.states import Instruction, ShotTags, StateValues, TagError
 
 STILL, LATER, HERE, BACK, HOME, FRIEND = "still", "later", "here", "back", "home", "friend"
@@ -65,6 +73,18 @@ COME_BACK = 0.5  # with back: the chance a film's next shot returns to the place
 BOOST = 2.0  # weight added to a held-out film's held-out actions in every succession
 # the words a captioner adds for what a memory clip shows beyond its tags (caption_text)
 CAPTION_WORDS = ("Home", "walls", "floor", "layout", "mirrored", "designed", "Companion", *WALL_NAMES, *FLOOR_NAMES)
+
+
+def lexicon(back: bool = False) -> list[str]:
+    """Every word a SpriteWorld instruction can contain (names, adverbs, actions, times, places), for the tiny
+    tokenizers' corpora. The memory world's ``still later here home friend`` are among them (and ``back`` when the
+    world says it: ``SpriteWorldConfig.back``; without it the corpus, so the tokenizers, are those of the world
+    before ``back`` existed), and the words its captions add (home colours, the companion)."""
+    words = [*CHARACTERS, *ADVERB_SPEED, *TIMES, *PLACES]
+    for action in ACTIONS.values():
+        words += [w for w in action.text.split() if w != "{friend}"]
+    memory = [w for w in MEMORY_WORDS if back or w != BACK]
+    return list(dict.fromkeys([*words, *memory, *CAPTION_WORDS]))  # memory words stand where these stand
 
 
 def caption_text(record: ClipRecord) -> str:

@@ -38,6 +38,7 @@ from animegamer.config import SpriteWorldPretrainConfig, T5Config, to_yaml
 from animegamer.data.manifest import ManifestError, read_manifest
 from animegamer.data.tensor_store import TensorStore
 from animegamer.io import atomic_write_json, atomic_write_jsonl, atomic_write_text
+from animegamer.spriteworld.memory import lexicon
 from animegamer.spriteworld.pretrain_transformer import fill_features, sample_preview, train_transformer
 from animegamer.spriteworld.pretrain_vae import (
     empty_scenery,
@@ -46,7 +47,6 @@ from animegamer.spriteworld.pretrain_vae import (
     train_vae,
     vae_preview,
 )
-from animegamer.spriteworld.world import lexicon
 from animegamer.tiny import COGVIDEOX_2B_SCHEDULER, build_tiny_t5, write_model_index
 from animegamer.training.checkpoint import write_dir_atomically
 

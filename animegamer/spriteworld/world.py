@@ -93,20 +93,6 @@ TRANSITIONS: dict[str, dict[str, float]] = {
 HOME = {"sleep": "bedroom", "eat": "kitchen", "read": "bedroom"}
 
 
-def lexicon(back: bool = False) -> list[str]:
-    """Every word a SpriteWorld instruction can contain (names, adverbs, actions, times, places), for the tiny
-    tokenizers' corpora. The memory world's ``still later here home friend`` are among them (and ``back`` when the
-    world says it: ``SpriteWorldConfig.back``; without it the corpus, so the tokenizers, are those of the world
-    before ``back`` existed), and the words its captions add (home colours, the companion)."""
-    from animegamer.spriteworld.memory import BACK, CAPTION_WORDS, MEMORY_WORDS  # memory.py builds on this module
-
-    words = [*CHARACTERS, *ADVERB_SPEED, *TIMES, *PLACES]
-    for action in ACTIONS.values():
-        words += [w for w in action.text.split() if w != "{friend}"]
-    memory = [w for w in MEMORY_WORDS if back or w != BACK]
-    return list(dict.fromkeys([*words, *memory, *CAPTION_WORDS]))  # memory words stand where these stand
-
-
 @dataclass(frozen=True)
 class ShotSpec:
     """What one shot shows. Validated on construction."""

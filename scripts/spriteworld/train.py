@@ -35,7 +35,6 @@ move too), and the resolved YAML saved as ``output_dir/configs/<name>.yaml`` bef
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import re
 import shutil
@@ -45,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-from animegamer.cli import fail, parse_config
+from animegamer.cli import fail, load_script, parse_config
 from animegamer.config import SpriteWorldRunConfig, load_config, to_yaml
 from animegamer.data.manifest import ManifestError
 from animegamer.io import atomic_write_json, atomic_write_text
@@ -56,15 +55,6 @@ CONFIG_FILES = ("data", "pretrain", "pretrain_llm", "stage_a", "stage_b", "stage
                 "ablations")
 RESUME_STATE = ("optimizer*.bin", "scheduler*.bin", "random_states_*.pkl", "trainer_state.json")
 DEFAULT_OUT, DEFAULT_SHIP, DEFAULT_CONFIGS = "outputs/spriteworld", "checkpoints/spriteworld", "configs/spriteworld"
-
-
-def load_script(name: str):
-    """``scripts/<name>.py`` (a user-facing entry point: a stage, run_ablations) as a module (scripts are not a
-    package)."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def resolve_configs(cfg: SpriteWorldRunConfig) -> dict[str, Path]:
@@ -123,8 +113,8 @@ def step_data(configs: dict[str, Path]) -> dict:
 
 
 def step_pretrain(cfg: SpriteWorldRunConfig, configs: dict[str, Path]) -> dict:
+    from animegamer.spriteworld.memory import lexicon
     from animegamer.spriteworld.pretrain import pretrain
-    from animegamer.spriteworld.world import lexicon
     from animegamer.tiny import build_tiny_clip, build_tiny_mistral
 
     models = Path(cfg.output_dir) / "models"
@@ -148,7 +138,7 @@ def step_stage(name: str, configs: dict[str, Path]) -> dict:
     """A fresh run of ``scripts/train_<name>.py`` (an earlier run's directory is replaced)."""
     out = Path(load_config(configs[name]).output_dir)
     shutil.rmtree(out, ignore_errors=True)
-    load_script(f"train_{name}").main(["--config", str(configs[name])])
+    load_script(ROOT / "scripts" / f"train_{name}.py").main(["--config", str(configs[name])])
     return losses_of(out / "metrics.csv", ("loss", "ce", "mse", "state_acc"))
 
 
@@ -194,7 +184,8 @@ def step_evaluate(cfg: SpriteWorldRunConfig, configs: dict[str, Path]) -> dict:
     if "ship" in cfg.steps and table_dir.is_dir():  # rows evaluated on the previous checkpoint are stale
         shutil.rmtree(table_dir)
     rows = ["--rows", ",".join(cfg.eval_rows)] if cfg.eval_rows else []
-    entries = load_script("run_ablations").main(["--config", str(configs["ablations"]), "--quiet", *rows])
+    run_ablations = load_script(ROOT / "scripts" / "run_ablations.py")
+    entries = run_ablations.main(["--config", str(configs["ablations"]), "--quiet", *rows])
     copied = []
     if ship.is_dir():
         for name in ("table.md", "table.csv", "table_intervals.md", "table_intervals.csv", "table_intervals.json"):

@@ -1,6 +1,6 @@
 """Is the asked-for place on screen? Place and time-of-day accuracy of rendered SpriteWorld first turns.
 
-    python scripts/spriteworld/places.py --config configs/spriteworld/inference.yaml \\
+    python research/spriteworld/places.py --config configs/spriteworld/inference.yaml \\
         --manifest outputs/spriteworld/data/clips.jsonl --shot-targets outputs/spriteworld/stage_a/shot_targets
 
 For clips of the held-out films (``--split train`` for the training films), each clip's instruction is played as a

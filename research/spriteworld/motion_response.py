@@ -1,6 +1,6 @@
 """Does the decoder follow the motion level? The same shots rendered at every level, measured by the flow meter.
 
-    python scripts/spriteworld/motion_response.py --config configs/spriteworld/eval.yaml \\
+    python research/spriteworld/motion_response.py --config configs/spriteworld/eval.yaml \\
         --manifest outputs/spriteworld/data/clips.jsonl --split test
 
 For clips of the manifest's held-out films (``--split train`` for the training films), the stage (a) encoder's shot

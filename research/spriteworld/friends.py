@@ -1,6 +1,6 @@
 """Is the friend that was asked for on screen? Friend accuracy of an evaluation's SpriteWorld clips.
 
-    python scripts/spriteworld/friends.py --eval-dir outputs/spriteworld/eval/main \\
+    python research/spriteworld/friends.py --eval-dir outputs/spriteworld/eval/main \\
         --games outputs/spriteworld/data/games
 
 For every turn of the held-out games whose shot shows a second character (a social action, or in the memory world

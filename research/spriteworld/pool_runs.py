@@ -1,6 +1,6 @@
 """One ablation difference (K = 3 − K = 1 by default) over several training runs: each run's, and their mean.
 
-    python scripts/spriteworld/pool_runs.py --games outputs/spriteworld/data/games \\
+    python research/spriteworld/pool_runs.py --games outputs/spriteworld/data/games \\
         --runs run_a/outputs/spriteworld/eval run_b/outputs/spriteworld/eval --out outputs/spriteworld/pooled
 
 A single run's K = 3 − K = 1 mixes what the recipe does with what that run's seed happened to learn; runs that

@@ -1,6 +1,6 @@
 """Does the MLLM's predicted shot carry who the friend is? Swap the friend's name and see how much the shot moves.
 
-    python scripts/spriteworld/friend_probe.py --config configs/spriteworld/eval.yaml
+    python research/spriteworld/friend_probe.py --config configs/spriteworld/eval.yaml
 
 Every held-out game of ``benchmark`` is played as a game plays it (closed loop: the MLLM's own earlier shots are its
 history, ``inference.history_turns`` of them). At each turn whose instruction names the friend (``play ball with

@@ -1,11 +1,11 @@
 """How close the fast samplers come to the teacher: stage (d) students, the same calls undistilled, the cache hooks.
 
-    python scripts/teacher_agreement.py --config configs/spriteworld/inference.yaml \\
+    python research/teacher_agreement.py --config configs/spriteworld/inference.yaml \\
         decoder_checkpoint=checkpoints/spriteworld/stage_c \\
         --students outputs/stage_d_1/checkpoints/latest outputs/stage_d_2/checkpoints/latest \\
                    checkpoints/spriteworld/stage_d \\
         --games outputs/spriteworld/data/games --out outputs/spriteworld/agreement
-    python scripts/teacher_agreement.py --config configs/tiny/inference.yaml --games GAMES --out OUT   # no students
+    python research/teacher_agreement.py --config configs/tiny/inference.yaml --games GAMES --out OUT   # no students
 
 ``decoder_checkpoint`` is the teacher (the adapted stage (c) decoder the students were distilled from); its sampler
 is the one the students' ``sampler.json`` records (N guided DDIM steps), or the config's ``sampling`` without

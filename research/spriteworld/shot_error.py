@@ -1,6 +1,6 @@
 """How close are stage (b)'s predicted shots to the stage (a) encoder's shots of the real clips?
 
-    python scripts/spriteworld/shot_error.py --config configs/spriteworld/eval.yaml \\
+    python research/spriteworld/shot_error.py --config configs/spriteworld/eval.yaml \\
         --manifest outputs/spriteworld/data/clips.jsonl --split test
 
 For clips of the manifest's held-out films (``--split train`` for the training films), each clip's instruction is
@@ -21,9 +21,9 @@ Errors are *relative*: mean squared error over (clips, tokens, channels) divided
 clips, so predicting the mean shot scores 1 and the target itself 0; ``per_token`` gives the same per shot token.
 Writes ``--out`` (JSON) and prints the summary.
 
-    python scripts/spriteworld/shot_error.py --config configs/spriteworld/eval.yaml \\
+    python research/spriteworld/shot_error.py --config configs/spriteworld/eval.yaml \\
         --manifest outputs/spriteworld/data/clips.jsonl --split test --clips 1000 --history 3
-    python scripts/spriteworld/shot_error.py --config configs/spriteworld/eval.yaml \\
+    python research/spriteworld/shot_error.py --config configs/spriteworld/eval.yaml \\
         --manifest outputs/spriteworld/data/clips.jsonl --split test --clips 1000 --history 3 --own
 """
 
