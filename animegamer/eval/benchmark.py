@@ -30,6 +30,7 @@ from tqdm import tqdm
 
 from animegamer.config import BenchmarkGenConfig
 from animegamer.io import atomic_write_json, atomic_write_jsonl, atomic_write_text, iter_jsonl
+from animegamer.llm import make_backend
 from animegamer.states import (
     MAX_INSTRUCTION_CHARS,
     Instruction,
@@ -274,7 +275,6 @@ def generate_benchmark(cfg: BenchmarkGenConfig, backend=None, progress: bool = T
     Resumable: games already listed in the index are kept and skipped; the index is rewritten after every game.
     ``backend`` defaults to ``animegamer.llm.make_backend(cfg.backend)``.
     """
-    from animegamer.llm import make_backend
 
     if not cfg.characters:
         raise BenchmarkError("no characters given (set characters=[Name,...])")

@@ -19,8 +19,13 @@ from pathlib import Path
 
 import numpy as np
 
+from animegamer.config import DataConfig
+from animegamer.data.manifest import read_manifest
+from animegamer.data.sequences import split_films
+from animegamer.data.video import read_video
 from animegamer.eval.benchmark import INDEX_NAME, BenchmarkError, BenchmarkGame, load_benchmark
 from animegamer.io import iter_jsonl
+from animegamer.spriteworld import ShotSpec, drawing_settings, render_shot
 from animegamer.states import ShotTags, parse_tags
 
 
@@ -46,7 +51,6 @@ class GroundTruthGame(BenchmarkGame):
 
     def clip_frames(self, turn: int) -> np.ndarray:
         """The ground-truth clip of ``turn`` as (T, H, W, 3) uint8: the stored video, else drawn from its spec."""
-        from animegamer.data.video import read_video
 
         source = self.clips[turn]
         video = source.get("video")
@@ -54,7 +58,6 @@ class GroundTruthGame(BenchmarkGame):
             frames, _ = read_video(video)
             return frames
         if source.get("spec") is not None and source.get("render_seed") is not None:
-            from animegamer.spriteworld import ShotSpec, drawing_settings, render_shot  # SpriteWorld games only
 
             return render_shot(ShotSpec(**source["spec"]), int(source["render_seed"]), **drawing_settings(source))
         raise FileNotFoundError(f"{self.path}: ground-truth clip of turn {turn} not found ({video or 'no video'})")
@@ -74,7 +77,6 @@ def _read_data_game(jsonl: Path) -> GroundTruthGame:
         if row.get("video"):
             clip["video"] = str(root / row["video"])
         if row.get("spec") is not None:  # a SpriteWorld turn: its clip can be drawn again
-            from animegamer.spriteworld import drawing_settings
 
             clip["spec"], clip["render_seed"] = row["spec"], row.get("render_seed")
             clip.update(drawing_settings(row))
@@ -103,10 +105,6 @@ def games_from_manifest(path: str | Path, turns_per_game: int = 10) -> list[Grou
     A game's character is the most common subject of its shots (real films change protagonists).
     """
     from collections import Counter
-
-    from animegamer.config import DataConfig
-    from animegamer.data.manifest import read_manifest
-    from animegamer.data.sequences import split_films
 
     manifest = read_manifest(path)
     test = manifest.meta.get("splits", {}).get("test")

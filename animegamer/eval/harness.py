@@ -44,10 +44,16 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from animegamer.config import EvalConfig, to_yaml
+from animegamer.config import DataConfig, EvalConfig, to_yaml
+from animegamer.data.characters import read_character_registry
 from animegamer.data.manifest import ClipRecord, Manifest, read_manifest
+from animegamer.data.motion import MotionSettings, edges_from_meta, fit_motion_bins, motion_level, scorer_for
+from animegamer.data.sequences import split_films
+from animegamer.data.video import read_video
 from animegamer.eval.benchmark import BenchmarkGame
 from animegamer.eval.games import GroundTruthGame, load_games
+from animegamer.eval.intervals import difference_rows, interval_rows, turn_splits, write_interval_table
+from animegamer.eval.judge import Judgement, LLMJudge
 from animegamer.eval.metrics import (
     CLIPScorer,
     MetricRecord,
@@ -61,8 +67,10 @@ from animegamer.eval.metrics import (
     summarize,
     try_dreamsim,
 )
+from animegamer.eval.report import plot_per_turn, write_table
 from animegamer.eval.systems import RENDERING, SYSTEMS, TurnOutput, build_system
 from animegamer.io import atomic_write_json, atomic_write_jsonl, atomic_write_text
+from animegamer.llm import LLMError
 from animegamer.states import ShotTags
 
 RESULTS_FILE = "results.jsonl"
@@ -76,8 +84,6 @@ SUMMARY_FILE = "summary.json"
 
 def training_clips(manifest: Manifest) -> list[ClipRecord]:
     """Tagged clips of the training split: the meta's ``splits["train"]`` films, else the film split of stage b."""
-    from animegamer.config import DataConfig
-    from animegamer.data.sequences import split_films
 
     films = manifest.meta.get("splits", {}).get("train")
     if films is None:
@@ -95,15 +101,11 @@ class LevelMeter:
     info: dict  # recorded as MetricSettings.flow
 
     def level(self, frames: np.ndarray) -> int:
-        from animegamer.data.motion import motion_level, scorer_for
-
         return motion_level(scorer_for(self.settings).score(frames), self.edges)
 
 
 def build_level_meter(manifest: Manifest, calibration_clips: int = 64, progress: bool = True) -> LevelMeter:
     """The data's flow settings and edges from the manifest meta; edges refitted by flow if its levels are not."""
-    from animegamer.data.motion import MotionSettings, edges_from_meta, fit_motion_bins, scorer_for
-    from animegamer.data.video import read_video
 
     motion = manifest.meta.get("motion")
     if not isinstance(motion, dict):
@@ -275,7 +277,6 @@ def _tools(cfg: EvalConfig, games: list[BenchmarkGame], renders: bool, manifest:
     if all(isinstance(g, GroundTruthGame) and g.has_clips() for g in games):
         tools.reference = "truth"
     elif cfg.characters:
-        from animegamer.data.characters import read_character_registry
 
         tools.registry = read_character_registry(cfg.characters)
         tools.reference = "characters"
@@ -284,8 +285,6 @@ def _tools(cfg: EvalConfig, games: list[BenchmarkGame], renders: bool, manifest:
 
 def _judge_record(judge, system: str, game: BenchmarkGame, outputs: list[TurnOutput], references,
                   settings: MetricSettings) -> MetricRecord:
-    from animegamer.eval.judge import Judgement
-    from animegamer.llm import LLMError
 
     try:
         judgement = judge.judge(game.game_id, game.character, [o.instruction for o in outputs],
@@ -311,8 +310,6 @@ def _score_game(name: str, game: BenchmarkGame, outputs: list[TurnOutput], tools
 
 def evaluate(cfg: EvalConfig, progress: bool = True) -> EvalResult:
     """Play every game with every system of ``cfg``, score every turn, write results, tables and plots."""
-    from animegamer.eval.intervals import difference_rows, interval_rows, turn_splits, write_interval_table
-    from animegamer.eval.report import plot_per_turn, write_table
 
     unknown = [s for s in cfg.systems if s not in SYSTEMS]
     if unknown or not cfg.systems:
@@ -330,7 +327,6 @@ def evaluate(cfg: EvalConfig, progress: bool = True) -> EvalResult:
     tools = _tools(cfg, games, renders, manifest, progress)
     judge = None
     if cfg.judge.backend:
-        from animegamer.eval.judge import LLMJudge
 
         judge = LLMJudge.from_config(cfg.judge)
 

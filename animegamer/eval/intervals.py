@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from animegamer.eval.metrics import MetricRecord
+from animegamer.eval.report import column_label
 from animegamer.io import atomic_write_json, atomic_write_text
 
 SPLITS = ("all", "history", "far", "full", "held_out", "seen")
@@ -190,7 +191,6 @@ def _cell(metric: str, row: dict | None) -> str:
 def interval_markdown(rows: Sequence[dict], title: str = "", *, resamples: int = RESAMPLES,
                       level: float = LEVEL) -> str:
     """One markdown table per split that has rows: systems x metrics, each cell ``mean [lower, upper]``."""
-    from animegamer.eval.report import column_label
 
     lines = [f"# {title}", ""] if title else []
     lines.append(f"Cells: mean over turns [{level:.0%} bootstrap interval over games, {resamples} resamples].")

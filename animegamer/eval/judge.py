@@ -22,6 +22,7 @@ import torch
 from animegamer.config import JudgeConfig
 from animegamer.eval.benchmark import fill_template
 from animegamer.eval.metrics import MetricRecord, MetricSettings, sample_frames
+from animegamer.llm import make_backend
 from animegamer.states import Instruction
 
 JUDGE_CRITERIA = ("overall", "instruction_following", "contextual_coherence", "character_consistency")
@@ -125,7 +126,6 @@ class LLMJudge:
     @classmethod
     def from_config(cls, cfg: JudgeConfig, backend=None) -> LLMJudge:
         """Build the judge; ``backend`` defaults to ``animegamer.llm.make_backend(cfg.backend)``."""
-        from animegamer.llm import make_backend
 
         if backend is None:
             if not cfg.backend:

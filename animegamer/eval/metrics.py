@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from animegamer.config import CLIPConfig
+from animegamer.models.clip_image import load_open_clip
 from animegamer.states import VALUE_RANGES, StateValues
 
 
@@ -130,8 +131,6 @@ class CLIPScorer:
                     device: str | torch.device = "cpu") -> CLIPScorer:
         """Load the open_clip model from ``cfg.checkpoint`` (local file) and its tokenizer (offline for CLIP BPE)."""
         import open_clip
-
-        from animegamer.models.clip_image import load_open_clip
 
         model = load_open_clip(cfg)
         tokenizer = open_clip.get_tokenizer(cfg.arch)

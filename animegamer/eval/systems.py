@@ -40,11 +40,19 @@ import numpy as np
 import torch
 
 from animegamer.config import EvalConfig, InferenceConfig
+from animegamer.data.characters import load_image
+from animegamer.data.features import fit_frames
 from animegamer.data.manifest import ClipRecord
+from animegamer.data.video import write_mp4
 from animegamer.eval.benchmark import BenchmarkGame
 from animegamer.eval.games import GroundTruthGame
 from animegamer.inference.game import GameSession, turn_seed
 from animegamer.inference.mllm_runner import HistoryTurn, TurnPrediction
+from animegamer.inference.session import load_mllm_predictor, load_renderer, resolve_device
+from animegamer.models.clip_image import CLIPImageFeatures
+from animegamer.models.shot_encoder import ActionAwareEncoder
+from animegamer.models.t5_text import T5TextFeatures
+from animegamer.models.trained import load_encoder
 from animegamer.states import VALUE_RANGES, StateValues
 
 RENDERING = ("animegamer", "gc_baseline", "reconstruction", "ground_truth")  # systems that produce clips
@@ -170,8 +178,6 @@ class AnimeGamerSystem(_Rendering):
 
     @classmethod
     def from_config(cls, cfg: InferenceConfig, render: bool = True) -> AnimeGamerSystem:
-        from animegamer.inference.session import load_mllm_predictor, load_renderer, resolve_device
-
         device = resolve_device(cfg.device)
         offload = cfg.offload == "sequential" and device != "cpu"
         torch.manual_seed(cfg.seed)
@@ -215,11 +221,6 @@ class ShotEncoding:
 
     @classmethod
     def from_config(cls, cfg: EvalConfig, device: str) -> ShotEncoding:
-        from animegamer.models.clip_image import CLIPImageFeatures
-        from animegamer.models.shot_encoder import ActionAwareEncoder
-        from animegamer.models.t5_text import T5TextFeatures
-        from animegamer.models.trained import load_encoder
-
         on_gpu = device.startswith("cuda")
         clip_features = CLIPImageFeatures.from_config(cfg.inference.clip).to(device).eval()
         t5 = T5TextFeatures.from_config(cfg.inference.t5, dtype=torch.bfloat16 if on_gpu else torch.float32)
@@ -245,7 +246,6 @@ def load_shot_models(cfg: EvalConfig) -> tuple[ShotEncoding, object]:
     """The stage (a) encoder (with its CLIP and T5) and the MLLM predictor of ``cfg`` on its device, seeded: what the
     shot-level research tools (research/spriteworld/shot_error.py, friend_probe.py) compare. Missing or unreadable
     weights raise FileNotFoundError or ValueError."""
-    from animegamer.inference.session import load_mllm_predictor, resolve_device
 
     device = resolve_device(cfg.inference.device)
     torch.manual_seed(cfg.seed)
@@ -254,7 +254,6 @@ def load_shot_models(cfg: EvalConfig) -> tuple[ShotEncoding, object]:
 
 def load_stage_a_parts(cfg: EvalConfig) -> tuple[ShotEncoding, object]:
     """The stage (a) encoder (with its CLIP and T5 feature extractors) and the stage (a) decoder as a renderer."""
-    from animegamer.inference.session import load_renderer, resolve_device
 
     device = resolve_device(cfg.inference.device)
     offload = cfg.inference.offload == "sequential" and device != "cpu"
@@ -266,7 +265,6 @@ def load_stage_a_parts(cfg: EvalConfig) -> tuple[ShotEncoding, object]:
 
 def _write_clip(frames: np.ndarray, out_dir: str | Path | None, index: int, fps: int) -> str:
     """``out_dir/turn_<index>.mp4``; nothing (and "") when ``out_dir`` is None."""
-    from animegamer.data.video import write_mp4
 
     if out_dir is None:
         return ""
@@ -292,7 +290,6 @@ class GCBaseline(_Rendering):
 
     def reference_frame(self, character: str) -> np.ndarray:
         """The fixed frame whose CLIP tokens stand in for a visual reference: grey, one image, or per character."""
-        from animegamer.data.characters import load_image
 
         if not self.reference:
             return grey_frame(*self.frame_size)
@@ -361,8 +358,6 @@ class GroundTruthSystem(_TurnByTurn):
         self.height, self.width, self.fps = height, width, fps
 
     def play_game(self, game: BenchmarkGame, out_dir: str | Path | None) -> list[TurnOutput]:
-        from animegamer.data.features import fit_frames
-
         if not isinstance(game, GroundTruthGame) or not game.has_clips():
             raise ValueError(f"{game.game_id}: the ground_truth system needs games with ground-truth clips "
                              "(a games directory written by scripts/spriteworld/make.py)")
