@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from animegamer.cli import fail, no_bars_in_logs, parse_config
 from animegamer.config import InferenceConfig
-from animegamer.inference.session import build_session
+from animegamer.inference.session import build_game
 from animegamer.inference.vocabulary import load_vocabulary
 from animegamer.inference.web import APP_CSS, build_app
 
@@ -27,11 +27,10 @@ def main(argv: list[str] | None = None) -> None:
     no_bars_in_logs()
     try:
         vocabulary = load_vocabulary(cfg.mllm_checkpoint)
-        template = build_session(cfg)
+        game = build_game(cfg)
     except (FileNotFoundError, ValueError) as exc:  # a weights path or a vocabulary file, before any model loads
         fail(str(exc))
-    app = build_app(template.predictor, template.renderer, cfg.history_turns, cfg.output_dir, seed=cfg.seed,
-                    vocabulary=vocabulary)
+    app = build_app(game, cfg.output_dir, vocabulary=vocabulary)
     print(f"AnimeGamer: open http://{args.host}:{args.port} in a browser (Ctrl-C here stops the server)", flush=True)
     app.launch(server_name=args.host, server_port=args.port, css=APP_CSS, quiet=True)
 

@@ -8,7 +8,9 @@ The game file holds one instruction per line (``Character: …; Motion: …; Bac
 and ``#`` comments skipped). Every instruction is checked before any model is loaded: an empty, over-long (more
 than ``mllm.max_instruction_tokens`` tokens) or undecodable one stops the run with one line naming it.
 
-The MLLM sees the last ``history_turns`` (K) turns, its own predictions fed back, so the prompt stays bounded.
+Each turn is :meth:`animegamer.inference.turn.AnimeGamer.play_turn` without rendering: the MLLM sees the last
+``history_turns`` (K) turns, its own predictions fed back, so the prompt stays bounded. Every inference option of
+the config applies (``device``, ``offload``, ``merge_lora``, ``seed``).
 ``mllm_checkpoint`` is a stage (b) checkpoint (a step dir, a run dir or ``…/checkpoints/latest``); an empty string
 (``"mllm_checkpoint=''"`` on the command line) runs the base model with freshly initialised (seeded) LoRA, query
 embeddings and resamplers, with a warning.
@@ -22,31 +24,21 @@ Results (format in animegamer/inference/mllm_runner.py, read by inference_Decode
 
 from __future__ import annotations
 
-import sys
-
-import torch
 from tqdm.auto import tqdm
 
 from animegamer.cli import fail, no_bars_in_logs, parse_config
 from animegamer.config import InferenceConfig
 from animegamer.inference.mllm_runner import (
     InstructionError,
-    MLLMRunner,
     clear_results,
     validate_instruction,
     write_game,
     write_turn,
 )
-from animegamer.inference.session import check_checkpoints
-from animegamer.models.mllm import AnimeGamerMLLM, load_tokenizer
+from animegamer.inference.session import build_game, check_checkpoints
+from animegamer.io import resolve_checkpoint
+from animegamer.models.mllm import load_tokenizer
 from animegamer.states import TagError, read_game_file
-from animegamer.training.checkpoint import resolve_checkpoint
-
-
-def resolve_device(name: str) -> str:
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return name
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -73,30 +65,13 @@ def main(argv: list[str] | None = None) -> None:
             )
     except InstructionError as exc:
         fail(str(exc))
+
+    # 2. the game, MLLM only (every inference option of cfg honoured: device, offload, merge_lora, seed, K)
     try:
-        check_checkpoints(cfg, decoder=False)
-    except FileNotFoundError as exc:
+        game = build_game(cfg, render=False)
+    except (FileNotFoundError, ValueError) as exc:
         fail(str(exc))
     checkpoint = resolve_checkpoint(cfg.mllm_checkpoint) if cfg.mllm_checkpoint else None  # checked just above
-    if checkpoint is None:
-        print(
-            "warning: mllm_checkpoint is empty: running the base model with freshly initialised (untrained) LoRA, "
-            "query embeddings and resamplers; predictions are meaningless",
-            file=sys.stderr,
-        )
-
-    # 2. the model
-    torch.manual_seed(cfg.seed)
-    device = resolve_device(cfg.device)
-    model = AnimeGamerMLLM.from_config(cfg.mllm, device=device)
-    if checkpoint is not None:
-        model.load_trained(checkpoint)
-    runner = MLLMRunner(
-        model,
-        history_turns=cfg.history_turns,
-        max_instruction_tokens=cfg.mllm.max_instruction_tokens,
-        compat=cfg.compat,
-    )
 
     # 3. play, writing each turn as soon as it exists
     summary = {
@@ -112,15 +87,17 @@ def main(argv: list[str] | None = None) -> None:
         },
     }
     clear_results(cfg.output_dir)
-    records = []
-    for turn in tqdm(runner.play(instructions), total=len(instructions), desc="turns", disable=None):
+    turns, records = [], []
+    for text in tqdm(instructions, desc="turns", disable=None):
+        turn = game.play_turn(turns, text)
+        turns.append(turn)
         records.append(write_turn(cfg.output_dir, turn))
         write_game(cfg.output_dir, records, summary, complete=False)
-        v, s = turn.prediction.values, turn.state
+        v, s = turn.values, turn.state
         tqdm.write(
             f"turn {turn.index:3d}  level {v.motion_level}  social {v.social}  ent {v.entertainment}  "
             f"stamina {v.stamina:+d}  |  stamina {s.stamina:3d} social {s.social:3d} ent {s.entertainment:3d}  "
-            f"({turn.prediction.prompt_tokens} prompt tokens)"
+            f"({turn.prompt_tokens} prompt tokens)"
         )
     path = write_game(cfg.output_dir, records, summary, complete=True)
     print(f"wrote {len(records)} turns to {cfg.output_dir} ({path.name})")

@@ -1,4 +1,4 @@
-"""Atomic file writes: everything the project saves goes through a temp file and a rename.
+"""Atomic file writes (everything the project saves goes through a temp file and a rename) and checkpoint paths.
 
 A file written here is either the old one or the complete new one, even across a crash or a power cut: the temp
 file is flushed to disk (fsync) before the rename, and the directory after it, so the rename itself is durable.
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -107,3 +108,37 @@ def path_inside(root: str | Path, path: str | Path) -> Path:
     if not resolved.is_relative_to(base):
         raise ValueError(f"{path} is outside {root}")
     return resolved
+
+
+# ---------------------------------------------------------------- checkpoint paths
+
+STEP_PREFIX = "step_"
+STEP_DIR = re.compile(rf"{STEP_PREFIX}\d+")  # a complete checkpoint of a run: <output_dir>/checkpoints/step_N
+DECODER_DIR = "decoder"  # a checkpoint's trained decoder parts (stages a, c, d)
+
+
+def _latest_step_dir(latest: Path) -> Path:
+    """The step directory a ``latest`` file names: a bare ``step_X`` beside it, never a path elsewhere (a
+    checkpoint folder may come from someone else)."""
+    name = latest.read_text(errors="replace").strip()
+    if not STEP_DIR.fullmatch(name):
+        raise FileNotFoundError(f"checkpoint not found: {latest} names {name[:60]!r}, not a {STEP_PREFIX}N directory")
+    return latest.parent / name
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint directory from a path that may be a run dir, its ``checkpoints/latest`` file, or a step dir."""
+    path = Path(path)
+    if path.is_file() and path.name == "latest":
+        path = _latest_step_dir(path)
+    elif (path / "checkpoints" / "latest").is_file():
+        path = _latest_step_dir(path / "checkpoints" / "latest")
+    if not path.is_dir():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    return path
+
+
+def checkpoint_decoder_dir(checkpoint: str | Path) -> Path:
+    """The directory holding a checkpoint's trained decoder parts (``decoder/`` of a step dir, or the dir itself)."""
+    path = resolve_checkpoint(checkpoint)
+    return path / DECODER_DIR if (path / DECODER_DIR).is_dir() else path

@@ -147,9 +147,7 @@ def run(session: GameSession, lines: TextIO, out: TextIO, vocabulary: Vocabulary
             elif command == ":load":
                 if not arg.strip():
                     raise ValueError(":load needs a file")
-                session = GameSession.load(arg.strip(), session.predictor, session.renderer, session.output_dir,
-                                           history_turns=session.history_turns,
-                                           max_instruction_chars=session.max_instruction_chars)
+                session = GameSession.load(arg.strip(), session.game, session.output_dir)
                 print(f"loaded {len(session.turns)} turns from {arg.strip()}", file=out)
                 show_state(session, out)
             elif command.startswith(":"):

@@ -32,12 +32,12 @@ from animegamer.bench.agreement import Condition, Student, teacher_agreement, te
 from animegamer.cli import fail, no_bars_in_logs, parse_config
 from animegamer.config import InferenceConfig
 from animegamer.eval.games import load_games
-from animegamer.inference.game import GameSession, turn_seed
-from animegamer.inference.session import check_checkpoints, load_mllm_predictor, resolve_device
-from animegamer.models.cache import CACHE_METHODS, MagRatios
-from animegamer.models.fewstep import FewStepSampler
-from animegamer.models.sampling_presets import checkpoint_decoder_dir
+from animegamer.inference.session import build_game, check_checkpoints, resolve_device
+from animegamer.inference.turn import turn_seed
+from animegamer.io import checkpoint_decoder_dir
 from animegamer.models.trained import load_decoder
+from animegamer.sampling.cache import CACHE_METHODS, MagRatios
+from animegamer.sampling.fewstep import FewStepSampler
 
 CACHES = tuple(m for m in CACHE_METHODS if m != "none")
 
@@ -80,12 +80,13 @@ def main(argv: list[str] | None = None) -> tuple[Path, Path]:
     except (FileNotFoundError, ValueError) as exc:
         fail(str(exc))
 
-    predictor = load_mllm_predictor(cfg, device, offload=False)
+    animegamer = build_game(dataclasses.replace(cfg, device=device, offload="none"), render=False)
     conditions = []
     for g, game in enumerate(tqdm(games, desc="MLLM games", disable=None)):
-        session = GameSession(predictor, None, history_turns=cfg.history_turns, output_dir=args.out, seed=cfg.seed)
+        turns = []
         for instruction in game.instructions:
-            turn = session.play(instruction.render())
+            turn = animegamer.play_turn(turns, instruction.render())
+            turns.append(turn)
             conditions.append(Condition(g, turn.index, turn.shot_embeds, turn.values.motion_level,
                                         turn_seed(cfg.seed, 1000 * g + turn.index)))
     rows = 1 + len(students) + len(args.undistilled) + len(args.caches)

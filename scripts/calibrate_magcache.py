@@ -28,9 +28,9 @@ from tqdm.auto import tqdm
 
 from animegamer.cli import fail, no_bars_in_logs, parse_config
 from animegamer.config import InferenceConfig
-from animegamer.inference.game import GameSession, turn_seed
-from animegamer.inference.session import build_session
-from animegamer.models.cache import MagRatios, calibrate_mag_ratios
+from animegamer.inference.session import build_game
+from animegamer.inference.turn import turn_seed
+from animegamer.sampling.cache import MagRatios, calibrate_mag_ratios
 from animegamer.states import TagError, read_game_file
 
 RATIOS_FILE = "magcache_ratios.json"
@@ -48,17 +48,17 @@ def main(argv: list[str] | None = None) -> Path:
     cfg = dataclasses.replace(cfg, sampling=dataclasses.replace(cfg.sampling, cache="none"))
     try:
         instructions = read_game_file(cfg.game)[: args.prompts]
-        session = build_session(cfg, output_dir=Path(args.out))
+        animegamer = build_game(cfg)
     except (FileNotFoundError, ValueError, TagError) as exc:  # before or instead of loading any model
         fail(str(exc))
-    predictor, renderer = session.predictor, session.renderer
+    renderer = animegamer.renderer
     sampler = renderer.sampler
-    game = GameSession(predictor, None, history_turns=cfg.history_turns, output_dir=args.out, seed=cfg.seed)
+    turns = []
     for instruction in tqdm(instructions, desc="MLLM turns", disable=None):
-        game.play(instruction.render())
+        turns.append(animegamer.play_turn(turns, instruction.render(), render=False))
 
     def clips():
-        for turn in tqdm(game.turns, desc="calibrating", disable=None):
+        for turn in tqdm(turns, desc="calibrating", disable=None):
             def sample(turn=turn):
                 shot = turn.shot_embeds[None].to(renderer.decoder.dtype)  # (1, N, H)
                 generator = torch.Generator().manual_seed(turn_seed(cfg.seed, turn.index))
@@ -71,8 +71,8 @@ def main(argv: list[str] | None = None) -> Path:
     mean = [sum(column) / len(column) for column in zip(*per_prompt, strict=True)]
     ratios = MagRatios(tuple(mean), sampler.description, {
         "decoder_pretrained": cfg.decoder.pretrained, "decoder_checkpoint": cfg.decoder_checkpoint,
-        "sampling": dataclasses.asdict(cfg.sampling), "fast": cfg.fast,
-        "prompts": [t.instruction for t in game.turns], "per_prompt": per_prompt,
+        "sampling": dataclasses.asdict(cfg.sampling),
+        "prompts": [t.instruction for t in turns], "per_prompt": per_prompt,
     })
     path = ratios.save(Path(args.out) / RATIOS_FILE)
     print(f"{path}: {calls} ratios ({sampler.description}), mean over {len(per_prompt)} prompts; play with "

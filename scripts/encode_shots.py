@@ -19,8 +19,8 @@ import torch
 from animegamer.cli import parse_config
 from animegamer.config import StageAConfig
 from animegamer.data.features import precompute_features, write_shot_targets
+from animegamer.io import resolve_checkpoint
 from animegamer.models.trained import load_encoder
-from animegamer.training.checkpoint import resolve_checkpoint
 
 
 def main(argv: list[str] | None = None) -> Path:

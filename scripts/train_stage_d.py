@@ -52,9 +52,9 @@ from animegamer.data.features import motion_level_of
 from animegamer.data.manifest import ManifestError, read_manifest
 from animegamer.data.tensor_store import TensorStore
 from animegamer.models.decoder import AnimationShotDecoder
-from animegamer.models.fewstep import SAMPLER_FILE, FewStepSampler, alpha_at, alpha_schedule
-from animegamer.models.sampling import guidance_scales
 from animegamer.models.trained import DECODER_DIR, load_decoder
+from animegamer.sampling.fewstep import SAMPLER_FILE, FewStepSampler, alpha_at, alpha_schedule
+from animegamer.sampling.schedule import guidance_scales
 from animegamer.training.batches import resumable_batches
 from animegamer.training.checkpoint import check_resume, save_checkpoint, skip_model_weights_in_state
 from animegamer.training.distill import (

@@ -51,13 +51,14 @@ EXPECTED = {
             "errors", "turn", "wall_s"},
     "device": {"type", "name", "torch", "diffusers", "transformers", "peft", "python", "threads"},
     "turn": {"settings", "plain", "ours", "speedup", "outputs", "flops", "fast", "sdpa_backends", "raw_s",
-             "low_memory"},
+             "low_memory", "play_turn"},
     "turn.settings": {"height", "width", "num_frames", "latent_frames", "steps", "guided_steps", "guidance_scale",
                       "scheduler", "history_turns", "prompt_tokens", "state_tokens", "video_tokens",
                       "condition_tokens", "decoder_dtype"},
     "speedup": {"mllm_prefill", "mllm_states", "mllm", "denoise", "vae_decode", "turn"},
     "fast": {"steps", "guided_steps", "denoise_s", "turn_s", "speedup_vs_plain", "speedup_vs_ours", "peak_memory_gb"},
     "low_memory": {"offload", "vae_tiling", "compiled", "turn_s", "peak_memory_gb", "raw_s"},
+    "play_turn": {"path", "turn_s", "peak_memory_gb", "raw_s"},
     "stage_a": {"settings", "flops_per_clip", "plain", "ours", "speedup"},
     "stage_a.path": {"step_s", "peak_memory_gb", "raw_s", "clips_per_s", "mfu"},
     "stage_b": {"settings", "flops_per_step", "tokenwise_params", "plain", "ours", "speedup"},
@@ -95,6 +96,7 @@ def test_tiny_benchmark_writes_every_field(tmp_path, monkeypatch):
     assert set(turn["plain"]) == set(turn["ours"]) == TURN_PATH_KEYS
     assert set(turn["speedup"]) == EXPECTED["speedup"]
     assert set(turn["fast"]) == EXPECTED["fast"] and set(turn["low_memory"]) == EXPECTED["low_memory"]
+    assert set(turn["play_turn"]) == EXPECTED["play_turn"] and turn["play_turn"]["turn_s"] > 0
     assert set(data["training"]) == {"stage_a", "stage_b"}
     for stage in ("stage_a", "stage_b"):
         assert set(data["training"][stage]) == EXPECTED[stage]

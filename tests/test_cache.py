@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from animegamer.config import DecoderConfig, InferenceConfig, SamplingConfig, load_config
-from animegamer.models.cache import CACHE_METHODS, TransformerCache
 from animegamer.models.decoder import AnimationShotDecoder
-from animegamer.models.fewstep import FewStepSampler, fewstep_sample
-from animegamer.models.sampling_presets import PresetSampler, effective_sampling, guided_calls
+from animegamer.sampling.cache import CACHE_METHODS, TransformerCache
+from animegamer.sampling.fewstep import FewStepSampler, fewstep_sample
+from animegamer.sampling.presets import PresetSampler, effective_sampling, guided_calls
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 SAMPLING = SamplingConfig(steps=20, height=64, width=96, num_frames=5)  # 2 latent frames of 8x12
@@ -113,8 +113,8 @@ def test_config_choices():
 
 
 def test_renderer_uses_the_preset_and_bad_options_fail_early(decoder, tmp_path):
-    from animegamer.inference.session import DecoderRenderer
-    from animegamer.models.sampling_presets import check_render_options
+    from animegamer.inference.renderer import DecoderRenderer
+    from animegamer.inference.session import check_render_options
 
     FewStepSampler((999, 749, 499, 249)).save(tmp_path / "decoder")  # a step dir: decoder/ inside
     overrides = ["sampling.preset=distilled", f"decoder_checkpoint={tmp_path}", "sampling.height=64",

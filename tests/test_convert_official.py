@@ -19,7 +19,7 @@ import convert_official  # noqa: E402
 import inference_Decoder  # noqa: E402
 import inference_MLLM  # noqa: E402
 from animegamer.inference.mllm_runner import load_results  # noqa: E402
-from animegamer.inference.session import DecoderRenderer  # noqa: E402
+from animegamer.inference.renderer import DecoderRenderer  # noqa: E402
 from animegamer.tiny import COGVIDEOX_2B_SCHEDULER  # noqa: E402
 
 GAME = "Character: Qiqi; Motion: fly; Background: day sky.\nCharacter: Qiqi; Motion: run; Background: park.\n"
@@ -93,7 +93,7 @@ def test_converted_checkpoint_plays(converted, tmp_path):
         ["--config", str(converted / "inference.yaml"), f"output_dir={results}", "device=cpu",
          "sampling.steps=2", "decoder.dtype=fp32"]
     )  # fmt: skip
-    assert (results / "turn_000" / "clip.mp4").is_file() and (results / "turn_001" / "clip.mp4").is_file()
+    assert (results / "turn_000.mp4").is_file() and (results / "turn_001.mp4").is_file()
 
 
 def test_released_compat_plays(converted, tmp_path, monkeypatch):
@@ -109,19 +109,19 @@ def test_released_compat_plays(converted, tmp_path, monkeypatch):
     assert len(turns) == 1 and len(state["release_values"]) == 4
     # The release's decoder renders the level as parsed, through its table: a random agent's failed parse (ML 0)
     # goes to the table's last row (flow 40), where our clamped value would say level 1 (flow 0.5).
-    levels, render = [], DecoderRenderer.render
+    levels, sample = [], DecoderRenderer.latents
 
-    def recording_render(self, shot_embeds, motion_level, seed, **kwargs):
+    def recording_latents(self, shot_embeds, motion_level, seed, *args, **kwargs):
         levels.append(motion_level)
-        return render(self, shot_embeds, motion_level, seed, **kwargs)
+        return sample(self, shot_embeds, motion_level, seed, *args, **kwargs)
 
-    monkeypatch.setattr(DecoderRenderer, "render", recording_render)
+    monkeypatch.setattr(DecoderRenderer, "latents", recording_latents)
     inference_Decoder.main(
         ["--config", str(converted / "inference.yaml"), f"output_dir={results}", "device=cpu", "compat=released",
          "sampling.steps=2", "decoder.dtype=fp32"]
     )  # fmt: skip
     expected = state["release_values"][0] if 1 <= state["release_values"][0] <= 4 else 5
-    assert levels == [expected] and (results / "turn_000" / "clip.mp4").is_file()
+    assert levels == [expected] and (results / "turn_000.mp4").is_file()
 
 
 def _fails(args, capsys, match):

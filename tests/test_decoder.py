@@ -9,9 +9,10 @@ import torch
 
 from animegamer.config import DecoderConfig, SamplingConfig
 from animegamer.data.video import probe_video, read_video
+from animegamer.inference.turn import clip_stem, write_clip
 from animegamer.models.decoder import AnimationShotDecoder
-from animegamer.models.sampling import guidance_scales, write_clip
 from animegamer.models.shot_encoder import ActionAwareEncoder
+from animegamer.sampling.schedule import guidance_scales
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -193,7 +194,7 @@ def test_guidance_schedule():
 
 
 def test_fast_preset_calls_the_transformer_17_times_instead_of_99():
-    from animegamer.inference.session import fast_sampling
+    from animegamer.sampling.presets import fast_sampling
 
     paper = SamplingConfig(scheduler="ddim", steps=50, guidance_scale=6.0, dynamic_cfg=True)
     fast = fast_sampling(paper)
@@ -223,7 +224,7 @@ def test_sampling_writes_playable_clips(decoder, tmp_path, scheduler):
     assert not torch.equal(frames, other)
     with pytest.raises(ValueError, match="motion levels"):
         decoder.sample(shots, torch.tensor([0, 6]), sampling)
-    mp4, gif = write_clip(frames[0], tmp_path / "turn_000", fps=sampling.fps)
+    mp4, gif = write_clip(frames[0], clip_stem(tmp_path, 0), fps=sampling.fps)
     info = probe_video(mp4)
     assert (info.height, info.width, info.num_frames) == (48, 64, 9) and info.fps == pytest.approx(8)
     decoded, _ = read_video(mp4)

@@ -53,8 +53,7 @@ def test_save_load_then_next_turn_matches_continuing(tiny_cfg, tmp_path):
         session.play(text)
     save = session.save(tmp_path / "g.save")
     continued = session.play(GAME[2])
-    loaded = GameSession.load(save, session.predictor, session.renderer, output_dir=tmp_path / "resumed",
-                              history_turns=2)
+    loaded = GameSession.load(save, session.game, output_dir=tmp_path / "resumed")
     assert all(t.clip == "" for t in loaded.turns)  # paths from the file are never used
     assert [t.instruction for t in loaded.turns] == GAME[:1] + ["Qiqi eats breakfast in the kitchen"]
     resumed = loaded.play(GAME[2])
@@ -71,14 +70,14 @@ def test_save_load_then_next_turn_matches_continuing(tiny_cfg, tmp_path):
     with pytest.raises(ValueError, match="not an animegamer saved game"):
         bad = tmp_path / "bad.save"
         bad.write_bytes(b"nonsense")
-        GameSession.load(bad, session.predictor, None, history_turns=2)
+        GameSession.load(bad, session.game)
 
 
 def test_bad_instruction_fails_before_the_model(tiny_cfg):
     session = build_session(tiny_cfg, render=False)
     calls = []
-    real = session.predictor.predict_turn
-    session.predictor.predict_turn = lambda *a: calls.append(a) or real(*a)
+    real = session.game.predictor.predict_turn
+    session.game.predictor.predict_turn = lambda *a: calls.append(a) or real(*a)
     for bad in ("", "Character: Qiqi; Motion: ; Background: park."):
         with pytest.raises(ValueError):
             session.play(bad)
@@ -99,8 +98,9 @@ def test_inference_decoder_renders_every_turn(tiny_mistral_dir, tiny_cogvideox_d
     args = ["--config", str(TINY), *tiny_overrides(tiny_mistral_dir, tiny_cogvideox_dir, out), f"game={game}"]
     _entry("inference_MLLM").main(args)
     written = _entry("inference_Decoder").main(args)
-    clips = sorted(out.glob("turn_*/clip.mp4"))
-    assert len(clips) == 3 and len(list(out.glob("turn_*/clip.gif"))) == 3
+    clips = sorted(out.glob("turn_???.mp4"))
+    assert [c.name for c in clips] == ["turn_000.mp4", "turn_001.mp4", "turn_002.mp4"]
+    assert len(list(out.glob("turn_???.gif"))) == 3 and written["clips"] == clips[0]
     info = probe_video(written["game"])
     assert info.num_frames == 27 and (info.height, info.width) == (48, 64)
     from PIL import Image
@@ -137,7 +137,7 @@ def test_gradio_app_plays_two_turns_and_rejects_empty(tiny_cfg, tmp_path):
         "Character: Qiqi; Motion: gently lie down; Background: night bedroom."
     assert compose_instruction("", "", "", "", "  dance  ") == "dance"
     template = build_session(tiny_cfg)
-    app = build_app(template.predictor, template.renderer, 2, tmp_path / "web")
+    app = build_app(template.game, tmp_path / "web")
     app.launch(server_name="127.0.0.1", prevent_thread_lock=True, quiet=True)
     try:
         client = Client(app.local_url, verbose=False)

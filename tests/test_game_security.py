@@ -1,6 +1,7 @@
 """Saved games and results directories are untrusted input; the games survive bad files and Ctrl-C; entry points
 reject bad settings with one line before any model loads."""
 
+import dataclasses
 import importlib.util
 import io
 import json
@@ -18,8 +19,9 @@ from safetensors.torch import save_file
 from animegamer.config import load_config
 from animegamer.data.video import probe_video
 from animegamer.inference.game import GameSession
-from animegamer.inference.mllm_runner import PlayedTurn, TurnPrediction, load_results, write_game, write_turn
+from animegamer.inference.mllm_runner import load_results, write_game, write_turn
 from animegamer.inference.session import build_session
+from animegamer.inference.turn import AnimeGamer, Turn
 from animegamer.inference.web import WebGame
 from animegamer.io import path_inside
 from animegamer.play import run
@@ -28,6 +30,11 @@ from tests.test_game import GAME, TINY, tiny_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 K = 2  # history_turns of tiny_overrides
+
+
+def mllm_only(session) -> AnimeGamer:
+    """The session's game without its decoder (turns predicted, no clip rendered)."""
+    return dataclasses.replace(session.game, renderer=None)
 
 
 @pytest.fixture(scope="module")
@@ -127,14 +134,14 @@ def test_bad_save_is_one_value_error_naming_the_field(played, tmp_path, case):
     meta_fn, tensors_fn, needle = BAD_SAVES[case]
     bad = rewrite(save, tmp_path / "bad.save", meta_fn, tensors_fn)
     with pytest.raises(ValueError, match=needle) as info:
-        GameSession.load(bad, session.predictor, None, tmp_path, history_turns=K)
+        GameSession.load(bad, mllm_only(session), tmp_path)
     message = str(info.value)
     assert message.startswith(f"{bad}: ") and "\n" not in message
 
 
 def test_good_save_loads_without_its_clip_paths(played, tmp_path):
     session, save = played
-    loaded = GameSession.load(save, session.predictor, None, tmp_path, history_turns=K)
+    loaded = GameSession.load(save, mllm_only(session), tmp_path)
     assert [t.instruction for t in loaded.turns] == [t.instruction for t in session.turns]
     assert [t.state for t in loaded.turns] == [t.state for t in session.turns]
     assert all(torch.equal(a.shot_embeds, b.shot_embeds) for a, b in zip(loaded.turns, session.turns, strict=True))
@@ -184,7 +191,7 @@ def test_extra_tensor_is_refused_from_the_header_before_it_is_read(played, tmp_p
 
 def test_web_load_serves_only_files_inside_the_tab_folder(played, tmp_path):
     session, save = played
-    game = WebGame(session.predictor, session.renderer, K, tmp_path / "web")
+    game = WebGame(session.game, tmp_path / "web")
     readme = str(ROOT / "README.md")
 
     def point_clips(target):
@@ -213,7 +220,7 @@ def test_web_load_serves_only_files_inside_the_tab_folder(played, tmp_path):
     bad = rewrite(save, tmp_path / "nan.save", None, nan_shot)
     kept, status, *_ = game.load(str(bad), loaded)
     assert kept is loaded and "Not loaded" in status and "turn_00000: holds NaN" in status
-    other_k = WebGame(session.predictor, session.renderer, K + 1, tmp_path / "web3")
+    other_k = WebGame(dataclasses.replace(session.game, history_turns=K + 1), tmp_path / "web3")
     kept, status, *_ = other_k.load(str(save), None)
     assert kept is None and "history_turns: the game was played with K=2" in status
 
@@ -221,8 +228,7 @@ def test_web_load_serves_only_files_inside_the_tab_folder(played, tmp_path):
 def _results_dir(tmp_path: Path) -> Path:
     out = tmp_path / "results"
     values = StateValues(motion_level=2, social=1, entertainment=0, stamina=-1)
-    turns = [PlayedTurn(i, f"Qiqi runs {i}", TurnPrediction(torch.randn(8, 4), values, 40), CharacterState())
-             for i in range(2)]
+    turns = [Turn(i, f"Qiqi runs {i}", values, CharacterState(), torch.randn(8, 4), 40) for i in range(2)]
     records = [write_turn(out, t) for t in turns]
     write_game(out, records, {"seed": 1, "mllm": {"num_slots": 8, "shot_dim": 4}}, complete=True)
     return out
@@ -276,7 +282,7 @@ def test_load_results_checks_records_and_shots(tmp_path):
 
 def test_terminal_load_of_a_bad_save_keeps_the_game(played, tmp_path):
     session, save = played
-    game = GameSession(session.predictor, None, history_turns=K, output_dir=tmp_path)
+    game = GameSession(mllm_only(session), output_dir=tmp_path)
     no_turns = rewrite(save, tmp_path / "a.save", drop("turns"))
     turns_int = rewrite(save, tmp_path / "b.save", put(turns=5))
     script = io.StringIO("\n".join([GAME[0], f":load {no_turns}", f":load {turns_int}", f":load {tmp_path}",
@@ -296,11 +302,17 @@ class InterruptOnce:
     def __init__(self, renderer):
         self.renderer, self.fps, self.armed = renderer, renderer.fps, True
 
-    def render(self, *args):
+    def latents(self, *args):
         if self.armed:
             self.armed = False
             raise KeyboardInterrupt
-        return self.renderer.render(*args)
+        return self.renderer.latents(*args)
+
+    def chunk_count(self, latents):
+        return self.renderer.chunk_count(latents)
+
+    def decode(self, latents):
+        return self.renderer.decode(latents)
 
 
 class InterruptedInput(io.StringIO):
@@ -317,9 +329,9 @@ class InterruptedInput(io.StringIO):
 
 def test_ctrl_c_cancels_the_turn_and_keeps_the_game(played, tmp_path):
     session, _ = played
-    game = GameSession(session.predictor, None, history_turns=K, output_dir=tmp_path)
+    game = GameSession(mllm_only(session), output_dir=tmp_path)
     game.play(GAME[0])
-    game.renderer = InterruptOnce(session.renderer)
+    game.game.renderer = InterruptOnce(session.game.renderer)
     out = io.StringIO()
     final = run(game, InterruptedInput("\n".join([GAME[1], ":state", GAME[1], ":quit"])), out)
     text = out.getvalue()

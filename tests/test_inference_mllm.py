@@ -9,10 +9,11 @@ from animegamer.config import load_config
 from animegamer.inference.mllm_runner import (
     HistoryTurn,
     InstructionError,
-    MLLMRunner,
+    MLLMPredictor,
     load_results,
     predict_turn,
 )
+from animegamer.inference.turn import AnimeGamer
 from animegamer.models.mllm import AnimeGamerMLLM
 from animegamer.states import CharacterState, StateValues, read_game_file
 from animegamer.tokens import TurnSpec
@@ -112,7 +113,7 @@ def test_bad_input_fails_before_any_model_loads(tmp_path, tiny_mistral_dir, monk
     def no_model(*args, **kwargs):
         raise AssertionError("a model was loaded before the input was checked")
 
-    monkeypatch.setattr(module.AnimeGamerMLLM, "from_config", no_model)
+    monkeypatch.setattr(AnimeGamerMLLM, "from_config", no_model)
     game = tmp_path / "game.txt"
     if content is not None:
         game.write_bytes(content)
@@ -130,8 +131,10 @@ def test_sliding_window_bounds_the_prompt_over_50_turns(tiny_mistral_dir):
     texts = ["Qiqi sleeps", "Character: Qiqi; Motion: quickly run and jump high; Background: sunny park at noon."]
     instructions = [texts[i % 3 == 0] for i in range(50)]
     for k in (0, 2):
-        runner = MLLMRunner(model, history_turns=k)
-        lengths = [turn.prediction.prompt_tokens for turn in runner.play(instructions)]
+        game, turns = AnimeGamer(MLLMPredictor(model), None, history_turns=k), []
+        for text in instructions:
+            turns.append(game.play_turn(turns, text))
+        lengths = [turn.prompt_tokens for turn in turns]
         assert len(lengths) == 50
         # the longest possible prompt: BOS + k longest history turns + the longest current turn's prompt
         turn_len = {t: len(model.layout.build_sequence([_spec(t)], add_bos=False)) for t in texts}
@@ -143,9 +146,9 @@ def test_sliding_window_bounds_the_prompt_over_50_turns(tiny_mistral_dir):
         if k == 0:
             assert set(lengths) == {1 + prompt_len[t] for t in texts}
     with pytest.raises(InstructionError, match="max_instruction_tokens=3"):
-        MLLMRunner(model, history_turns=1, max_instruction_tokens=3).predict_turn([], texts[1])
+        AnimeGamer(MLLMPredictor(model, max_instruction_tokens=3), None).play_turn([], texts[1])
     with pytest.raises(InstructionError, match="empty"):
-        MLLMRunner(model).predict_turn([], "  ")
+        MLLMPredictor(model).validate("  ")
 
 
 def _spec(text: str, current: bool = False) -> TurnSpec:

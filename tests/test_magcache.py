@@ -8,9 +8,9 @@ import torch
 
 from animegamer.cli import load_script
 from animegamer.config import InferenceConfig, load_config
-from animegamer.inference.session import build_session
-from animegamer.models.cache import MagRatios
-from animegamer.models.sampling_presets import PresetSampler
+from animegamer.inference.session import build_game
+from animegamer.sampling.cache import MagRatios
+from animegamer.sampling.presets import PresetSampler
 from tests.test_game import TINY, tiny_overrides
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -42,7 +42,7 @@ def test_calibration_writes_one_ratio_per_step(calibrated):
 def test_magcache_skips_blocks_and_stays_close(calibrated):
     overrides, path = calibrated
     cfg = load_config(TINY, overrides, schema=InferenceConfig)
-    decoder = build_session(cfg).renderer.decoder
+    decoder = build_game(cfg, mllm=False).renderer.decoder
     blocks = decoder.transformer.transformer_blocks
     runs = [0]
     handles = [b.attn1.to_q.register_forward_hook(lambda *_: runs.__setitem__(0, runs[0] + 1)) for b in blocks]
@@ -72,7 +72,7 @@ def test_magcache_skips_blocks_and_stays_close(calibrated):
 
 def test_missing_or_mismatched_ratios_are_one_line_errors(calibrated, tmp_path):
     overrides, path = calibrated
-    from animegamer.models.sampling_presets import check_render_options
+    from animegamer.inference.session import check_render_options
 
     def check(*extra):
         check_render_options(load_config(TINY, [*overrides, "sampling.cache=magcache", *extra],
@@ -109,12 +109,12 @@ def test_calibration_script_user_errors(tmp_path, capsys):
 def test_magcache_with_the_fast_preset_keeps_counting_when_guidance_stops(calibrated):
     """fast: guided steps at batch 2 then plain ones at batch 1; MagCache keeps its step count and the residual's
     conditional half (a reset would misalign the ratios)."""
-    from animegamer.models.cache import TransformerCache, calibrate_mag_ratios
-    from animegamer.models.sampling_presets import effective_sampling
+    from animegamer.sampling.cache import TransformerCache, calibrate_mag_ratios
+    from animegamer.sampling.presets import effective_sampling
 
     overrides, _ = calibrated
     cfg = load_config(TINY, [*overrides, "sampling.preset=fast"], schema=InferenceConfig)
-    decoder = build_session(cfg).renderer.decoder
+    decoder = build_game(cfg, mllm=False).renderer.decoder
     sampling = effective_sampling(cfg.sampling)  # 10 steps, CFG on the first 4
     shots = torch.randn(1, 226, 32, generator=torch.Generator().manual_seed(2))
     batches = []

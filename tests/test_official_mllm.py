@@ -256,7 +256,7 @@ def test_fast_path_on_converted_weights(converted):
         mllm=converted["cfg"], mllm_checkpoint=converted["info"]["mllm_dir"], merge_lora=True, history_turns=1
     )
     fast = load_mllm_predictor(cfg, "cpu", offload=True)
-    assert fast.runner.model.official
+    assert fast.model.official
     turn = fast.predict_turn(history, instruction)
     assert turn.values == plain.values and rel(turn.shot_embeds, plain.shot_embeds) < 1e-5
     assert all(abs(sum(p.values()) - 1) < 1e-5 for p in turn.value_probs.values())

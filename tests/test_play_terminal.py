@@ -60,8 +60,7 @@ def shipped(tmp_path_factory):
 
 def test_hints_warnings_progress_and_help(shipped, tmp_path):
     template, vocabulary = shipped
-    session = GameSession(template.predictor, template.renderer, history_turns=template.history_turns,
-                          output_dir=tmp_path)
+    session = GameSession(template.game, output_dir=tmp_path)
     script = io.StringIO("\n".join(["", "Character: Bob; Motion: gently lie down; Background: night bedroom.",
                                     ":help", ":undo", ":quit"]))
     out = Terminal()

@@ -11,10 +11,10 @@ import torch
 
 from animegamer.cli import load_script
 from animegamer.config import SamplingConfig, load_config
-from animegamer.models.fewstep import SAMPLER_FILE, FewStepSampler, alpha_schedule, ddim_step, fewstep_sample
-from animegamer.models.sampling import guidance_scales
 from animegamer.models.trained import load_decoder
 from animegamer.models.weights import load_state_dict_file
+from animegamer.sampling.fewstep import SAMPLER_FILE, FewStepSampler, alpha_schedule, ddim_step, fewstep_sample
+from animegamer.sampling.schedule import guidance_scales
 from animegamer.training.checkpoint import list_checkpoints
 from animegamer.training.distill import (
     segment_boundaries,

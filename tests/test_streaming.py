@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from animegamer.config import DecoderConfig
-from animegamer.models.sampling import load_vae, vae_decode
-from animegamer.models.streaming import decode_chunks, latent_frame_batches
+from animegamer.models.vae import load_vae, vae_decode
+from animegamer.sampling.streaming import decode_chunks, latent_frame_batches
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -41,8 +41,8 @@ def _gif_frames(path) -> int:
 def test_the_game_writes_the_first_frames_before_the_rest(tiny_cogvideox_dir, tmp_path):
     """A 17-frame clip decodes in two chunks: its gif holds the first 9 frames while the rest decodes."""
     from animegamer.config import SamplingConfig
-    from animegamer.inference.game import GameSession, Turn
-    from animegamer.inference.session import DecoderRenderer
+    from animegamer.inference.renderer import DecoderRenderer
+    from animegamer.inference.turn import AnimeGamer, Turn
     from animegamer.models.decoder import AnimationShotDecoder
     from animegamer.states import CharacterState, StateValues
 
@@ -51,10 +51,12 @@ def test_the_game_writes_the_first_frames_before_the_rest(tiny_cogvideox_dir, tm
                                                              lora_alpha=4, motion_embed_dim=16, dtype="fp32")).eval()
     sampling = SamplingConfig(steps=2, height=48, width=64, num_frames=17)
     renderer = DecoderRenderer(decoder, sampling, "cpu")
-    chunks = []
-    frames = renderer.render(torch.randn(226, 32), 3, seed=1, on_frames=lambda *c: chunks.append(c))
-    assert [(len(f), i, n) for f, i, n in chunks] == [(9, 0, 2), (8, 1, 2)]
-    assert (np.concatenate([f for f, _, _ in chunks]) == frames).all() and frames.shape == (17, 48, 64, 3)
+    shot = torch.randn(226, 32)
+    latents = renderer.latents(shot, 3, seed=1)
+    chunks = list(renderer.decode(latents))
+    frames = renderer.render(shot, 3, seed=1)
+    assert [len(f) for f in chunks] == [9, 8] and renderer.chunk_count(latents) == 2
+    assert (np.concatenate(chunks) == frames).all() and frames.shape == (17, 48, 64, 3)
 
     gif = tmp_path / "turn_000.gif"
     heard = []
@@ -64,20 +66,21 @@ def test_the_game_writes_the_first_frames_before_the_rest(tiny_cogvideox_dir, tm
         if text.startswith("first 9 frames"):  # the gif on disk now: the first chunk only
             assert _gif_frames(gif) == 9
 
-    game = GameSession(None, renderer, output_dir=tmp_path, seed=0)
+    game = AnimeGamer(None, renderer, seed=0)
     turn = Turn(0, "instruction", StateValues(3, 0, 0, 0), CharacterState(), torch.randn(226, 32), 10)
-    game.render_turn(turn, progress)
+    rendered = game.render_turn(turn, tmp_path, progress=progress)
     assert f"first 9 frames: {gif}" in heard and heard[-1] == "writing the clip"
-    assert turn.gif == str(gif) and _gif_frames(gif) == 17
+    assert turn.gif == str(gif) and _gif_frames(gif) == 17 and turn.clip == str(tmp_path / "turn_000.mp4")
+    assert rendered.shape == (17, 48, 64, 3)
 
 
 def test_a_batch_renders_each_clip_as_it_renders_alone(tiny_cogvideox_dir):
     """render_many draws every clip from its own seed (initial latents and the DPM scheduler's per-step noise), so
     a batch gives each clip of the single renders, up to float rounding; the clips differ from each other."""
     from animegamer.config import SamplingConfig
-    from animegamer.inference.session import DecoderRenderer
+    from animegamer.inference.renderer import DecoderRenderer
     from animegamer.models.decoder import AnimationShotDecoder
-    from animegamer.models.sampling import initial_noise
+    from animegamer.sampling.schedule import initial_noise
 
     torch.manual_seed(0)
     decoder = AnimationShotDecoder.from_config(DecoderConfig(pretrained=str(tiny_cogvideox_dir), lora_rank=4,

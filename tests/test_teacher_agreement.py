@@ -10,8 +10,8 @@ from animegamer.bench.options import distilled_timesteps
 from animegamer.cli import load_script
 from animegamer.config import SamplingConfig
 from animegamer.models.decoder import AnimationShotDecoder
-from animegamer.models.fewstep import FewStepSampler
-from animegamer.models.sampling_presets import guided_calls
+from animegamer.sampling.fewstep import FewStepSampler
+from animegamer.sampling.presets import guided_calls
 from tests.eval_data import make_spriteworld
 from tests.stage_scripts import tiny_decoder_config, write_decoder_run
 from tests.test_game import TINY, tiny_overrides

@@ -28,7 +28,7 @@ def test_page_gets_the_first_frames_then_the_whole_clip(tiny_mistral_dir, tiny_c
     cfg = load_config(TINY, [*tiny_overrides(tiny_mistral_dir, tiny_cogvideox_dir, tmp_path / "play"),
                              "sampling.num_frames=17"])
     template = build_session(cfg)
-    app = build_app(template.predictor, template.renderer, 2, tmp_path / "web")
+    app = build_app(template.game, tmp_path / "web")
     app.launch(server_name="127.0.0.1", prevent_thread_lock=True, quiet=True)
     try:
         client = Client(app.local_url, verbose=False)

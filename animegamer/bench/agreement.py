@@ -13,7 +13,7 @@ held-out game: the MLLM's shot representation and motion level), the same seeded
                      the students' sampler.json records), 2 transformer calls per guided step
     distilled K      a stage (d) student's own K-step sampler: K conditional calls
     undistilled K    the teacher's decoder at the K timesteps a K-step student samples at, no CFG: K calls
-    cache <method>   the teacher's sampler with one of diffusers' cache hooks (animegamer.models.cache)
+    cache <method>   the teacher's sampler with one of diffusers' cache hooks (animegamer.sampling.cache)
 
 Each row reports transformer calls per turn (batch-B units: a guided call counts 2, counted by a forward hook), the
 relative L2 of its final latents to the teacher's and the PSNR / SSIM of its decoded frames to the teacher's frames,
@@ -38,8 +38,8 @@ from animegamer.config import SamplingConfig
 from animegamer.eval.intervals import bootstrap_interval
 from animegamer.eval.metrics import psnr, ssim
 from animegamer.io import atomic_write_json, atomic_write_text
-from animegamer.models.cache import MagRatios, TransformerCache, calibrate_mag_ratios
-from animegamer.models.fewstep import FewStepSampler, fewstep_sample
+from animegamer.sampling.cache import MagRatios, TransformerCache, calibrate_mag_ratios
+from animegamer.sampling.fewstep import FewStepSampler, fewstep_sample
 
 RESULT_NAME = "teacher_agreement"
 TEACHER_FIELDS = ("steps", "scheduler", "guidance_scale", "dynamic_cfg", "dynamic_cfg_exponent",

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from animegamer.config import DecoderConfig, EncoderConfig, MLLMConfig
-from animegamer.models.sampling import DTYPES
+from animegamer.models.vae import DTYPES
 from animegamer.tiny import COGVIDEOX_2B_SCHEDULER
 
 

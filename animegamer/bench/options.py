@@ -8,13 +8,13 @@ Rows (our path: LoRA merged, eager, so every row runs the same kernels and only 
     fast                  12 DPM-Solver++ steps, CFG on the first 40% (animegamer.inference.session.fast_sampling)
     distilled             4 DDIM steps at the stage (d) student's timesteps (those of configs/stage_d.yaml's 50-step
                           teacher), one conditional call each; with random weights, so a speed figure only
-    cache <method>        ``standard`` with one of diffusers' cache hooks (animegamer.models.cache); MagCache's
+    cache <method>        ``standard`` with one of diffusers' cache hooks (animegamer.sampling.cache); MagCache's
                           ratios are calibrated first, in the same run, on the same shot with the standard sampler
     fp8 [+ distilled]     the transformer's block linears in FP8 via torchao (CUDA GPUs of capability >= 8.9)
 
 For each: seconds of denoising, transformer calls per clip (at batch B: a guided call counts 2) and the share of
 the blocks' attention work that actually ran (a cache skips some), and the time to the first frames: denoising plus
-the first chunk of the streamed VAE decode (:func:`animegamer.models.streaming.decode_chunks`; the MLLM's share of
+the first chunk of the streamed VAE decode (:func:`animegamer.sampling.streaming.decode_chunks`; the MLLM's share of
 a turn is the ``turn`` part's). Timed eagerly because the cache hooks wrap the blocks' forward, which the compiled
 blocks of the ``turn`` part would fight.
 
@@ -27,19 +27,18 @@ from __future__ import annotations
 
 import dataclasses
 import tempfile
-from pathlib import Path
 
 import torch
 
 from animegamer.bench.timing import measure
 from animegamer.config import SamplingConfig
-from animegamer.data.video import write_gif, write_mp4
-from animegamer.models.cache import CACHE_METHODS, MagRatios, TransformerCache, calibrate_mag_ratios
-from animegamer.models.fewstep import FewStepSampler
+from animegamer.inference.turn import clip_stem, write_clip
 from animegamer.models.fp8 import fp8_unavailable, quantize_transformer_fp8
-from animegamer.models.sampling import build_scheduler
-from animegamer.models.sampling_presets import PresetSampler, effective_sampling
-from animegamer.models.streaming import decode_chunks
+from animegamer.sampling.cache import CACHE_METHODS, MagRatios, TransformerCache, calibrate_mag_ratios
+from animegamer.sampling.fewstep import FewStepSampler
+from animegamer.sampling.presets import PresetSampler, effective_sampling
+from animegamer.sampling.schedule import build_scheduler
+from animegamer.sampling.streaming import decode_chunks
 from animegamer.training.distill import segment_boundaries, student_timesteps
 
 PAPER_STEPS = 50
@@ -166,8 +165,7 @@ def decode_and_write(decoder, latents: torch.Tensor, fps: int, device, warmup: i
     frames = torch.cat(list(decode_chunks(decoder.vae, latents)), dim=1)[0].numpy()  # (T, H, W, 3) uint8
     with tempfile.TemporaryDirectory() as tmp:
         def write():
-            write_mp4(Path(tmp) / "turn.mp4", frames, fps=fps)
-            write_gif(Path(tmp) / "turn.gif", frames, fps=fps)
+            write_clip(frames, clip_stem(tmp, 0), fps=fps)
 
         profile = {"vae_decode_s": decode.median, "write_s": None, "frames": int(frames.shape[0]),
                    "raw_vae_decode_s": decode.seconds, "raw_write_s": []}

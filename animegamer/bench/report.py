@@ -179,6 +179,10 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {_gb(ours['peak_memory_gb']['vae_decode'])} |",
             f"| **turn** | **{_s(plain['turn_s'])}** | **{_s(ours['turn_s'])}** | **{_ratio(speed['turn'])}** | |",
         ]
+        whole = turn.get("play_turn")
+        if whole:
+            lines.append(f"| whole turn by `AnimeGamer.play_turn` (no file written) | | {_s(whole['turn_s'])} | "
+                         f"{_ratio(plain['turn_s'] / whole['turn_s'])} | {_gb(whole['peak_memory_gb'])} |")
         fast = turn["fast"]
         lines.append(
             f"| `fast` preset turn ({fast['steps']} steps, {fast['guided_steps']} with CFG) | | {_s(fast['turn_s'])} "

@@ -14,8 +14,10 @@ Parts of a turn (K history turns in the prompt, the paper's sampling settings):
     VAE decode             the same diffusers call on both paths
 
 The plain parts run first, then the fast-path switches are applied in place and our parts run; a final check
-compares the two paths' outputs (shot representation, final latents) from the same seed. Then the ``fast``
-preset's denoising and, optionally, a whole turn with offload + VAE tiling (the 24 GB option) with its peak.
+compares the two paths' outputs (shot representation, final latents) from the same seed. Then one whole turn as
+the game plays it (:meth:`animegamer.inference.turn.AnimeGamer.play_turn`: the parts above end to end, no file
+written), the ``fast`` preset's denoising and, optionally, a whole turn with offload + VAE tiling (the 24 GB option)
+with its peak.
 """
 
 from __future__ import annotations
@@ -29,9 +31,13 @@ import torch
 
 from animegamer.bench.timing import PeakMemory, Timing, count_flops, measure
 from animegamer.config import SamplingConfig
-from animegamer.inference.mllm_runner import HistoryTurn, decode_states, predict_turn, prefill_turn
-from animegamer.models.sampling import guidance_scales, scheduler_step
-from animegamer.states import StateValues
+from animegamer.inference.mllm_runner import MLLMPredictor, decode_states, predict_turn, prefill_turn
+from animegamer.inference.renderer import DecoderRenderer
+from animegamer.inference.turn import AnimeGamer, HistoryTurn, Turn
+from animegamer.io import atomic_write_text
+from animegamer.sampling.presets import fast_sampling
+from animegamer.sampling.schedule import guidance_scales, scheduler_step
+from animegamer.states import CharacterState, StateValues
 from animegamer.tokens import STATE_FIELDS, TurnSpec
 
 INSTRUCTIONS = (
@@ -174,9 +180,6 @@ def bench_turn(
     decoder, mllm, settings: TurnSettings, device, peak_flops: float, profile_dir: str | Path | None = None
 ) -> dict:
     """Time a turn on both paths (see module docstring); returns the ``turn`` section of benchmark.json."""
-    from animegamer.inference.mllm_runner import MLLMRunner
-    from animegamer.inference.session import DecoderRenderer, MLLMPredictor, fast_sampling
-
     device = torch.device(device)
     sampling, warmup, repeats = settings.sampling, settings.warmup, settings.repeats
     mllm.eval()
@@ -240,6 +243,12 @@ def bench_turn(
         decoder.compile_vae()
     ours_vae, ours_vae_mem = part(lambda: decoder.decode_latents(ours_latents))
     frames_diff = (decoder.decode_latents(plain_latents).float() - plain_frames.float()).abs()  # same latents
+
+    # one whole turn as the game plays it, on the same modules: parse, window, MLLM, denoise, streamed decode
+    earlier = [Turn(i, h.instruction, h.values, CharacterState(), h.shot_embeds, 0) for i, h in enumerate(history)]
+    game = AnimeGamer(MLLMPredictor(mllm, str(device)), DecoderRenderer(decoder, sampling, str(device)),
+                      history_turns=settings.history_turns, seed=settings.seed)
+    whole, whole_mem = part(lambda: game.play_turn(earlier, instruction))
 
     fast = fast_sampling(sampling)
     fast_den, fast_den_mem = part(lambda: ours_denoise(fast))
@@ -308,6 +317,13 @@ def bench_turn(
             "frames_max_abs_diff": float(frames_diff.max()),
         },
         "flops": {"denoise_step_branch": step_flops, "denoise": denoise_flops},
+        "play_turn": {
+            "path": "AnimeGamer.play_turn on our path's modules: MLLM + denoising + streamed VAE decode, no file "
+                    "written",
+            "turn_s": whole.median,
+            "peak_memory_gb": whole_mem,
+            "raw_s": whole.seconds,
+        },
         "fast": {
             "steps": fast.steps,
             "guided_steps": sum(s > 1.0 for s in guidance_scales(fast)),
@@ -333,9 +349,9 @@ def bench_turn(
 
     if settings.low_memory:
         # The 24 GB option: each model on the GPU only while it runs, the VAE decoded in tiles.
-        runner = MLLMRunner(mllm, history_turns=settings.history_turns)
-        predictor = MLLMPredictor(runner, str(device), offload=True)
-        renderer = DecoderRenderer(decoder, sampling, str(device), offload=True)
+        game = AnimeGamer(MLLMPredictor(mllm, str(device), offload=True),
+                          DecoderRenderer(decoder, sampling, str(device), offload=True),
+                          history_turns=settings.history_turns, seed=settings.seed)
         mllm.to("cpu")
         decoder.to("cpu")
         if device.type == "cuda":
@@ -343,8 +359,7 @@ def bench_turn(
         decoder.vae.enable_tiling()
 
         def offloaded_turn():
-            prediction = predictor.predict_turn(history, instruction)
-            renderer.render(prediction.shot_embeds, prediction.values.motion_level, settings.seed)
+            game.play_turn(earlier, instruction)
 
         # Tiles are new shapes to a compiled VAE decoder (minutes of compiling again): it runs eagerly here.
         with torch.compiler.set_stance("force_eager") if settings.compile_vae else nullcontext():
@@ -410,7 +425,5 @@ def profile_turn(decoder, mllm, history, instruction, shot, levels, sampling, de
     sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "profile_turn.txt"
-    from animegamer.io import atomic_write_text
-
     atomic_write_text(path, prof.key_averages().table(sort_by=sort, row_limit=40) + "\n")
     return path

@@ -69,7 +69,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "flow_preset": ("ultrafast", "fast", "medium"),
     "preset": ("full", "tiny"),
     "compat": ("released", "fixed"),
-    "cache": ("none", "first_block", "taylorseer", "pab", "faster", "magcache"),  # models.cache.CACHE_METHODS
+    "cache": ("none", "first_block", "taylorseer", "pab", "faster", "magcache"),  # sampling.cache.CACHE_METHODS
     "SamplingConfig.preset": ("standard", "fast", "distilled"),  # "Class.field": a name other fields also use
     "resampler_gelu": ("tanh", "erf"),
     "StageCConfig.history": ("teacher", "own"),
@@ -150,7 +150,22 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None, sch
     if expected is not None and cfg.kind != expected:
         raise ConfigError(f"{source}: kind={cfg.kind!r} but this entry point expects kind={expected!r}")
     _check_choices(cfg, "")
+    _fold_fast(cfg, "")
     return cfg
+
+
+def _fold_fast(obj: Any, where: str) -> None:
+    """``fast: true`` is the one-word spelling of ``sampling.preset: fast``: folded in here, once, for every
+    inference config (also inside eval and ablation configs), so nothing downstream reads ``fast``."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            _fold_fast(value, f"{where}{f.name}.")
+    if isinstance(obj, InferenceConfig) and obj.fast:
+        if obj.sampling.preset == "distilled":
+            raise ConfigError(f"{where}fast=true and {where}sampling.preset=distilled are two different samplers: "
+                              "pick one")
+        obj.sampling.preset, obj.fast = "fast", False
 
 
 def _describe(exc: OmegaConfBaseException) -> str:

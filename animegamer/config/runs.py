@@ -288,7 +288,7 @@ class InferenceConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     device: str = "auto"  # auto | cpu | cuda
     offload: str = "none"  # none | sequential (each model on the GPU only while it runs)
-    fast: bool = False  # the fast preset (fewer steps, partial CFG)
+    fast: bool = False  # = sampling.preset=fast (fewer steps, partial CFG); folded into sampling.preset at load
     compile: bool = False  # torch.compile the decoder's transformer blocks (first turn compiles; same outputs)
     compile_vae: bool = False  # torch.compile the VAE decoder too: 2x faster decode, ~150 s to compile (GPU)
     merge_lora: bool = False  # fold the LoRA into the base weights at load (same outputs up to weight rounding)

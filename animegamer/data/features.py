@@ -139,8 +139,8 @@ class FeatureExtractor:
 
     def __init__(self, cfg: StageAConfig, device: str | torch.device = "cpu"):
         from animegamer.models.clip_image import CLIPImageFeatures
-        from animegamer.models.sampling import load_vae
         from animegamer.models.t5_text import T5TextFeatures
+        from animegamer.models.vae import load_vae
 
         on_gpu = torch.device(device).type == "cuda"
         text_dtype = torch.bfloat16 if on_gpu else torch.float32  # T5-XXL is 19 GB in fp32
@@ -153,7 +153,7 @@ class FeatureExtractor:
     @torch.no_grad()
     def __call__(self, frames: torch.Tensor, motion_text: str) -> dict[str, torch.Tensor]:
         """frames (T, H, W, 3) uint8 at the configured size -> the stored fields of one clip."""
-        from animegamer.models.sampling import vae_encode
+        from animegamer.models.vae import vae_encode
 
         latents = vae_encode(self.vae, frames[None])[0]  # (F, C, h, w)
         picks = clip_frame_indices(len(frames), self.cfg.data.clip_frames)

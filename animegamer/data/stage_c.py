@@ -46,10 +46,9 @@ from animegamer.data.sequences import Window, windows_from_config
 from animegamer.data.stage_b import SHOT_FIELD, StageBDataset, clip_turn, filter_windows
 from animegamer.data.tensor_store import TensorStore
 from animegamer.inference.mllm_runner import HistoryTurn, TurnPrediction, predict_turn
-from animegamer.io import atomic_write_json
+from animegamer.io import atomic_write_json, resolve_checkpoint
 from animegamer.states import StateValues
 from animegamer.tokens import TurnLayout
-from animegamer.training.checkpoint import resolve_checkpoint
 
 META_FILE = "predictions_meta.json"
 VALUES_FIELD = "values"  # the prediction's state values: motion_level, social, entertainment, stamina

@@ -3,8 +3,9 @@
     system = build_system("gc_baseline", eval_cfg, training_clips)
     outputs = system.play_game(game, out_dir)    # list[TurnOutput], one per instruction of the game
 
-- ``animegamer`` (:class:`AnimeGamerSystem`): the full game, a :class:`GameSession` over the MLLM (with its K-turn
-  history of predicted shot representations) and the decoder of ``inference`` (stage c by default).
+- ``animegamer`` (:class:`AnimeGamerSystem`): the full game, :meth:`AnimeGamer.play_turn` turn after turn (the
+  MLLM with its K-turn history of predicted shot representations) and the decoder of ``inference`` (stage c by
+  default).
 - ``gc_baseline`` (:class:`GCBaseline`): the paper's GC-style baseline, the decoder driven by the text instruction
   alone, with no MLLM and no history. Its shot representation comes from the stage (a) encoder with the T5 tokens of
   the turn's instruction and the CLIP tokens of one fixed reference frame (``gc_reference``: a mid-grey frame by
@@ -18,8 +19,9 @@
 
 The rendering systems plan a game first (the per-turn model work, each turn possibly reading the one before: the
 MLLM's prediction, the shot encoding), then render the planned clips ``render_batch`` at a time across the games of
-one :meth:`play_games` call (:meth:`~animegamer.inference.session.DecoderRenderer.render_many`: every clip from its
-own seed, so a batch changes float rounding only; on a CPU, batches of 8 render about twice as fast).
+one :meth:`play_games` call (:meth:`~animegamer.inference.renderer.DecoderRenderer.render_many`: every clip from its
+own seed, so a batch changes float rounding only; on a CPU, batches of 8 render about twice as fast). Clips are
+written as the game writes them (:func:`animegamer.inference.turn.write_clip`: ``turn_000.mp4`` + ``.gif``).
 
 Time per turn counts the model work only (MLLM prediction, shot encoding, decoder sampling and VAE decoding), not
 writing the clip files; a batch's rendering time is shared evenly by its clips.
@@ -43,12 +45,10 @@ from animegamer.config import EvalConfig, InferenceConfig
 from animegamer.data.characters import load_image
 from animegamer.data.features import fit_frames
 from animegamer.data.manifest import ClipRecord
-from animegamer.data.video import write_mp4
 from animegamer.eval.benchmark import BenchmarkGame
 from animegamer.eval.games import GroundTruthGame
-from animegamer.inference.game import GameSession, turn_seed
-from animegamer.inference.mllm_runner import HistoryTurn, TurnPrediction
-from animegamer.inference.session import load_mllm_predictor, load_renderer, resolve_device
+from animegamer.inference.session import build_game, load_renderer, resolve_device
+from animegamer.inference.turn import AnimeGamer, Turn, clip_stem, turn_seed, write_clip
 from animegamer.models.clip_image import CLIPImageFeatures
 from animegamer.models.shot_encoder import ActionAwareEncoder
 from animegamer.models.t5_text import T5TextFeatures
@@ -113,14 +113,6 @@ class _Stopwatch:
         return out
 
 
-class _TimedPredictor:
-    def __init__(self, predictor, watch: _Stopwatch):
-        self.predictor, self.watch = predictor, watch
-
-    def predict_turn(self, history: list[HistoryTurn], instruction: str) -> TurnPrediction:
-        return self.watch.timed(self.predictor.predict_turn, history, instruction)
-
-
 class _TurnByTurn:
     """Systems without a renderer: games are played one after another."""
 
@@ -133,7 +125,7 @@ class _Rendering:
     """Systems with a renderer: :meth:`plan_game` does a game's per-turn model work and returns each turn's output
     (without frames) and clip plan; :meth:`play_games` then renders the plans of all its games in batches."""
 
-    renderer: object  # animegamer.inference.session.DecoderRenderer
+    renderer: object  # animegamer.inference.renderer.DecoderRenderer
     device: str
 
     def plan_game(self, game: BenchmarkGame) -> list[tuple[TurnOutput, PlannedClip]]:
@@ -172,33 +164,30 @@ class AnimeGamerSystem(_Rendering):
 
     name = "animegamer"
 
-    def __init__(self, predictor, renderer, *, history_turns: int, seed: int, device: str = "cpu"):
-        self.predictor, self.renderer = predictor, renderer
-        self.history_turns, self.seed, self.device = history_turns, seed, device
+    def __init__(self, game: AnimeGamer, device: str = "cpu"):
+        self.game, self.device = game, device
+
+    @property
+    def renderer(self):
+        return self.game.renderer
 
     @classmethod
     def from_config(cls, cfg: InferenceConfig, render: bool = True) -> AnimeGamerSystem:
-        device = resolve_device(cfg.device)
-        offload = cfg.offload == "sequential" and device != "cpu"
-        torch.manual_seed(cfg.seed)
-        predictor = load_mllm_predictor(cfg, device, offload)
-        renderer = load_renderer(cfg, device, offload) if render else None
-        return cls(predictor, renderer, history_turns=cfg.history_turns, seed=cfg.seed, device=device)
+        return cls(build_game(cfg, render=render), resolve_device(cfg.device))
 
     def plan_game(self, game: BenchmarkGame) -> list[tuple[TurnOutput, PlannedClip]]:
-        """The game's turns through a :class:`GameSession` without a renderer (the MLLM reads its own predicted
-        shots as history, none of them needs a clip); each turn's clip as the session would render it."""
+        """The game's turns by :meth:`AnimeGamer.play_turn` without rendering (the MLLM reads its own predicted
+        shots as history, none of them needs a clip); each turn's clip as the game would render it."""
         watch = _Stopwatch(self.device)
-        # A fresh session per game: every game starts from the initial state and an empty history.
-        session = GameSession(_TimedPredictor(self.predictor, watch), None, history_turns=self.history_turns,
-                              seed=self.seed)
+        turns: list[Turn] = []  # every game starts from the initial state and an empty history
         planned = []
         for instruction in game.instructions:
             watch.seconds = 0.0
-            turn = session.play(instruction.render())
+            turn = watch.timed(lambda text: self.game.play_turn(turns, text, render=False), instruction.render())
+            turns.append(turn)
             output = TurnOutput(turn.instruction, turn.values, None, turn.values.motion_level, watch.seconds)
             planned.append((output, PlannedClip(turn.shot_embeds, turn.values.motion_level,
-                                                turn_seed(self.seed, turn.index))))
+                                                turn_seed(self.game.seed, turn.index))))
         return planned
 
     def play_games(self, games: Sequence[BenchmarkGame], out_dirs: Sequence[str | Path | None],
@@ -242,14 +231,15 @@ class ShotEncoding:
         return self.encoder(clip_tokens.float(), text_tokens.float())[0].float().cpu()  # (N, H)
 
 
-def load_shot_models(cfg: EvalConfig) -> tuple[ShotEncoding, object]:
-    """The stage (a) encoder (with its CLIP and T5) and the MLLM predictor of ``cfg`` on its device, seeded: what the
-    shot-level research tools (research/spriteworld/shot_error.py, friend_probe.py) compare. Missing or unreadable
-    weights raise FileNotFoundError or ValueError."""
+def load_shot_models(cfg: EvalConfig) -> tuple[ShotEncoding, AnimeGamer]:
+    """The stage (a) encoder (with its CLIP and T5) and the game of ``cfg`` without a decoder (its MLLM), on its
+    device, seeded: what the shot-level research tools (research/spriteworld/shot_error.py, friend_probe.py)
+    compare. Missing or unreadable weights raise FileNotFoundError or ValueError."""
 
     device = resolve_device(cfg.inference.device)
     torch.manual_seed(cfg.seed)
-    return ShotEncoding.from_config(cfg, device), load_mllm_predictor(cfg.inference, device, offload=False)
+    encoding = ShotEncoding.from_config(cfg, device)
+    return encoding, build_game(dataclasses.replace(cfg.inference, offload="none"), render=False)
 
 
 def load_stage_a_parts(cfg: EvalConfig) -> tuple[ShotEncoding, object]:
@@ -264,11 +254,12 @@ def load_stage_a_parts(cfg: EvalConfig) -> tuple[ShotEncoding, object]:
 
 
 def _write_clip(frames: np.ndarray, out_dir: str | Path | None, index: int, fps: int) -> str:
-    """``out_dir/turn_<index>.mp4``; nothing (and "") when ``out_dir`` is None."""
+    """The game's clip layout (``out_dir/turn_<index>.mp4`` + ``.gif``), returning the mp4; nothing (and "") when
+    ``out_dir`` is None."""
 
     if out_dir is None:
         return ""
-    return str(write_mp4(Path(out_dir) / f"turn_{index:03d}.mp4", frames, fps=fps))
+    return str(write_clip(frames, clip_stem(out_dir, index), fps=fps)[0])
 
 
 def grey_frame(height: int, width: int) -> np.ndarray:

@@ -1,95 +1,48 @@
-"""GameSession: one turn = MLLM prediction -> CharacterState update -> decoder render, with a sliding history.
+"""GameSession: a game being played: its turns, undo, save and load, each turn played by
+:meth:`animegamer.inference.turn.AnimeGamer.play_turn` (the one game loop of the terminal and browser games).
 
-    session = GameSession(predictor, renderer, history_turns=3, output_dir="outputs/play")
+    session = GameSession(game, output_dir="outputs/play")      # game: build_game(cfg)
     turn = session.play("Character: Qiqi; Motion: gently lie down; Background: night bedroom.")
     session.save("outputs/play/qiqi.game")            # one atomic file: states, instructions, s_a
-    session = GameSession.load("outputs/play/qiqi.game", predictor, renderer, history_turns=3)
+    session = GameSession.load("outputs/play/qiqi.game", game)
 
-Only the last ``history_turns`` turns are fed back to the MLLM, so the prompt, memory and time per turn stay
-flat however long the game runs. Each turn's decoder seed is derived from (session seed, turn index), so a
-loaded game continues exactly as the original would have. A save is untrusted input when loaded
-(:mod:`animegamer.inference.saved`): every field is checked and its clip paths are never opened.
+Each turn's decoder seed is derived from (session seed, turn index), so a loaded game continues exactly as the
+original would have. A save is untrusted input when loaded (:mod:`animegamer.inference.saved`): every field is
+checked and its clip paths are never opened.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
-import numpy as np
 import torch
 
-from animegamer.data.video import write_gif, write_mp4
-from animegamer.inference.mllm_runner import HistoryTurn, TurnPrediction
 from animegamer.inference.saved import SAVE_FORMAT, read_save, turn_key
+from animegamer.inference.turn import AnimeGamer, Preview, Progress, Turn
 from animegamer.models.weights import save_state_dict_file
-from animegamer.states import MAX_INSTRUCTION_CHARS, CharacterState, StateValues, parse_instruction
+from animegamer.states import CharacterState
 
 SAVE_NAME = "game.save"  # a game's default save file, inside its own output directory
 
 
-def turn_seed(seed: int, index: int) -> int:
-    """The decoder seed of turn ``index``: a game replays (or resumes) to the same clips."""
-    return (seed * 1_000_003 + index) % (2**31)
-
-
-class StatePredictor(Protocol):
-    def predict_turn(self, history: list[HistoryTurn], instruction: str) -> TurnPrediction: ...
-
-
-class ShotRenderer(Protocol):
-    fps: int
-
-    def render(self, shot_embeds: torch.Tensor, motion_level: int, seed: int) -> np.ndarray:
-        """(N, H) shot representation -> (T, H, W, 3) uint8 frames. A renderer that reports its progress takes
-        ``progress`` and ``on_frames`` keywords too (:class:`animegamer.inference.session.DecoderRenderer`: the
-        clip's frames chunk by chunk as they are decoded); they are passed only when a game shows progress."""
-        ...
-
-
-# hears what a turn is doing now ("MLLM: ...", "denoising 3/20", "decoding", ...) and the fraction of it done
-Progress = Callable[[str, float], None]
-# gets a clip's first decoded frames (t, H, W, 3) uint8 and the gif they were written to, before the rest decode
-Preview = Callable[[np.ndarray, Path], None]
-
-
-@dataclass
-class Turn:
-    index: int
-    instruction: str
-    values: StateValues
-    state: CharacterState  # after this turn
-    shot_embeds: torch.Tensor  # (N, H) float32, CPU
-    prompt_tokens: int
-    clip: str = ""  # mp4 path ("" when rendering is off)
-    gif: str = ""
-
-    def summary(self) -> dict:
-        return {
-            "index": self.index,
-            "instruction": self.instruction,
-            "values": vars(self.values),
-            "state": self.state.to_dict(),
-            "prompt_tokens": self.prompt_tokens,
-            "clip": self.clip,
-            "gif": self.gif,
-        }
-
-
 @dataclass
 class GameSession:
-    predictor: StatePredictor
-    renderer: ShotRenderer | None
-    history_turns: int = 1
+    game: AnimeGamer
     output_dir: str | Path = "outputs/play"
-    seed: int = 42
-    max_instruction_chars: int = MAX_INSTRUCTION_CHARS
+    seed: int | None = None  # this game's seed (default: the AnimeGamer's; a loaded game keeps its own)
     turns: list[Turn] = field(default_factory=list)
     # the turns as last saved or loaded: the game has unsaved changes when they differ (same Turn objects or not)
     saved_turns: list[Turn] = field(default_factory=list, repr=False)
+
+    def __post_init__(self):
+        if self.seed is None:
+            self.seed = self.game.seed
+
+    @property
+    def history_turns(self) -> int:
+        return self.game.history_turns
 
     @property
     def unsaved(self) -> bool:
@@ -98,62 +51,22 @@ class GameSession:
 
     @property
     def state(self) -> CharacterState:
+        """The character's state now."""
         return self.turns[-1].state if self.turns else CharacterState()
 
-    def history(self) -> list[HistoryTurn]:
-        """The sliding window the MLLM sees: the last ``history_turns`` turns."""
-        window = self.turns[-self.history_turns :] if self.history_turns > 0 else []
-        return [HistoryTurn(t.instruction, t.shot_embeds, t.values) for t in window]
-
     def play(self, instruction: str, progress: Progress | None = None, preview: Preview | None = None) -> Turn:
-        """Validate the instruction (before any model runs), predict, update the state, render; ``progress`` hears
-        each stage of the turn, ``preview`` the clip's first frames while the rest decode (:meth:`render_turn`)."""
-        parsed = parse_instruction(instruction, max_chars=self.max_instruction_chars)
-        text = parsed.render()
-        if progress:
-            progress("MLLM: the next game state", 0.0)
-        prediction = self.predictor.predict_turn(self.history(), text)
-        index = len(self.turns)
-        turn = Turn(
-            index=index,
-            instruction=text,
-            values=prediction.values,
-            state=self.state.update(prediction.values),
-            shot_embeds=prediction.shot_embeds.detach().float().cpu(),
-            prompt_tokens=prediction.prompt_tokens,
-        )
-        self.render_turn(turn, progress, preview)
+        """The next turn (:meth:`AnimeGamer.play_turn`), its clip written to this session's output directory;
+        ``progress`` hears each stage of the turn, ``preview`` the clip's first frames while the rest decode."""
+        turn = self.game.play_turn(self.turns, instruction, seed=self.seed, out_dir=self.output_dir,
+                                   progress=progress, preview=preview)
         self.turns.append(turn)
         return turn
 
     def render_turn(self, turn: Turn, progress: Progress | None = None, preview: Preview | None = None) -> None:
-        """Render ``turn``'s clip (mp4 + gif) into this session's output directory; no-op without a renderer.
-        The seed depends on the game seed and the turn index only, so a re-render gives the same clip. With
-        ``progress`` or ``preview``, the first decoded chunk of a clip that decodes in several goes to the turn's gif
-        at once and to ``preview(frames (t, H, W, 3), gif path)``; the whole clip replaces the gif after."""
-        if self.renderer is None:
-            return
-        shot = (turn.shot_embeds, turn.values.motion_level, turn_seed(self.seed, turn.index))
-        stem = Path(self.output_dir) / f"turn_{turn.index:03d}"
-
-        def first_frames(frames, index: int, count: int) -> None:
-            """The clip's first decoded chunk goes to its gif at once (replaced by the whole clip below)."""
-            if index == 0 and count > 1:
-                gif = write_gif(stem.with_suffix(".gif"), frames, fps=self.renderer.fps)
-                if progress:
-                    progress(f"first {len(frames)} frames: {gif}", 0.9)
-                if preview:
-                    preview(frames, gif)
-
-        if progress or preview:  # the MLLM took the first tenth of the turn (a guess: it varies with model sizes)
-            heard = (lambda stage, done: progress(stage, 0.1 + 0.85 * done)) if progress else None
-            frames = self.renderer.render(*shot, progress=heard, on_frames=first_frames)
-            if progress:
-                progress("writing the clip", 0.95)
-        else:
-            frames = self.renderer.render(*shot)
-        turn.clip = str(write_mp4(stem.with_suffix(".mp4"), frames, fps=self.renderer.fps))
-        turn.gif = str(write_gif(stem.with_suffix(".gif"), frames, fps=self.renderer.fps))
+        """Render ``turn``'s clip again into this session's output directory (a loaded game's last turn); no-op
+        without a decoder."""
+        if self.game.renderer is not None:
+            self.game.render_turn(turn, self.output_dir, seed=self.seed, progress=progress, preview=preview)
 
     def undo(self) -> Turn:
         if not self.turns:
@@ -177,11 +90,9 @@ class GameSession:
         return Path(path)
 
     @classmethod
-    def load(cls, path: str | Path, predictor: StatePredictor, renderer: ShotRenderer | None,
-             output_dir: str | Path | None = None, *, history_turns: int,
-             max_instruction_chars: int = MAX_INSTRUCTION_CHARS) -> GameSession:
+    def load(cls, path: str | Path, game: AnimeGamer, output_dir: str | Path | None = None) -> GameSession:
         """A saved game, checked as untrusted input (:func:`animegamer.inference.saved.read_save`), continued by
-        ``predictor`` with ``history_turns`` (K: a save played with another K is refused, so that the game goes on
+        ``game`` (a save played with another K than ``game.history_turns`` is refused, so that the game goes on
         exactly as it would have). Clip paths in the save are dropped: :meth:`render_turn` makes a turn's clip
         again, inside ``output_dir``. Raises ValueError naming the file and field, or FileNotFoundError."""
         path = Path(path)
@@ -189,16 +100,15 @@ class GameSession:
             inside = path / SAVE_NAME
             hint = f"; its saved game is {inside}" if inside.is_file() else ""
             raise ValueError(f"{path} is a directory, not a saved game file{hint}")
+        predictor = game.predictor
         saved = read_save(
             path,
-            history_turns=history_turns,
-            shot_shape=getattr(predictor, "shot_shape", None),
-            validate_instruction=getattr(predictor, "validate", None),
-            max_instruction_chars=max_instruction_chars,
+            history_turns=game.history_turns,
+            shot_shape=predictor.shot_shape if predictor is not None else None,
+            validate_instruction=predictor.validate if predictor is not None else None,
+            max_instruction_chars=game.max_instruction_chars,
         )
-        session = cls(predictor, renderer, history_turns=history_turns, seed=saved.seed,
-                      output_dir=output_dir if output_dir is not None else path.parent,
-                      max_instruction_chars=max_instruction_chars)
+        session = cls(game, output_dir=output_dir if output_dir is not None else path.parent, seed=saved.seed)
         session.turns = [Turn(t.index, t.instruction, t.values, t.state, t.shot_embeds, t.prompt_tokens)
                          for t in saved.turns]
         session.saved_turns = list(session.turns)

@@ -1,11 +1,10 @@
-"""Turn-by-turn MLLM inference: one prefill, then the four state values decoded from its KV cache.
+"""The MLLM side of a turn: one prefill, then the four state values decoded from its KV cache.
 
-    runner = MLLMRunner(model, history_turns=1, max_instruction_tokens=96)
-    prediction = runner.predict_turn(history, "Character: Qiqi; Motion: gently lie down; Background: night bedroom.")
-    for turn in runner.play(instructions): ...        # feeds its own predictions back, K-turn sliding window
+    predictor = MLLMPredictor(model, device="cuda", max_instruction_tokens=96)     # a StatePredictor
+    prediction = predictor.predict_turn(history, "Character: Qiqi; Motion: gently lie down; Background: park.")
 
-``predict_turn(history: list[HistoryTurn], instruction: str) -> TurnPrediction`` (the runner method, or the function
-``predict_turn(model, history, instruction)`` which uses the history exactly as given):
+``predict_turn(model, history, instruction) -> TurnPrediction`` uses the history exactly as given (the game windows
+it: :meth:`animegamer.inference.turn.AnimeGamer.play_turn`):
 
 1. prefill ``<s> [history turns] <TURN> instruction <VS> slots </VS> <MS>`` once: the hidden states at the current
    slots go through the output resampler (-> ``shot_embeds`` (N, shot_dim)); the KV cache is kept.
@@ -44,8 +43,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +52,7 @@ import torch
 from safetensors import SafetensorError
 
 from animegamer.inference.saved import check_shot
+from animegamer.inference.turn import HistoryTurn, Turn, TurnPrediction, on_device
 from animegamer.io import atomic_write_json, path_inside
 from animegamer.models.weights import load_state_dict_file, save_state_dict_file
 from animegamer.states import CharacterState, StateValues
@@ -63,30 +63,11 @@ SHOT_FILE = "shot_embeds.safetensors"
 STATE_FILE = "state.json"
 GAME_FILE = "game.json"
 _TURN_DIR = re.compile(r"^turn_\d{3,}$")
+_TURN_CLIP = re.compile(r"^turn_\d{3,}(_x\d+)?\.(mp4|gif)$")  # a rendered turn (inference_Decoder.py)
 
 
 class InstructionError(ValueError):
     """An instruction the MLLM cannot take: empty, too many tokens, or containing reserved layout tokens."""
-
-
-@dataclass
-class HistoryTurn:
-    """An earlier turn as the MLLM sees it."""
-
-    instruction: str
-    shot_embeds: torch.Tensor  # (N, shot_dim)
-    values: StateValues
-
-
-@dataclass
-class TurnPrediction:
-    """What one turn predicts."""
-
-    shot_embeds: torch.Tensor  # (N, shot_dim) float32, CPU
-    values: StateValues
-    prompt_tokens: int  # length of the prefilled prompt
-    value_probs: dict[str, dict[int, float]] = field(default_factory=dict)  # field -> value -> p over valid values
-    release_values: list[int] | None = None  # compat released: [ML, SC, ET, ST] as parsed (values: clamped)
 
 
 def validate_instruction(text: str, tokenizer: Any, base_vocab: int, max_tokens: int, where: str = "") -> list[int]:
@@ -206,51 +187,31 @@ def predict_turn(model, history: list[HistoryTurn], instruction: str, compat: st
     )
 
 
-@dataclass
-class PlayedTurn:
-    index: int
-    instruction: str
-    prediction: TurnPrediction
-    state: CharacterState  # after this turn
+class MLLMPredictor:
+    """The core's :class:`animegamer.inference.turn.StatePredictor`: the MLLM in eval mode, moved to ``device`` only
+    while it predicts when ``offload``."""
 
-
-class MLLMRunner:
-    """Plays instructions with a sliding window of the last ``history_turns`` turns (the prompt never grows)."""
-
-    def __init__(self, model, history_turns: int = 1, max_instruction_tokens: int = 96, compat: str = "fixed"):
-        if history_turns < 0:
-            raise ValueError(f"history_turns={history_turns} must be >= 0")
+    def __init__(self, model, device: str | None = None, offload: bool = False, max_instruction_tokens: int = 96,
+                 compat: str = "fixed"):
         if compat not in ("released", "fixed"):
             raise ValueError(f"compat must be released or fixed, got {compat!r}")
-        self.compat = compat
         self.model = model.eval()
-        self.history_turns = history_turns
-        self.max_instruction_tokens = max_instruction_tokens
+        self.device = device if device is not None else str(model.device)
+        self.offload, self.max_instruction_tokens, self.compat = offload, max_instruction_tokens, compat
+
+    @property
+    def shot_shape(self) -> tuple[int, int]:
+        """(num_slots, shot_dim) of the shots this model predicts and reads back as history."""
+        return self.model.num_slots, self.model.shot_dim
 
     def validate(self, instruction: str, where: str = "") -> None:
-        validate_instruction(
-            instruction, self.model.tokenizer, self.model.base_vocab, self.max_instruction_tokens, where
-        )
+        """Token count and reserved tokens: :class:`InstructionError` (a ValueError)."""
+        validate_instruction(instruction, self.model.tokenizer, self.model.base_vocab, self.max_instruction_tokens,
+                             where)
 
-    def window(self, history: list[HistoryTurn]) -> list[HistoryTurn]:
-        return list(history[-self.history_turns :]) if self.history_turns > 0 else []
-
-    def predict_turn(self, history: list[HistoryTurn], instruction: str) -> TurnPrediction:
-        """Validate the instruction, keep the last ``history_turns`` of ``history``, predict."""
-        self.validate(instruction)
-        return predict_turn(self.model, self.window(history), instruction, self.compat)
-
-    def play(self, instructions: list[str], state: CharacterState | None = None) -> Iterator[PlayedTurn]:
-        """Play instructions in order, feeding each prediction back as history; yields every turn."""
-        for index, text in enumerate(instructions):
-            self.validate(text, where=f"turn {index}")
-        state = state or CharacterState()
-        history: list[HistoryTurn] = []
-        for index, text in enumerate(instructions):
-            prediction = predict_turn(self.model, self.window(history), text, self.compat)
-            state = state.update(prediction.values)
-            history = self.window([*history, HistoryTurn(text, prediction.shot_embeds, prediction.values)])
-            yield PlayedTurn(index, text, prediction, state)
+    def predict_turn(self, history: Sequence[HistoryTurn], instruction: str) -> TurnPrediction:
+        with on_device(self.model, self.device, self.offload):
+            return predict_turn(self.model, list(history), instruction, self.compat)
 
 
 # ---------------------------------------------------------------------- results directory
@@ -261,33 +222,36 @@ def turn_dir(output_dir: str | Path, index: int) -> Path:
 
 
 def clear_results(output_dir: str | Path) -> None:
-    """Remove an earlier run's turn directories and game.json (only those), so no stale turn survives."""
+    """Remove an earlier run's turn directories, their clips and game.json (only those), so no stale turn
+    survives."""
     out = Path(output_dir)
     if not out.is_dir():
         return
     for child in out.iterdir():
         if child.is_dir() and _TURN_DIR.match(child.name):
             shutil.rmtree(child)
+        elif child.is_file() and _TURN_CLIP.match(child.name):
+            child.unlink()
     (out / GAME_FILE).unlink(missing_ok=True)
 
 
-def turn_record(turn: PlayedTurn) -> dict[str, Any]:
+def turn_record(turn: Turn) -> dict[str, Any]:
     return {
         "turn": turn.index,
         "instruction": turn.instruction,
-        "values": asdict(turn.prediction.values),
+        "values": asdict(turn.values),
         "character_state": turn.state.to_dict(),
-        "prompt_tokens": turn.prediction.prompt_tokens,
-        "value_probs": {k: {str(v): p for v, p in d.items()} for k, d in turn.prediction.value_probs.items()},
-        **({"release_values": turn.prediction.release_values} if turn.prediction.release_values is not None else {}),
+        "prompt_tokens": turn.prompt_tokens,
+        "value_probs": {k: {str(v): p for v, p in d.items()} for k, d in turn.value_probs.items()},
+        **({"release_values": turn.release_values} if turn.release_values is not None else {}),
     }
 
 
-def write_turn(output_dir: str | Path, turn: PlayedTurn) -> dict[str, Any]:
+def write_turn(output_dir: str | Path, turn: Turn) -> dict[str, Any]:
     """Write ``turn_XXX/shot_embeds.safetensors`` and ``turn_XXX/state.json``; returns the state record."""
     folder = turn_dir(output_dir, turn.index)
     record = turn_record(turn)
-    save_state_dict_file({"shot_embeds": turn.prediction.shot_embeds.float()}, folder / SHOT_FILE)
+    save_state_dict_file({"shot_embeds": turn.shot_embeds.float()}, folder / SHOT_FILE)
     atomic_write_json(folder / STATE_FILE, record)
     return record
 
@@ -325,8 +289,9 @@ def load_results(output_dir: str | Path) -> tuple[dict[str, Any], list[tuple[dic
         state_file, shot_file = (path_inside(out, Path(expected) / name) for name in (STATE_FILE, SHOT_FILE))
         state = _read_json(state_file)
         try:
-            if state.get("turn") != index or not isinstance(state.get("instruction"), str):
-                raise ValueError("'turn' or 'instruction' is wrong")
+            if (state.get("turn") != index or not isinstance(state.get("instruction"), str)
+                    or type(state.get("prompt_tokens")) is not int):
+                raise ValueError("'turn', 'instruction' or 'prompt_tokens' is wrong")
             StateValues(**state["values"])
             CharacterState.from_dict(state["character_state"])
             shot = check_shot(load_state_dict_file(shot_file)["shot_embeds"], SHOT_FILE, shape)

@@ -1,148 +1,44 @@
-"""Build a playable game from an inference config: the MLLM predictor, the decoder renderer, the session.
+"""Build the game of an inference config, honouring every inference option, for every entry point.
 
-    session = build_session(load_config("configs/tiny/inference.yaml"))
+    game = build_game(load_config("configs/tiny/inference.yaml"))          # an AnimeGamer: MLLM + decoder
+    session = build_session(cfg)                                            # the same in a fresh GameSession
     turn = session.play("Character: Qiqi; Motion: run; Background: park.")
 
-``offload: sequential`` keeps each model on the CPU and moves it to the GPU only while it runs, so the MLLM and
-the decoder are never resident at once (a full game then fits a 24 GB GPU). ``fast: true`` swaps the sampling
-settings for the fast preset (:func:`fast_sampling`).
-``merge_lora: true`` folds both LoRAs into their base weights and ``compile: true`` compiles the decoder's
-transformer blocks: the lossless fast path (outputs change by weight rounding only), measured by scripts/benchmark.py.
+``build_game(cfg, mllm=..., render=...)`` is the one place a config becomes models: ``device``, ``seed``,
+``history_turns``, ``merge_lora`` (both LoRAs folded into their base weights), ``offload: sequential`` (each model
+on the CPU, on the GPU only while it runs, so the MLLM and the decoder are never resident at once: a full game
+fits a 24 GB GPU), ``compile`` / ``compile_vae`` (the decoder's transformer blocks / VAE decoder), ``fp8``,
+``sampling.preset`` (``fast: true`` is its alias, folded in when the config loads) and ``sampling.cache``.
+The terminal and browser games, inference_MLLM.py, inference_Decoder.py and the evaluation all build here.
+Every weights path and rendering option is checked before any model loads (:func:`check_checkpoints`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import sys
-from collections.abc import Callable, Sequence
-from contextlib import contextmanager
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from animegamer.config import InferenceConfig, SamplingConfig
+from animegamer.config import InferenceConfig
 from animegamer.inference.game import GameSession
-from animegamer.inference.mllm_runner import HistoryTurn, MLLMRunner, TurnPrediction
-from animegamer.models.fp8 import quantize_transformer_fp8
-from animegamer.models.sampling_presets import PresetSampler, check_render_options
-from animegamer.models.streaming import decode_chunks, latent_frame_batches
-from animegamer.training.checkpoint import resolve_checkpoint
+from animegamer.inference.mllm_runner import MLLMPredictor
+from animegamer.inference.renderer import DecoderRenderer
+from animegamer.inference.turn import AnimeGamer
+from animegamer.io import checkpoint_decoder_dir, resolve_checkpoint
+from animegamer.models.decoder import AnimationShotDecoder
+from animegamer.models.fp8 import fp8_unavailable, quantize_transformer_fp8
+from animegamer.models.mllm import AnimeGamerMLLM
+from animegamer.models.trained import load_decoder
+from animegamer.sampling.cache import MagRatios
+from animegamer.sampling.fewstep import SAMPLER_FILE
+from animegamer.sampling.presets import PresetSampler, effective_sampling
 
 
 def resolve_device(name: str) -> str:
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return name
-
-
-FAST_STEPS = 12
-
-
-def fast_sampling(sampling: SamplingConfig) -> SamplingConfig:
-    """The fast preset: DPM-Solver++(2M) in 12 steps, classifier-free guidance on the first 40% of them only.
-
-    Guidance matters most while the layout forms (high noise); the late steps refine detail and run the
-    conditional branch alone, which halves their cost. 17 transformer calls instead of 99 at the paper's settings.
-    The quality cost is measured by scripts/evaluate.py (SpriteWorld ablations, README).
-    """
-    steps = min(sampling.steps, FAST_STEPS)
-    return dataclasses.replace(sampling, scheduler="dpm", steps=steps, guidance_steps_fraction=0.4)
-
-
-@contextmanager
-def on_device(module: torch.nn.Module, device: str, offload: bool):
-    """Run a block with ``module`` on ``device``; with offload, move it back to the CPU afterwards."""
-    if offload:
-        module.to(device)
-    try:
-        yield module
-    finally:
-        if offload:
-            module.to("cpu")
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-
-
-class MLLMPredictor:
-    """The MLLM runner, with the model moved to the GPU only while it predicts when offloading."""
-
-    def __init__(self, runner: MLLMRunner, device: str, offload: bool = False):
-        self.runner, self.device, self.offload = runner, device, offload
-
-    @property
-    def shot_shape(self) -> tuple[int, int]:
-        """(num_slots, shot_dim) of the shots this model predicts and reads back as history."""
-        return self.runner.model.num_slots, self.runner.model.shot_dim
-
-    def validate(self, instruction: str) -> None:
-        """The live check of an instruction (token count, reserved tokens): InstructionError (a ValueError)."""
-        self.runner.validate(instruction)
-
-    def predict_turn(self, history: list[HistoryTurn], instruction: str) -> TurnPrediction:
-        with on_device(self.runner.model, self.device, self.offload):
-            return self.runner.predict_turn(history, instruction)
-
-
-class DecoderRenderer:
-    """Renders a shot representation with the decoder: (N, H) s_a + motion level -> (T, H, W, 3) uint8."""
-
-    def __init__(self, decoder, sampling: SamplingConfig, device: str, offload: bool = False,
-                 sampler: PresetSampler | None = None):
-        self.decoder, self.device, self.offload = decoder, device, offload
-        # sampling.preset / sampling.cache (animegamer.models.sampling_presets); plain settings without one
-        self.sampler = sampler if sampler is not None else PresetSampler(decoder, sampling)
-        self.sampling = self.sampler.sampling
-        self.fps = sampling.fps
-
-    def render(self, shot_embeds: torch.Tensor, motion_level: int, seed: int,
-               progress: Callable[[str, float], None] | None = None,
-               on_frames: Callable[[np.ndarray, int, int], None] | None = None) -> np.ndarray:
-        """``progress`` hears "denoising step/steps" after every step, then "decoding", with the fraction done
-        (the decode counted as one more step). The VAE decodes the clip chunk by chunk
-        (animegamer.models.streaming); ``on_frames(frames (t, H, W, 3), index, count)`` gets each chunk as soon as
-        it is decoded, so the first frames can be shown before the rest (together: the returned frames)."""
-        generator = torch.Generator().manual_seed(seed)
-        on_step = (lambda step, steps: progress(f"denoising {step}/{steps}", step / (steps + 1))) if progress else None
-        with on_device(self.decoder, self.device, self.offload):
-            latents = self.sampler.latents(
-                shot_embeds[None].to(self.decoder.dtype),  # (1, N, H)
-                torch.tensor([motion_level]),
-                generator,
-                on_step=on_step,
-            )  # (1, F, C, h, w)
-            if progress:
-                progress("decoding", 1 - 1 / (self.sampling.steps + 1))
-            count = len(latent_frame_batches(latents.shape[1], self.decoder.vae.num_latent_frames_batch_size))
-            chunks = []
-            for index, chunk in enumerate(decode_chunks(self.decoder.vae, latents)):  # (1, t, H, W, 3) uint8
-                chunks.append(chunk[0].numpy())
-                if on_frames is not None:
-                    on_frames(chunks[-1], index, count)
-        return np.concatenate(chunks)  # (T, H, W, 3)
-
-    def render_many(self, shots: Sequence[torch.Tensor], motion_levels: Sequence[int],
-                    seeds: Sequence[int]) -> list[np.ndarray]:
-        """Several clips in one batch (the evaluation's way to fill a CPU): each drawn from its own seed's
-        generator, as :meth:`render` draws it alone, so a clip differs from its single render by float rounding
-        only. A cache method decides its skips for the whole batch and the release's sampler draws from one
-        generator: with either, the clips render one at a time."""
-        if not len(shots) == len(motion_levels) == len(seeds):
-            raise ValueError(f"{len(shots)} shots, {len(motion_levels)} levels and {len(seeds)} seeds")
-        if not shots:
-            return []
-        released = self.decoder.compat == "released" and self.decoder.release_sampler is not None
-        if self.sampler.cache is not None or released:
-            return [self.render(*clip) for clip in zip(shots, motion_levels, seeds, strict=True)]
-        generators = [torch.Generator().manual_seed(seed) for seed in seeds]
-        with on_device(self.decoder, self.device, self.offload):
-            latents = self.sampler.latents(
-                torch.stack(list(shots)).to(self.decoder.dtype),  # (B, N, H)
-                torch.tensor(list(motion_levels)),
-                generators,
-            )  # (B, F, C, h, w)
-            frames = torch.cat(list(decode_chunks(self.decoder.vae, latents)), dim=1)  # (B, T, H, W, 3) uint8
-        return list(frames.numpy())
 
 
 def weights_hint(key: str, path: str) -> str:
@@ -186,29 +82,52 @@ def check_checkpoints(cfg: InferenceConfig, mllm: bool = True, decoder: bool = T
         check_render_options(cfg, resolve_device(cfg.device))
 
 
-def load_mllm_predictor(cfg: InferenceConfig, device: str, offload: bool) -> MLLMPredictor:
-    from animegamer.models.mllm import AnimeGamerMLLM
+def check_render_options(cfg: InferenceConfig, device: str) -> None:
+    """The rendering options of an inference config that cannot work, before any model loads: one-line
+    FileNotFoundError / ValueError (``distilled`` without a stage (d) checkpoint or with the release's sampler,
+    ``magcache`` without its ratios or with ratios for another step count, FP8 off a capable GPU or with
+    offloading)."""
+    if cfg.sampling.cache == "magcache":
+        if not cfg.sampling.magcache_ratios:
+            raise ValueError("sampling.cache=magcache needs sampling.magcache_ratios: calibrate them for this "
+                             "decoder and sampler with scripts/calibrate_magcache.py")
+        # the distilled student's step count is in its sampler.json: checked when the sampler is built
+        MagRatios.load(cfg.sampling.magcache_ratios,
+                       None if cfg.sampling.preset == "distilled" else effective_sampling(cfg.sampling).steps)
 
+    if cfg.sampling.preset == "distilled":
+        if cfg.compat == "released":
+            raise ValueError("sampling.preset=distilled samples with the stage (d) student; compat=released samples "
+                             "with the release's own sampler: use compat=fixed")
+        if not cfg.decoder_checkpoint:
+            raise ValueError("sampling.preset=distilled needs a stage (d) decoder_checkpoint")
+        decoder_dir = checkpoint_decoder_dir(cfg.decoder_checkpoint)
+        if not (decoder_dir / SAMPLER_FILE).is_file():
+            raise FileNotFoundError(f"{decoder_dir / SAMPLER_FILE} is missing: sampling.preset=distilled needs a "
+                                    "stage (d) decoder (scripts/train_stage_d.py)")
+    if cfg.fp8:
+        if cfg.offload == "sequential":
+            raise ValueError("fp8 keeps the transformer's FP8 weights on the GPU: it does not combine with "
+                             "offload=sequential")
+        problem = fp8_unavailable(device)
+        if problem:
+            raise ValueError(problem)
+
+
+def load_mllm_predictor(cfg: InferenceConfig, device: str, offload: bool) -> MLLMPredictor:
     model = AnimeGamerMLLM.from_config(cfg.mllm, device="cpu" if offload else device)
     if cfg.mllm_checkpoint:
         model.load_trained(resolve_checkpoint(cfg.mllm_checkpoint))
     else:
-        print("warning: mllm_checkpoint is empty: the MLLM runs with untrained LoRA/resamplers", file=sys.stderr)
+        print("warning: mllm_checkpoint is empty: the MLLM runs with untrained LoRA, query embeddings and "
+              "resamplers; predictions are meaningless", file=sys.stderr)
     if cfg.merge_lora:
         model.merge_lora()
-    runner = MLLMRunner(
-        model,
-        history_turns=cfg.history_turns,
-        max_instruction_tokens=cfg.mllm.max_instruction_tokens,
-        compat=cfg.compat,
-    )
-    return MLLMPredictor(runner, device, offload)
+    return MLLMPredictor(model, device, offload, max_instruction_tokens=cfg.mllm.max_instruction_tokens,
+                         compat=cfg.compat)
 
 
 def load_renderer(cfg: InferenceConfig, device: str, offload: bool) -> DecoderRenderer:
-    from animegamer.models.decoder import AnimationShotDecoder
-    from animegamer.models.trained import load_decoder
-
     target = "cpu" if offload else device
     if cfg.decoder_checkpoint:
         decoder = load_decoder(cfg.decoder_checkpoint, cfg.decoder, device=target)
@@ -229,24 +148,24 @@ def load_renderer(cfg: InferenceConfig, device: str, offload: bool) -> DecoderRe
     if cfg.fp8:  # after the LoRA is folded in: FP8 weights carry no adapter
         decoder.merge_lora()
         quantize_transformer_fp8(decoder)
-    sampling = dataclasses.replace(cfg.sampling, preset="fast") if cfg.fast else cfg.sampling
-    sampler = PresetSampler.build(decoder, sampling, cfg.decoder_checkpoint)
-    return DecoderRenderer(decoder, sampling, device, offload, sampler)
+    sampler = PresetSampler.build(decoder, cfg.sampling, cfg.decoder_checkpoint)
+    return DecoderRenderer(decoder, cfg.sampling, device, offload, sampler)
+
+
+def build_game(cfg: InferenceConfig, mllm: bool = True, render: bool = True) -> AnimeGamer:
+    """The :class:`AnimeGamer` of ``cfg``: its MLLM (unless ``mllm`` is false: render recorded predictions only)
+    and its decoder (unless ``render`` is false: predict only). A missing checkpoint or an impossible rendering
+    option raises FileNotFoundError / ValueError before any model loads."""
+    check_checkpoints(cfg, mllm=mllm, decoder=render)
+    device = resolve_device(cfg.device)
+    offload = cfg.offload == "sequential" and device != "cpu"
+    torch.manual_seed(cfg.seed)  # untrained parts (an empty checkpoint) initialise the same way every run
+    predictor = load_mllm_predictor(cfg, device, offload) if mllm else None
+    renderer = load_renderer(cfg, device, offload) if render else None
+    return AnimeGamer(predictor, renderer, history_turns=cfg.history_turns, seed=cfg.seed)
 
 
 def build_session(cfg: InferenceConfig, render: bool = True, output_dir: str | Path | None = None) -> GameSession:
-    """The predictor and (if ``render``) the renderer of ``cfg``, in a fresh :class:`GameSession`.
-    A missing checkpoint raises FileNotFoundError before any model loads."""
-    check_checkpoints(cfg, decoder=render)
-    device = resolve_device(cfg.device)
-    offload = cfg.offload == "sequential" and device != "cpu"
-    torch.manual_seed(cfg.seed)
-    predictor = load_mllm_predictor(cfg, device, offload)
-    renderer = load_renderer(cfg, device, offload) if render else None
-    return GameSession(
-        predictor,
-        renderer,
-        history_turns=cfg.history_turns,
-        output_dir=output_dir if output_dir is not None else cfg.output_dir,
-        seed=cfg.seed,
-    )
+    """:func:`build_game` in a fresh :class:`GameSession` writing to ``output_dir`` (default ``cfg.output_dir``)."""
+    return GameSession(build_game(cfg, render=render), output_dir=output_dir if output_dir is not None
+                       else cfg.output_dir)

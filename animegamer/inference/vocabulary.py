@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from animegamer.io import atomic_write_json
+from animegamer.io import atomic_write_json, resolve_checkpoint
 from animegamer.states import ShotTags, TagError, parse_instruction
 
 VOCABULARY_FILE = "vocabulary.json"
@@ -147,8 +147,6 @@ def save_vocabulary(vocabulary: Vocabulary, directory: str | Path) -> Path:
 def load_vocabulary(checkpoint: str | Path) -> Vocabulary | None:
     """The vocabulary stored with an MLLM checkpoint (a directory, or a run's ``checkpoints/latest``); None when it
     has none. A malformed file raises ValueError naming it."""
-    from animegamer.training.checkpoint import resolve_checkpoint
-
     if not str(checkpoint):
         return None
     try:

@@ -2,14 +2,14 @@
 read-only bars, a history table that fits, a progress bar while a turn runs, and the clip's first frames on screen
 while the rest of it decodes.
 
-Built by :func:`build_app` around a shared predictor + renderer; every browser tab has its own game
+Built by :func:`build_app` around one shared :class:`AnimeGamer`; every browser tab has its own game
 (a :class:`GameSession` in ``gr.State``, in its own directory). Input is validated before any model runs; a failed
 turn or a bad save shows the error in the status line and leaves the game as it was. The choices, the example
 instruction and the warnings about words the model never saw come from the checkpoint's vocabulary
 (:mod:`animegamer.inference.vocabulary`).
 
 A turn streams: :meth:`WebGame.play` is a generator whose views Gradio sends to the page as they come. The turn runs
-in a worker thread; when the VAE has decoded the clip's first latent-frame batch (:mod:`animegamer.models.streaming`:
+in a worker thread; when the VAE has decoded the clip's first latent-frame batch (:mod:`animegamer.sampling.streaming`:
 9 of 17 frames) the page shows them (``turn_XXX_first.mp4``, looping), and the whole clip replaces them.
 """
 
@@ -25,7 +25,8 @@ from pathlib import Path
 
 from animegamer.data.video import VideoReadError, probe_video, read_video, write_mp4
 from animegamer.inference.contact_sheet import readable_factor, upscale
-from animegamer.inference.game import SAVE_NAME, GameSession, Progress, ShotRenderer, StatePredictor
+from animegamer.inference.game import SAVE_NAME, GameSession
+from animegamer.inference.turn import AnimeGamer, Progress
 from animegamer.inference.vocabulary import Vocabulary
 from animegamer.io import path_inside
 from animegamer.states import STATE_MAX, CharacterState, TagError, parse_instruction
@@ -95,17 +96,14 @@ class WebGame:
     dropped and its last clip is rendered again (:meth:`GameSession.load`), and :meth:`view` checks the path.
     """
 
-    def __init__(self, predictor: StatePredictor, renderer: ShotRenderer | None, history_turns: int,
-                 output_dir: str | Path, seed: int = 42, vocabulary: Vocabulary | None = None):
-        self.predictor, self.renderer, self.history_turns, self.seed = predictor, renderer, history_turns, seed
-        self.vocabulary = vocabulary
+    def __init__(self, game: AnimeGamer, output_dir: str | Path, vocabulary: Vocabulary | None = None):
+        self.game, self.vocabulary = game, vocabulary
         self.output_dir = Path(output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
 
     def new_session(self) -> GameSession:
         folder = Path(tempfile.mkdtemp(prefix="game_", dir=self.output_dir))
-        return GameSession(self.predictor, self.renderer, history_turns=self.history_turns, output_dir=folder,
-                           seed=self.seed)
+        return GameSession(self.game, output_dir=folder)
 
     def view(self, session: GameSession | None, status: str, clip: str | Path | None = None):
         """(session, status, clip path or None, bars HTML, history rows); the clip (the last turn's unless given)
@@ -147,7 +145,7 @@ class WebGame:
             kind, value = events.get()
             if kind == "frames":  # (t, H, W, 3) uint8: the first decoded chunk
                 first = write_mp4(Path(session.output_dir) / f"turn_{index:03d}_first.mp4", value,
-                                  fps=self.renderer.fps)
+                                  fps=self.game.renderer.fps)
                 _, status, clip, _, _ = self.view(session, f"Turn {index}: the first {len(value)} frames; the rest "
                                                            "are decoding…", clip=first)
                 yield (session, status, clip, *before[3:])
@@ -181,8 +179,7 @@ class WebGame:
             return self.view(session, "Choose a saved game file first.")
         folder = Path(tempfile.mkdtemp(prefix="game_", dir=self.output_dir))
         try:
-            loaded = GameSession.load(file, self.predictor, self.renderer, output_dir=folder,
-                                      history_turns=self.history_turns)
+            loaded = GameSession.load(file, self.game, output_dir=folder)
         except (ValueError, OSError) as exc:
             folder.rmdir()
             return self.view(session, f"**Not loaded:** {exc}")
@@ -195,12 +192,12 @@ class WebGame:
         return self.view(loaded, status)
 
 
-def build_app(predictor: StatePredictor, renderer: ShotRenderer | None, history_turns: int, output_dir: str | Path,
-              seed: int = 42, title: str = "AnimeGamer", vocabulary: Vocabulary | None = None):
+def build_app(game: AnimeGamer, output_dir: str | Path, title: str = "AnimeGamer",
+              vocabulary: Vocabulary | None = None):
     """The Gradio app; launch it with ``css=APP_CSS`` (pixel-sharp clip)."""
     import gradio as gr
 
-    game = WebGame(predictor, renderer, history_turns, output_dir, seed=seed, vocabulary=vocabulary)
+    web = WebGame(game, output_dir, vocabulary=vocabulary)
 
     def choice(label: str, entries: tuple[str, ...], value: str | None = None):
         """A dropdown of the world's words that takes any other text too."""
@@ -210,7 +207,7 @@ def build_app(predictor: StatePredictor, renderer: ShotRenderer | None, history_
     # Gradio finds its progress tracker by this default value and passes a live one in its place; a generator:
     # Gradio sends each view (the first frames, then the whole turn) to the page as it comes
     def play(character, adverb, motion, background, free_text, session, progress=gr.Progress()):  # noqa: B008
-        yield from game.play(character, adverb, motion, background, free_text, session,
+        yield from web.play(character, adverb, motion, background, free_text, session,
                              progress=lambda stage, done: progress(done, desc=stage))
 
     words = vocabulary or Vocabulary((), (), (), ())
@@ -244,7 +241,7 @@ def build_app(predictor: StatePredictor, renderer: ShotRenderer | None, history_
         outputs = [session_state, status, video, bars, history]
         play_button.click(play, [character, adverb, motion, background, free_text, session_state], outputs,
                           api_name="play")
-        undo_button.click(game.undo, [session_state], outputs, api_name="undo")
-        save_button.click(game.save, [session_state], [saved_file, status], api_name="save")
-        load_button.click(game.load, [load_file, session_state], outputs, api_name="load")
+        undo_button.click(web.undo, [session_state], outputs, api_name="undo")
+        save_button.click(web.save, [session_state], [saved_file, status], api_name="save")
+        load_button.click(web.load, [load_file, session_state], outputs, api_name="load")
     return app

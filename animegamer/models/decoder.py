@@ -34,18 +34,8 @@ from torch import nn
 
 from animegamer.config import DecoderConfig, SamplingConfig
 from animegamer.models.decoder_parts import cast_keeping_lost, load_parts, restore_cast, save_parts
-from animegamer.models.sampling import (
-    DTYPES,
-    Generators,
-    build_scheduler,
-    guidance_scales,
-    initial_noise,
-    load_vae,
-    require_dir,
-    scheduler_step,
-    vae_decode,
-    vae_encode,
-)
+from animegamer.models.vae import DTYPES, load_vae, require_dir, vae_decode, vae_encode
+from animegamer.sampling.schedule import Generators, build_scheduler, guidance_scales, initial_noise, scheduler_step
 
 NULL_MOTION_LEVEL = 0  # the unconditional level of ``motion_guidance`` decoders (real levels are 1..5)
 

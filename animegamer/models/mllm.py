@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from animegamer.config import MLLMConfig
-from animegamer.io import atomic_write_json
+from animegamer.io import atomic_write_json, resolve_checkpoint
 from animegamer.models.resampler import ShotResampler
 from animegamer.models.weights import load_state_dict_file, save_state_dict_file
 from animegamer.tokens import IGNORE_INDEX, STATE_FIELDS, TurnLayout, add_special_tokens, get_vocabulary
@@ -369,8 +369,6 @@ class AnimeGamerMLLM(nn.Module):
     def load_trained(self, path: str | Path) -> Path:
         """Load what :meth:`save_trained` wrote (a step dir, a run dir or ``checkpoints/latest``); returns the dir."""
         from peft import set_peft_model_state_dict
-
-        from animegamer.training.checkpoint import resolve_checkpoint
 
         path = resolve_checkpoint(path)
         for name in (*ADAPTER_FILES, TRAINED_FILE, LAYOUT_FILE):

@@ -19,14 +19,12 @@ from pathlib import Path
 import torch
 
 from animegamer.config import DecoderConfig, EncoderConfig
-from animegamer.io import atomic_write_json
+from animegamer.io import DECODER_DIR, atomic_write_json, resolve_checkpoint
 from animegamer.models.decoder import AnimationShotDecoder
 from animegamer.models.shot_encoder import ActionAwareEncoder
 from animegamer.models.weights import load_state_dict_file, save_state_dict_file
-from animegamer.training.checkpoint import resolve_checkpoint
 
 ENCODER_DIR = "encoder"
-DECODER_DIR = "decoder"
 
 
 def save_encoder(encoder: ActionAwareEncoder, cfg: EncoderConfig, out_dir: str | Path) -> None:

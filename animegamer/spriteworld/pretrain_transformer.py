@@ -65,7 +65,7 @@ def fill_features(
     Features computed with an earlier VAE are stale: the directory is replaced.
     """
     from animegamer.models.clip_image import CLIPImageFeatures
-    from animegamer.models.sampling import vae_encode
+    from animegamer.models.vae import vae_encode
 
     root = Path(cfg.data.features_dir)
     if root.exists():

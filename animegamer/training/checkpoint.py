@@ -22,7 +22,6 @@ import ctypes
 import json
 import os
 import pickle
-import re
 import shutil
 import zipfile
 from collections.abc import Callable
@@ -31,11 +30,16 @@ from pathlib import Path
 
 import torch
 
-from animegamer.io import atomic_write_json, atomic_write_text, fsync_path
+from animegamer.io import (
+    STEP_DIR,
+    STEP_PREFIX,
+    atomic_write_json,
+    atomic_write_text,
+    fsync_path,
+    resolve_checkpoint,
+)
 from animegamer.models.weights import DamagedFileError, check_safetensors
 
-STEP_PREFIX = "step_"
-STEP_DIR = re.compile(rf"{STEP_PREFIX}\d+")
 RNG_FILE = "random_states_{rank}.pkl"  # accelerate's name for one process's RNG state
 RNG_KEYS = ("random_state", "numpy_random_seed", "torch_manual_seed")
 
@@ -85,27 +89,6 @@ def list_checkpoints(output_dir: str | Path) -> list[Path]:
         return []
     done = [p for p in root.iterdir() if p.is_dir() and STEP_DIR.fullmatch(p.name)]  # not step_X.tmp / .old
     return sorted(done, key=lambda p: int(p.name[len(STEP_PREFIX) :]))
-
-
-def _latest_step_dir(latest: Path) -> Path:
-    """The step directory a ``latest`` file names: a bare ``step_X`` beside it, never a path elsewhere (a
-    checkpoint folder may come from someone else)."""
-    name = latest.read_text(errors="replace").strip()
-    if not STEP_DIR.fullmatch(name):
-        raise FileNotFoundError(f"checkpoint not found: {latest} names {name[:60]!r}, not a {STEP_PREFIX}N directory")
-    return latest.parent / name
-
-
-def resolve_checkpoint(path: str | Path) -> Path:
-    """A checkpoint directory from a path that may be a run dir, its ``checkpoints/latest`` file, or a step dir."""
-    path = Path(path)
-    if path.is_file() and path.name == "latest":
-        path = _latest_step_dir(path)
-    elif (path / "checkpoints" / "latest").is_file():
-        path = _latest_step_dir(path / "checkpoints" / "latest")
-    if not path.is_dir():
-        raise FileNotFoundError(f"checkpoint not found: {path}")
-    return path
 
 
 def find_resume(output_dir: str | Path, resume: str) -> Path | None:

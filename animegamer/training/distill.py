@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from animegamer.models.fewstep import alpha_at, ddim_step, v_to_x0
+from animegamer.sampling.fewstep import alpha_at, ddim_step, v_to_x0
 
 
 def segment_boundaries(teacher_steps: int, student_steps: int) -> list[int]:

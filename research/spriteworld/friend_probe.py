@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> dict:
     from animegamer.bench.turn import relative_difference  # ||a - b|| / ||b||
     from animegamer.eval.games import GroundTruthGame, load_games
     from animegamer.eval.systems import load_shot_models
-    from animegamer.inference.mllm_runner import HistoryTurn
+    from animegamer.inference.turn import Turn
     from animegamer.spriteworld import CHARACTERS
 
     cfg, args = parse_config(EvalConfig, __doc__, argv, extra=add_flags)
@@ -58,21 +58,21 @@ def main(argv: list[str] | None = None) -> dict:
     if not all(isinstance(g, GroundTruthGame) and g.has_clips() for g in games):
         fail(f"{cfg.benchmark}: the probe needs games with real clips (a SpriteWorld games directory)")
     try:
-        encoding, predictor = load_shot_models(cfg)
+        encoding, animegamer = load_shot_models(cfg)
     except (FileNotFoundError, ValueError) as exc:  # missing or unreadable weights
         fail(str(exc))
     rows = []
     for game in tqdm(games, desc="games", unit="game"):
-        history: list[HistoryTurn] = []
+        history: list[Turn] = []
         for turn, instruction in enumerate(game.instructions):
             text = instruction.render()
-            predicted = predictor.predict_turn(history, text)
+            predicted = animegamer.play_turn(history, text)
             friend = named_friend(text, game.character, CHARACTERS)
             if friend is not None:
                 first, caption = game.clip_frames(turn)[0], game.caption(turn)
                 target, shot = encoding.encode(first, caption), predicted.shot_embeds
                 for other in (n for n in CHARACTERS if n not in (friend, game.character)):
-                    swapped = predictor.predict_turn(history, swap_name(text, friend, other))
+                    swapped = animegamer.play_turn(history, swap_name(text, friend, other))
                     rows.append({
                         "game": game.game_id, "turn": turn, "friend": friend, "swapped_for": other,
                         "mllm_swap": relative_difference(swapped.shot_embeds, shot),
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> dict:
                             encoding.encode(first, swap_name(caption, friend, other)), target),
                         "mllm_error": relative_difference(shot, target),
                     })
-            history.append(HistoryTurn(text, predicted.shot_embeds, predicted.values))  # the runner windows it
+            history.append(predicted)  # play_turn windows it
     if not rows:
         fail(f"{cfg.benchmark}: no turn of its {len(games)} games names a friend")
     means = {key: round(float(np.mean([r[key] for r in rows])), 4) for key in ("mllm_swap", "encoder_swap",

@@ -18,8 +18,6 @@ accuracies.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import torch
 from tqdm.auto import tqdm
@@ -85,27 +83,27 @@ def add_flags(parser) -> None:
 def main(argv: list[str] | None = None) -> dict:
     from animegamer.data.stage_b import SHOT_FIELD
     from animegamer.data.tensor_store import TensorStore
-    from animegamer.inference.session import build_session
+    from animegamer.inference.session import build_game
 
     cfg, args = parse_config(InferenceConfig, __doc__, argv, extra=add_flags)
     manifest, picks = split_clips(args.manifest, args.split, args.turns)
     scenes = sceneries(manifest, [r for r in manifest.records if r.tags])
     try:
         targets = TensorStore(args.shot_targets) if args.shot_targets else None
-        session = build_session(cfg, render=True, output_dir=Path(args.out).parent / "places_session")
+        animegamer = build_game(cfg)
     except (FileNotFoundError, ValueError) as exc:  # missing or unreadable weights / shot targets
         fail(str(exc))
     rows = []
     for record in tqdm(picks, desc="places", unit="turn"):
         tags = record.shot_tags()
-        prediction = session.predictor.predict_turn([], full_instruction(record))
+        prediction = animegamer.play_turn([], full_instruction(record), render=False)
         shots = {"mllm": (prediction.shot_embeds, prediction.values.motion_level)}
         if targets is not None and record.clip_id in targets:  # the real clip's shot, at its true level
             target = targets.load(record.clip_id, (SHOT_FIELD,))[SHOT_FIELD].float()
             shots["encoder"] = (target, tags.values.motion_level)
         row = {"clip_id": record.clip_id, "background": true_background(record)}
         for name, (shot, level) in shots.items():
-            frames = session.renderer.render(shot, level, seed=cfg.seed)
+            frames = animegamer.renderer.render(shot, level, seed=cfg.seed)
             row[name] = nearest_scene(frames, scenes)
         rows.append(row)
 

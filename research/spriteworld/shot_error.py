@@ -29,6 +29,8 @@ Writes ``--out`` (JSON) and prints the summary.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from tqdm.auto import tqdm
 
@@ -62,7 +64,7 @@ def main(argv: list[str] | None = None) -> dict:
     from animegamer.data.video import read_video
     from animegamer.eval.intervals import mark_splits
     from animegamer.eval.systems import grey_frame, load_shot_models
-    from animegamer.inference.mllm_runner import HistoryTurn, MLLMRunner
+    from animegamer.inference.turn import HistoryTurn
     from animegamer.spriteworld.memory import caption_text
 
     cfg, args = parse_config(EvalConfig, __doc__, argv, extra=add_flags)
@@ -74,7 +76,7 @@ def main(argv: list[str] | None = None) -> dict:
     if len(picks) < 2:
         raise SystemExit(f"error: {args.manifest}: {len(picks)} clip to compare; need at least 2 (--clips)")
     try:
-        encoding, predictor = load_shot_models(cfg)
+        encoding, animegamer = load_shot_models(cfg)
     except (FileNotFoundError, ValueError) as exc:  # missing or unreadable weights
         fail(str(exc))
     grey = grey_frame(cfg.inference.sampling.height, cfg.inference.sampling.width)
@@ -87,24 +89,24 @@ def main(argv: list[str] | None = None) -> dict:
         return shots[record.clip_id]
 
     played: dict[str, torch.Tensor] = {}  # --own: clip id -> the MLLM's shot in its film's closed-loop play
-    runner = predictor.runner  # --own plays as a game's runner does, reading (as teacher-forced) at most K turns
-    closed_loop = MLLMRunner(runner.model, min(args.history, runner.history_turns), runner.max_instruction_tokens,
-                             runner.compat)
+    # --own plays as the game does, reading (as teacher-forced) at most K turns
+    closed_loop = dataclasses.replace(animegamer, history_turns=min(args.history, animegamer.history_turns))
 
     def own_shot(record) -> torch.Tensor:
         if record.clip_id not in played:
             clips = sorted((r for r in films[record.film_id] if r.tags), key=lambda r: r.clip_index)
-            turns = closed_loop.play([clip.shot_tags().instruction().render() for clip in clips])
-            played.update((clip.clip_id, turn.prediction.shot_embeds.float().cpu())
-                          for clip, turn in zip(clips, turns, strict=True))
+            turns = []
+            for clip in clips:
+                turns.append(closed_loop.play_turn(turns, clip.shot_tags().instruction().render()))
+            played.update((clip.clip_id, turn.shot_embeds) for clip, turn in zip(clips, turns, strict=True))
         return played[record.clip_id]
 
     def teacher_forced_shot(record, instruction: str) -> torch.Tensor:
         earlier = [r for r in films[record.film_id] if r.clip_index < record.clip_index and r.tags]
         history = [HistoryTurn(tags.instruction().render(), shot_of(r), tags.values)
-                   for r in (earlier[len(earlier) - args.history:] if args.history else [])
+                   for r in (earlier[max(len(earlier) - args.history, 0):] if args.history else [])
                    for tags in (r.shot_tags(),)]
-        return predictor.predict_turn(history, instruction).shot_embeds.float().cpu()
+        return animegamer.predictor.predict_turn(animegamer.window(history), instruction).shot_embeds.float().cpu()
 
     targets, predicted, text_only = [], [], []
     for record in tqdm(picks, desc="shots", unit="clip"):

@@ -1,0 +1,291 @@
+"""One game turn, in one place: :class:`AnimeGamer` holds the MLLM and the decoder, :meth:`AnimeGamer.play_turn`
+plays a turn.
+
+    game = build_game(load_config("configs/spriteworld/inference.yaml"))     # animegamer.inference.session
+    turn = game.play_turn(history, "Character: Qiqi; Motion: run; Background: park.", out_dir="outputs/play")
+
+``play_turn(history, instruction)`` reads top to bottom:
+
+1. parse the instruction (a readable error before any model runs);
+2. window the history: the last ``history_turns`` (K) turns, the only place the history is windowed, so the
+   prompt, memory and time per turn stay flat however long the game runs;
+3. the MLLM: one prefill gives the shot representation s_a (N, D) and the state values, and the character state
+   follows from them;
+4. sample the clip's latents from s_a and the motion level, with the turn's own seed (:func:`turn_seed`);
+5. decode them chunk by chunk; the first frames are reported as soon as they exist;
+6. write the clip: ``turn_000.mp4`` and ``turn_000.gif`` (:func:`write_clip`: both or neither).
+
+Steps 4-6 are :meth:`AnimeGamer.render_turn`, which renders a turn predicted earlier (inference_Decoder.py) or
+loaded from a save. What a turn needs from the models are two small protocols, :class:`StatePredictor` (the MLLM)
+and :class:`ShotRenderer` (the decoder): the core's are :class:`animegamer.inference.mllm_runner.MLLMPredictor`
+and :class:`animegamer.inference.renderer.DecoderRenderer`; the released weights' own live in
+:mod:`animegamer.official` and implement the same ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from animegamer.data.video import write_gif, write_mp4
+from animegamer.states import MAX_INSTRUCTION_CHARS, CharacterState, StateValues, parse_instruction
+
+# ---------------------------------------------------------------------------------------------------------------
+# what a turn needs from the models
+
+
+@dataclass
+class HistoryTurn:
+    """An earlier turn as the MLLM sees it."""
+
+    instruction: str
+    shot_embeds: torch.Tensor  # (N, shot_dim)
+    values: StateValues
+
+
+@dataclass
+class TurnPrediction:
+    """What the MLLM predicts for one turn."""
+
+    shot_embeds: torch.Tensor  # (N, shot_dim) float32, CPU
+    values: StateValues
+    prompt_tokens: int  # length of the prefilled prompt
+    value_probs: dict[str, dict[int, float]] = field(default_factory=dict)  # field -> value -> p over valid values
+    release_values: list[int] | None = None  # compat released: [ML, SC, ET, ST] as parsed (values: clamped)
+
+
+class StatePredictor(Protocol):
+    """The MLLM side of a turn."""
+
+    @property
+    def shot_shape(self) -> tuple[int, int]:
+        """(num_slots, shot_dim) of the shots it predicts and reads back as history."""
+        ...
+
+    def validate(self, instruction: str) -> None:
+        """The model's own check of an instruction (token count, reserved tokens): a ValueError naming it."""
+        ...
+
+    def predict_turn(self, history: Sequence[HistoryTurn], instruction: str) -> TurnPrediction:
+        """The next game state from ``history`` used exactly as given (:meth:`AnimeGamer.play_turn` windows it)."""
+        ...
+
+
+class ShotRenderer(Protocol):
+    """The decoder side of a turn: s_a and a motion level -> latents -> frames."""
+
+    fps: int
+
+    def latents(self, shot_embeds: torch.Tensor, motion_level: int, seed: int,
+                on_step: Callable[[int, int], None] | None = None) -> torch.Tensor:
+        """(N, H) s_a -> the clip's final latents (1, F, C, h, w), drawn from ``seed``; ``on_step(step, steps)``
+        after every denoising step."""
+        ...
+
+    def chunk_count(self, latents: torch.Tensor) -> int:
+        """How many chunks :meth:`decode` yields for ``latents``."""
+        ...
+
+    def decode(self, latents: torch.Tensor) -> Iterator[np.ndarray]:
+        """(1, F, C, h, w) latents -> uint8 frames (t, H, W, 3), chunk by chunk, each as soon as it is decoded;
+        the chunks put together are the whole clip."""
+        ...
+
+    def render_many(self, shots: Sequence[torch.Tensor], motion_levels: Sequence[int],
+                    seeds: Sequence[int]) -> list[np.ndarray]:
+        """Several clips in one batch (the evaluation), each as :meth:`latents` + :meth:`decode` draw it alone up
+        to float rounding."""
+        ...
+
+
+@contextmanager
+def on_device(module: torch.nn.Module, device: str, offload: bool):
+    """Run a block with ``module`` on ``device``; with offload, move it back to the CPU afterwards."""
+    if offload:
+        module.to(device)
+    try:
+        yield module
+    finally:
+        if offload:
+            module.to("cpu")
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# a turn and its clip
+
+# hears what a turn is doing now ("MLLM: ...", "denoising 3/20", "decoding", ...) and the fraction of it done
+Progress = Callable[[str, float], None]
+# gets a clip's first decoded frames (t, H, W, 3) uint8 and the gif they were written to, before the rest decode
+Preview = Callable[[np.ndarray, Path], None]
+
+
+def turn_seed(seed: int, index: int) -> int:
+    """The decoder seed of turn ``index``: a game replays (or resumes) to the same clips."""
+    return (seed * 1_000_003 + index) % (2**31)
+
+
+def clip_stem(out_dir: str | Path, index: int) -> Path:
+    """``out_dir/turn_000``: a turn's clip is ``turn_000.mp4`` + ``turn_000.gif`` (the one clip layout)."""
+    return Path(out_dir) / f"turn_{index:03d}"
+
+
+def write_clip(frames: np.ndarray | torch.Tensor, stem: str | Path, fps: float = 8) -> tuple[Path, Path]:
+    """(T, H, W, 3) uint8 frames -> ``<stem>.gif`` then ``<stem>.mp4``, each written atomically; if the mp4 fails,
+    the new gif is removed too, so an mp4 never stands without its gif. Returns (mp4, gif)."""
+    frames = frames.numpy() if isinstance(frames, torch.Tensor) else np.asarray(frames)
+    stem = Path(stem)
+    gif = write_gif(stem.with_suffix(".gif"), frames, fps=fps)
+    try:
+        mp4 = write_mp4(stem.with_suffix(".mp4"), frames, fps=fps)
+    except BaseException:
+        gif.unlink(missing_ok=True)
+        raise
+    return mp4, gif
+
+
+@dataclass
+class Turn:
+    index: int
+    instruction: str
+    values: StateValues
+    state: CharacterState  # after this turn
+    shot_embeds: torch.Tensor  # (N, H) float32, CPU
+    prompt_tokens: int
+    clip: str = ""  # mp4 path ("" when not rendered)
+    gif: str = ""
+    value_probs: dict[str, dict[int, float]] = field(default_factory=dict, repr=False)  # not saved
+    release_values: list[int] | None = field(default=None, repr=False)  # compat released only; not saved
+
+    def summary(self) -> dict:
+        return {
+            "index": self.index,
+            "instruction": self.instruction,
+            "values": vars(self.values),
+            "state": self.state.to_dict(),
+            "prompt_tokens": self.prompt_tokens,
+            "clip": self.clip,
+            "gif": self.gif,
+        }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the game's one turn
+
+
+@dataclass
+class AnimeGamer:
+    """The MLLM (``predictor``) and the decoder (``renderer``) of a game; either may be None for a half turn
+    (inference_MLLM.py predicts without rendering, inference_Decoder.py renders recorded predictions)."""
+
+    predictor: StatePredictor | None
+    renderer: ShotRenderer | None
+    history_turns: int = 1  # K
+    seed: int = 42  # a game's turns render from turn_seed(seed, index)
+    max_instruction_chars: int = MAX_INSTRUCTION_CHARS
+
+    def __post_init__(self):
+        if self.history_turns < 0:
+            raise ValueError(f"history_turns={self.history_turns} must be >= 0")
+
+    def validate(self, instruction: str) -> str:
+        """The instruction as the MLLM will read it, or a ValueError saying why it cannot be played (TagError:
+        empty, too long, not text; InstructionError: too many tokens, reserved tokens)."""
+        text = parse_instruction(instruction, max_chars=self.max_instruction_chars).render()
+        if self.predictor is not None:
+            self.predictor.validate(text)
+        return text
+
+    def window(self, history: Sequence[Turn | HistoryTurn]) -> list[HistoryTurn]:
+        """What the MLLM reads of the game so far: its last ``history_turns`` turns."""
+        recent = history[max(len(history) - self.history_turns, 0) :] if self.history_turns > 0 else []
+        return [HistoryTurn(t.instruction, t.shot_embeds, t.values) for t in recent]
+
+    def play_turn(self, history: Sequence[Turn], instruction: str, *, seed: int | None = None,
+                  out_dir: str | Path | None = None, render: bool = True, progress: Progress | None = None,
+                  preview: Preview | None = None) -> Turn:
+        """Turn ``len(history)`` of a game whose turns so far are ``history``: parse, window, predict, then (with a
+        renderer and ``render``) :meth:`render_turn`. ``seed`` is the game's (default: this object's)."""
+        if self.predictor is None:
+            raise ValueError("this game has no MLLM: it can only render turns predicted before (render_turn)")
+        # 1. parse: every check before any model runs
+        text = self.validate(instruction)
+        # 2. the history window: the MLLM reads the last K turns
+        window = self.window(history)
+        # 3. the MLLM: one prefill -> s_a and the state values -> the character's state after the turn
+        if progress:
+            progress("MLLM: the next game state", 0.0)
+        prediction = self.predictor.predict_turn(window, text)
+        before = history[-1].state if history else CharacterState()
+        turn = Turn(
+            index=len(history),
+            instruction=text,
+            values=prediction.values,
+            state=before.update(prediction.values),
+            shot_embeds=prediction.shot_embeds.detach().float().cpu(),
+            prompt_tokens=prediction.prompt_tokens,
+            value_probs=prediction.value_probs,
+            release_values=prediction.release_values,
+        )
+        # 4-6. sample, decode (streamed), write
+        if render and self.renderer is not None:
+            self.render_turn(turn, out_dir, seed=seed, progress=progress, preview=preview)
+        return turn
+
+    def render_turn(self, turn: Turn, out_dir: str | Path | None, *, seed: int | None = None,
+                    motion_level: int | None = None, progress: Progress | None = None,
+                    preview: Preview | None = None) -> np.ndarray:
+        """Render ``turn``'s clip and write it to ``out_dir`` (:func:`write_clip`; None: not written); returns the
+        frames (T, H, W, 3) uint8. The clip depends on the game seed and the turn index only, so a re-render gives
+        the same clip. ``motion_level`` overrides the predicted one (the release renders the level as it parsed
+        it). With ``progress`` or ``preview``, the first decoded chunk of a clip that decodes in several goes to the
+        turn's gif at once and to ``preview(frames, gif)``; the whole clip replaces it."""
+        if self.renderer is None:
+            raise ValueError("this game has no decoder: it cannot render clips")
+        renderer = self.renderer
+        stem = clip_stem(out_dir, turn.index) if out_dir is not None else None
+        level = turn.values.motion_level if motion_level is None else motion_level
+        # the MLLM took the first tenth of the turn (a guess: it varies with model sizes)
+        heard = (lambda stage, done: progress(stage, 0.1 + 0.85 * done)) if progress else None
+        steps = [0]  # the sampler's step count, as its steps report it (the decode counts as one more step)
+
+        def on_step(step: int, total: int) -> None:
+            steps[0] = total
+            heard(f"denoising {step}/{total}", step / (total + 1))
+
+        # 4. sample the latents (1, F, C, h, w) from the turn's own seed
+        game_seed = self.seed if seed is None else seed
+        latents = renderer.latents(turn.shot_embeds, level, turn_seed(game_seed, turn.index),
+                                   on_step if heard else None)
+        # 5. decode chunk by chunk; the first frames go out as soon as they exist
+        if heard:
+            heard("decoding", 1 - 1 / (steps[0] + 1))
+        count, chunks, first_gif = renderer.chunk_count(latents), [], None
+        try:
+            for chunk in renderer.decode(latents):  # (t, H, W, 3) uint8
+                chunks.append(chunk)
+                if len(chunks) == 1 and count > 1 and stem is not None and (progress or preview):
+                    first_gif = write_gif(stem.with_suffix(".gif"), chunk, fps=renderer.fps)
+                    if progress:
+                        progress(f"first {len(chunk)} frames: {first_gif}", 0.9)
+                    if preview:
+                        preview(chunk, first_gif)
+            frames = np.concatenate(chunks)  # (T, H, W, 3)
+            # 6. write the clip: gif and mp4, both or neither
+            if stem is not None:
+                if progress:
+                    progress("writing the clip", 0.95)
+                mp4, gif = write_clip(frames, stem, fps=renderer.fps)
+                turn.clip, turn.gif = str(mp4), str(gif)
+        except BaseException:
+            if first_gif is not None and not turn.gif:
+                first_gif.unlink(missing_ok=True)
+            raise
+        return frames
