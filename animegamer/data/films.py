@@ -23,9 +23,12 @@ returns a :class:`FilmResult`; an unreadable film comes back with ``error`` set 
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import os
 import re
 import shutil
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -111,20 +114,72 @@ class FilmResult:
 # --------------------------------------------------------------------------------------------
 
 
-def find_films(inputs: list[str]) -> list[Path]:
-    """Film files named in ``inputs`` (files, or directories searched recursively), sorted, no duplicates."""
+def find_films(inputs: list[str]) -> tuple[list[Path], dict[str, str]]:
+    """Film files named in ``inputs`` (files, or directories searched recursively), sorted, no duplicates, and
+    the entries that look like films but cannot be read as files (a named pipe, a device, a symlink loop, a
+    dangling link): their path -> why, so they are reported instead of passed over without a word.
+
+    Raises FileNotFoundError for an input that does not exist at all.
+    """
     found: dict[Path, None] = {}
+    unusable: dict[str, str] = {}
     for item in inputs:
         path = Path(item)
         if path.is_dir():
             for p in sorted(path.rglob("*")):
-                if p.is_file() and p.suffix.lower() in FILM_EXTENSIONS:
-                    found[p.resolve()] = None
+                if p.suffix.lower() not in FILM_EXTENSIONS or p.is_dir():
+                    continue
+                if p.is_file():
+                    found[Path(os.path.realpath(p))] = None
+                else:
+                    unusable[str(p)] = not_a_regular_file(p)
         elif path.is_file():
-            found[path.resolve()] = None
+            found[Path(os.path.realpath(path))] = None
+        elif os.path.lexists(path):
+            unusable[str(path)] = not_a_regular_file(path)
         else:
             raise FileNotFoundError(f"film or directory not found: {item}")
-    return sorted(found)
+    return sorted(found), unusable
+
+
+def not_a_regular_file(path: Path) -> str:
+    """Why ``path`` (neither a regular file nor a directory) cannot be read as a film."""
+    try:
+        mode = path.stat().st_mode
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "not a film: a symlink loop"
+        return f"not a film: a link to nothing ({exc.strerror})"
+    if stat.S_ISFIFO(mode):
+        return "not a film: a named pipe (FIFO), not a regular file"
+    if stat.S_ISSOCK(mode):
+        return "not a film: a socket, not a regular file"
+    return "not a film: a device, not a regular file"
+
+
+def check_folders(inputs: list[str], films: list[Path], output_dir: str | Path) -> None:
+    """Refuse an ``output_dir`` that overlaps the films: the same folder, one inside the other (symlinks
+    followed), or a film file inside ``output_dir``. Otherwise a rerun would cut the clips the previous run wrote
+    as new films (duplicate clips under new film ids: the same frames in train and test).
+    Raises ValueError with a one-line message.
+    """
+    out = Path(os.path.realpath(output_dir))
+    advice = "choose an output_dir outside every films folder (and films outside output_dir)"
+    for item in inputs:
+        path = Path(os.path.realpath(item))
+        if path == out:
+            raise ValueError(f"output_dir {output_dir} is the films folder {item}: a rerun would cut its own clips "
+                             f"as new films; {advice}")
+        if out.is_relative_to(path):
+            raise ValueError(f"output_dir {output_dir} lies inside the films folder {item}: a rerun would cut its "
+                             f"own clips as new films; {advice}")
+        if path.is_relative_to(out):
+            raise ValueError(f"films {item} lie inside output_dir {output_dir}: a rerun would cut its own clips as "
+                             f"new films; {advice}")
+    for film in films:  # also a film reached through a symlink
+        if film.is_relative_to(out):
+            raise ValueError(f"the film {film} lies inside output_dir {output_dir} (a clip of an earlier run?); "
+                             f"{advice}")
 
 
 def film_id_for(path: str | Path) -> str:
