@@ -10,13 +10,16 @@ writes beside them::
     output_dir/turn_000/clip.mp4, clip.gif     each turn's clip (decoder seed derived from the game seed and turn)
     output_dir/game.mp4                        all turns one after another
     output_dir/contact_sheet.png               a row per turn: frames, the whole instruction, values and state
+                                               (64 turns a sheet; then contact_sheet_064.png, ... by first turn)
     output_dir/turn_000/clip_x4.mp4, game_x4.mp4   the same enlarged by nearest neighbour (clips under 256 rows;
                                                the factor is in the name) for people to look at
 
 ``decoder_checkpoint`` is a stage (c) or (a) checkpoint; ``fast=true`` uses the fast sampling preset.
-The results are untrusted input: every turn directory must lie inside ``output_dir`` (symlinks followed) and every
-file must be what inference_MLLM.py writes; a missing checkpoint or a bad file stops the run with one line, before
-the decoder loads.
+The results are untrusted input: every turn directory must lie inside ``output_dir`` (symlinks followed), every
+file must be what inference_MLLM.py writes, every shot must have the shape this config's models take
+(``mllm.num_slots`` x ``mllm.shot_dim``, whatever game.json says) and every instruction must be one the game
+accepts (at most 400 characters, printable). A missing checkpoint, a bad file, ``device=cuda`` without a GPU or an
+``output_dir`` that cannot be written stops the run with one line, before the decoder loads.
 """
 
 from __future__ import annotations
@@ -29,20 +32,31 @@ from tqdm.auto import tqdm
 from animegamer.cli import fail, no_bars_in_logs, parse_config
 from animegamer.config import InferenceConfig
 from animegamer.data.video import write_gif, write_mp4
-from animegamer.inference.contact_sheet import contact_sheet, readable_factor, state_bar, upscale
+from animegamer.inference.contact_sheet import (
+    contact_sheet,
+    readable_factor,
+    sample_frame_indices,
+    state_bar,
+    upscale,
+)
 from animegamer.inference.game import turn_seed
 from animegamer.inference.mllm_runner import load_results
-from animegamer.inference.session import check_checkpoints, load_renderer, resolve_device
+from animegamer.inference.preflight import check_device, check_output_dir
+from animegamer.inference.session import check_checkpoints, load_renderer
 from animegamer.official.agent import release_render_level
 
+SHEET_TURNS = 64  # turns per contact sheet
+SHEET_FRAMES = 6  # frames shown per turn
 
 def main(argv: list[str] | None = None) -> dict[str, Path]:
     cfg, _ = parse_config(InferenceConfig, __doc__, argv)
     no_bars_in_logs()
     out = Path(cfg.output_dir)
     try:  # everything that can be wrong with the input, before any weights are read
+        device = check_device(cfg.device)
         check_checkpoints(cfg, mllm=False)
-        game, turns = load_results(out)
+        game, turns = load_results(out, shape=(cfg.mllm.num_slots, cfg.mllm.shot_dim))
+        check_output_dir(out)
     except (FileNotFoundError, ValueError) as exc:
         fail(str(exc))
     if not turns:
@@ -54,7 +68,6 @@ def main(argv: list[str] | None = None) -> dict[str, Path]:
                       if "release_values" in state else level for (state, _), level in zip(turns, levels, strict=True)]
         except ValueError as exc:
             fail(f"{out}: {exc}")
-    device = resolve_device(cfg.device)
     renderer = load_renderer(cfg, device, offload=cfg.offload == "sequential" and device != "cpu")
     seed = int(game.get("seed", cfg.seed))
     factor = readable_factor(cfg.sampling.height)
@@ -70,7 +83,7 @@ def main(argv: list[str] | None = None) -> dict[str, Path]:
             write_mp4(folder / f"clip_x{factor}.mp4", upscale(frames, factor), fps=renderer.fps)
         all_frames.append(frames)
         v, s = state["values"], state["character_state"]
-        rows.append((frames, [
+        rows.append((frames[sample_frame_indices(len(frames), SHEET_FRAMES)], [
             f"turn {index}: {state['instruction']}",
             f"level {v['motion_level']}  social {v['social']}  ent {v['entertainment']}  stamina {v['stamina']:+d}",
             state_bar("stamina", s["stamina"], 12),
@@ -80,8 +93,11 @@ def main(argv: list[str] | None = None) -> dict[str, Path]:
     written = {
         "clips": out / "turn_000" / "clip.mp4",
         "game": write_mp4(out / "game.mp4", np.concatenate(all_frames), fps=renderer.fps),
-        "contact_sheet": contact_sheet(rows, out / "contact_sheet.png", scale=min(factor, 2)),
+        "contact_sheet": out / "contact_sheet.png",
     }
+    for first in range(0, len(rows), SHEET_TURNS):  # a long game: several sheets, none of them huge
+        name = "contact_sheet.png" if first == 0 else f"contact_sheet_{first:03d}.png"
+        contact_sheet(rows[first : first + SHEET_TURNS], out / name, frames_per_row=SHEET_FRAMES, scale=min(factor, 2))
     if factor > 1:
         written["game_upscaled"] = write_mp4(out / f"game_x{factor}.mp4", upscale(np.concatenate(all_frames), factor),
                                              fps=renderer.fps)
