@@ -35,10 +35,11 @@ Resumable: a film whose film.json matches the file's content (its size and a has
 its path or mtime: touching or moving films re-cuts nothing) and the cut/motion settings is not cut again, and a
 clip whose frames are unchanged keeps its caption, even when its film is re-cut; just run the same command again
 (e.g. after adding films or after an interruption; Ctrl-C stops at once, exit code 130, keeping finished films).
-output_dir must not overlap the films: the same folder, one inside the other (symlinks followed) or a film inside
-output_dir is refused before any work (error: ..., exit 2), since a rerun would cut the previous run's clips as new
-films. An entry named like a film that is not a regular file (a named pipe, a device, a symlink loop, a dangling
-link) is reported by path, counted as skipped and never opened.
+No rerun reads its own clips as new films: an output_dir that is a films folder or lies inside one, a films folder
+inside output_dir/clips, or a film inside output_dir/clips (symlinks followed) is refused before any work
+(error: ..., exit 2). Films elsewhere in output_dir (output_dir/raw) are fine. An entry named like a film that is
+not a regular file (a named pipe, a device, a symlink loop, a dangling link) is reported by path, counted as
+skipped and never opened.
 A corrupt or unreadable film is reported by path and skipped while the rest finish; it is tried again on the next
 run. Decoder errors are counted per film: clips that would take a smeared frame are dropped, and a film with more
 than max_decode_errors is skipped. The summary at the end (and prepare_report.json) counts films, scenes, clips,

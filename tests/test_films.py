@@ -181,21 +181,27 @@ def overlap_cases(tmp_path):
     (out / "clips" / "ep1" / "00000.mp4").write_bytes(b"x")
     (out / "raw").mkdir()
     (films / "season1" / "linked.mp4").symlink_to(out / "clips" / "ep1" / "00000.mp4")
+    (elsewhere / "to_clips").symlink_to(out / "clips")
     return {
         "out inside films": ([films], films / "prepared"),
         "out deep inside films": ([films], films / "season1" / "a" / "b"),
         "same folder": ([films], films),
         "same folder via a symlink": ([elsewhere / "to_films"], films),
         "out a symlink into films": ([films / "season1"], elsewhere / "to_out" / ".." / "season1" / "x"),
-        "films inside out": ([out / "raw"], out),
-        "a film file inside out": ([out / "clips" / "ep1" / "00000.mp4"], out),
+        "films are our clips": ([out / "clips"], out),
+        "films inside our clips": ([out / "clips" / "ep1"], out),
+        "films inside our clips via a symlink": ([elsewhere / "to_clips"], out),
+        "a clip of ours given as a film": ([out / "clips" / "ep1" / "00000.mp4"], out),
+        "out inside a films folder holding our clips": ([tmp_path], out),
         "out inside films via a symlinked film folder": ([elsewhere / "to_films"], films / "prepared"),
     }
 
 
 @pytest.mark.parametrize("case", ["out inside films", "out deep inside films", "same folder",
-                                  "same folder via a symlink", "out a symlink into films", "films inside out",
-                                  "a film file inside out", "out inside films via a symlinked film folder"])
+                                  "same folder via a symlink", "out a symlink into films", "films are our clips",
+                                  "films inside our clips", "films inside our clips via a symlink",
+                                  "a clip of ours given as a film", "out inside a films folder holding our clips",
+                                  "out inside films via a symlinked film folder"])
 def test_overlapping_films_and_output_folders_are_refused(tmp_path, case):
     inputs, out = overlap_cases(tmp_path)[case]
     found, _ = find_films([str(i) for i in inputs])
@@ -211,7 +217,7 @@ def test_a_film_symlinked_to_a_clip_of_ours_is_refused(tmp_path):
     films.mkdir()
     (films / "new.mp4").symlink_to(out / "clips" / "ep1" / "00000.mp4")
     found, _ = find_films([str(films)])
-    with pytest.raises(ValueError, match="lies inside output_dir"):
+    with pytest.raises(ValueError, match="00000.mp4 lies inside .*clips .a clip of an earlier run"):
         check_folders([str(films)], found, out)
 
 
@@ -221,3 +227,11 @@ def test_separate_folders_are_accepted(tmp_path):
     (films / "ep1.mp4").write_bytes(b"x")
     for out in (tmp_path / "films2", tmp_path / "out", tmp_path / "a" / "films"):  # a shared prefix is not overlap
         check_folders([str(films)], find_films([str(films)])[0], out)
+    # films elsewhere in output_dir never see the clips written to output_dir/clips
+    out = tmp_path / "data"
+    (out / "raw").mkdir(parents=True)
+    (out / "raw" / "ep2.mkv").write_bytes(b"x")
+    (out / "ep3.mp4").write_bytes(b"x")
+    (out / "clips_old").mkdir()
+    inputs = [str(out / "raw"), str(out / "ep3.mp4"), str(out / "clips_old")]
+    check_folders(inputs, find_films(inputs)[0], out)

@@ -9,8 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 from safetensors.torch import save_file
 
+from animegamer.data.video import mp4_stream, probe_video, read_video
 from animegamer.inference.contact_sheet import MAX_SHEET_PIXELS, contact_sheet
 from animegamer.inference.mllm_runner import PlayedTurn, ResultsWriter, TurnPrediction, load_results
 from animegamer.inference.preflight import check_device, check_output_dir
@@ -310,3 +312,35 @@ def test_mllm_script_refuses_before_the_mllm_loads(tmp_path, tiny_mistral_dir, m
     err = capsys.readouterr().err
     assert exc.value.code == 2 and err.startswith("error: ") and needle in err, err
     assert len(err.strip().splitlines()) == 1, err
+
+
+# ---------------------------------------------------------------------- long games: streamed, paged
+
+
+def test_an_mp4_stream_holds_every_piece_and_is_published_only_when_complete(tmp_path):
+    pieces = [np.full((5, 48, 64, 3), 40 * i, np.uint8) for i in range(4)]
+    with mp4_stream(tmp_path / "game.mp4", fps=8) as append:
+        for piece in pieces:
+            append(piece)
+        assert not (tmp_path / "game.mp4").exists()  # not before the last piece is in
+    frames, _ = read_video(tmp_path / "game.mp4")
+    assert frames.shape == (20, 48, 64, 3)
+    assert [int(np.median(frames[5 * i + 2])) for i in range(4)] == pytest.approx([0, 40, 80, 120], abs=3)
+    with pytest.raises(ValueError, match="shape"), mp4_stream(tmp_path / "broken.mp4") as append:
+        append(pieces[0])
+        append(np.zeros((5, 48, 64), np.uint8))  # a bad piece half way: nothing is published
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["game.mp4"]
+
+
+def test_a_long_game_gets_several_contact_sheets(tmp_path, tiny_cogvideox_dir, monkeypatch):
+    out = results_dir(tmp_path / "out", turns=3)
+    module = entry("inference_Decoder")
+    monkeypatch.setattr(module, "SHEET_TURNS", 2)
+    written = module.main(["--config", str(TINY), f"output_dir={out}", f"decoder.pretrained={tiny_cogvideox_dir}",
+                           f"t5.path={tiny_cogvideox_dir}", "decoder_checkpoint=", "device=cpu", "sampling.steps=1",
+                           "sampling.height=48", "sampling.width=64", "sampling.num_frames=9"])
+    assert sorted(p.name for p in out.glob("contact_sheet*.png")) == ["contact_sheet.png", "contact_sheet_002.png"]
+    heights = [Image.open(out / name).height for name in ("contact_sheet.png", "contact_sheet_002.png")]
+    assert heights[0] > heights[1]  # two rows, then the last one alone
+    assert probe_video(written["game"]).num_frames == 3 * 9
+    assert probe_video(written["game_upscaled"]).num_frames == 3 * 9

@@ -44,6 +44,7 @@ from animegamer.data.video import VideoReadError, probe_video, write_mp4
 FILM_EXTENSIONS = (".mp4", ".mkv", ".webm", ".avi", ".mov", ".m4v")
 BORDER_SAMPLES = 16  # frames sampled over the film for border detection
 FILM_RECORD = "film.json"  # per-film result beside its clips; marks the film as finished
+CLIPS_DIR = "clips"  # output_dir/clips/<film_id>/: every clip the pipeline writes
 
 
 @dataclass(frozen=True)
@@ -158,28 +159,29 @@ def not_a_regular_file(path: Path) -> str:
 
 
 def check_folders(inputs: list[str], films: list[Path], output_dir: str | Path) -> None:
-    """Refuse an ``output_dir`` that overlaps the films: the same folder, one inside the other (symlinks
-    followed), or a film file inside ``output_dir``. Otherwise a rerun would cut the clips the previous run wrote
-    as new films (duplicate clips under new film ids: the same frames in train and test).
-    Raises ValueError with a one-line message.
+    """Refuse films and an ``output_dir`` that overlap so that a rerun would read the clips the previous run wrote
+    (``output_dir/clips``) as new films: duplicate clips under new film ids, the same frames in train and test.
+
+    Refused, symlinks followed: ``output_dir`` is a films folder or lies inside one; a films folder is
+    ``output_dir/clips`` or lies inside it; a film (also one reached through a symlink) lies inside
+    ``output_dir/clips``. A films folder elsewhere in ``output_dir`` (``output_dir/raw``) never sees the clips and
+    is fine. Raises ValueError with a one-line message.
     """
     out = Path(os.path.realpath(output_dir))
-    advice = "choose an output_dir outside every films folder (and films outside output_dir)"
+    clips = out / CLIPS_DIR
+    advice = "a rerun would cut the clips of the previous run as new films; keep output_dir outside the films folders"
     for item in inputs:
         path = Path(os.path.realpath(item))
-        if path == out:
-            raise ValueError(f"output_dir {output_dir} is the films folder {item}: a rerun would cut its own clips "
-                             f"as new films; {advice}")
-        if out.is_relative_to(path):
-            raise ValueError(f"output_dir {output_dir} lies inside the films folder {item}: a rerun would cut its "
-                             f"own clips as new films; {advice}")
-        if path.is_relative_to(out):
-            raise ValueError(f"films {item} lie inside output_dir {output_dir}: a rerun would cut its own clips as "
-                             f"new films; {advice}")
-    for film in films:  # also a film reached through a symlink
-        if film.is_relative_to(out):
-            raise ValueError(f"the film {film} lies inside output_dir {output_dir} (a clip of an earlier run?); "
+        if path.is_dir() and out.is_relative_to(path):
+            where = "is" if out == path else "lies inside"
+            raise ValueError(f"output_dir {output_dir} {where} the films folder {item}: {advice}")
+        if path.is_relative_to(clips):
+            raise ValueError(f"films {item} lie inside {Path(output_dir) / CLIPS_DIR}, where the clips are written: "
                              f"{advice}")
+    for film in films:
+        if film.is_relative_to(clips):
+            raise ValueError(f"the film {film} lies inside {Path(output_dir) / CLIPS_DIR} (a clip of an earlier "
+                             f"run?): {advice}")
 
 
 def film_id_for(path: str | Path) -> str:
@@ -292,7 +294,7 @@ def frames_hash(frames: np.ndarray) -> str:
 
 def clip_video_path(film_id: str, clip_index: int) -> str:
     """Clip file relative to the output directory (and the manifest)."""
-    return f"clips/{film_id}/{clip_index:05d}.mp4"
+    return f"{CLIPS_DIR}/{film_id}/{clip_index:05d}.mp4"
 
 
 def cut_film(
@@ -321,7 +323,7 @@ def cut_film(
     plans = plan_clips(scenes, settings, info.fps)
     target = aspect_box(border, settings.height, settings.width)
 
-    clip_dir = output_dir / "clips" / film_id
+    clip_dir = output_dir / CLIPS_DIR / film_id
     if clip_dir.exists():  # clips of an interrupted or outdated run of this film
         shutil.rmtree(clip_dir)
     clip_dir.mkdir(parents=True)
@@ -396,7 +398,7 @@ def process_film(job: FilmJob) -> FilmResult:
 
         return cut_film(job.path, job.film_id, job.output_dir, job.cut, on_clip)
     except Exception as exc:  # a film the decoders choke on must not stop the others
-        shutil.rmtree(Path(job.output_dir) / "clips" / job.film_id, ignore_errors=True)
+        shutil.rmtree(Path(job.output_dir) / CLIPS_DIR / job.film_id, ignore_errors=True)
         message = str(exc) if job.path in str(exc) else f"{job.path}: {exc}"
         return FilmResult(
             film_id=job.film_id,
