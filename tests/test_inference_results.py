@@ -121,9 +121,14 @@ def test_complete_results_must_list_every_turn(tmp_path):
 
 def test_a_new_game_replaces_every_file_of_the_last_one(tmp_path):
     out = results_dir(tmp_path / "out", turns=4, shape=(8, 4))
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    (keep / "mine.txt").write_text("mine")
+    (out / "turn_007").symlink_to(keep)  # a link is removed, never what it points to
+    (out / "notes.txt").write_text("mine")
     results_dir(out, turns=2, shape=(8, 4))
-    assert sorted(p.name for p in out.iterdir()) == ["game.json", "turn_000", "turn_001", "turns.jsonl"]
-    assert len(load_results(out)[1]) == 2
+    assert sorted(p.name for p in out.iterdir()) == ["game.json", "notes.txt", "turn_000", "turn_001", "turns.jsonl"]
+    assert len(load_results(out)[1]) == 2 and (keep / "mine.txt").read_text() == "mine"
 
 
 def test_results_of_the_earlier_format_are_still_read(tmp_path):
