@@ -13,7 +13,9 @@ The MLLM sees the last ``history_turns`` (K) turns, its own predictions fed back
 (``"mllm_checkpoint=''"`` on the command line) runs the base model with freshly initialised (seeded) LoRA, query
 embeddings and resamplers, with a warning.
 
-Also checked first: ``device`` (``cuda`` without a GPU is refused) and that ``output_dir`` can be written.
+Also checked first: ``game`` is a text file (a directory or a pipe is refused without being opened; a UTF-8
+byte-order mark at its start is dropped), ``device`` (``cuda`` without a GPU is refused) and that ``output_dir``
+can be written.
 
 Results (format in animegamer/inference/mllm_runner.py, read by inference_Decoder.py); each turn costs the same to
 write, however long the game::

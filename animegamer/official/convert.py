@@ -83,8 +83,8 @@ def convert_release(
     """Convert the agent and/or the decoder into ``out`` (which must not exist, or be empty); returns the summary.
 
     ``out`` must not be a symbolic link (to anything, or dangling): the finished directory is renamed into place,
-which would replace the link and leave its target empty. Raises :class:`ReleaseFileError` (or FileExistsError /
-ValueError) with one line for any bad input.
+    which would replace the link and leave its target empty. Raises :class:`ReleaseFileError` (or FileExistsError /
+    ValueError) with one line for any bad input.
     """
     if agent_bin is None and decoder_dir is None:
         raise ValueError("nothing to convert: give the agent .bin, the decoder checkpoint directory, or both")
