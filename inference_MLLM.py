@@ -13,9 +13,15 @@ The MLLM sees the last ``history_turns`` (K) turns, its own predictions fed back
 (``"mllm_checkpoint=''"`` on the command line) runs the base model with freshly initialised (seeded) LoRA, query
 embeddings and resamplers, with a warning.
 
-Results (format in animegamer/inference/mllm_runner.py, read by inference_Decoder.py)::
+Also checked first: ``game`` is a text file (a directory or a pipe is refused without being opened; a UTF-8
+byte-order mark at its start is dropped), ``device`` (``cuda`` without a GPU is refused) and that ``output_dir``
+can be written.
 
-    output_dir/game.json
+Results (format in animegamer/inference/mllm_runner.py, read by inference_Decoder.py); each turn costs the same to
+write, however long the game::
+
+    output_dir/game.json                          the settings; "complete": true once every turn is written
+    output_dir/turns.jsonl                        one line per finished turn
     output_dir/turn_000/shot_embeds.safetensors   (num_slots, shot_dim) float32 under key "shot_embeds"
     output_dir/turn_000/state.json                instruction, values, character_state, prompt_tokens
 """
@@ -29,24 +35,12 @@ from tqdm.auto import tqdm
 
 from animegamer.cli import fail, no_bars_in_logs, parse_config
 from animegamer.config import InferenceConfig
-from animegamer.inference.mllm_runner import (
-    InstructionError,
-    MLLMRunner,
-    clear_results,
-    validate_instruction,
-    write_game,
-    write_turn,
-)
+from animegamer.inference.mllm_runner import InstructionError, MLLMRunner, ResultsWriter, validate_instruction
+from animegamer.inference.preflight import check_device, check_output_dir
 from animegamer.inference.session import check_checkpoints
 from animegamer.models.mllm import AnimeGamerMLLM, load_tokenizer
 from animegamer.states import TagError, read_game_file
 from animegamer.training.checkpoint import resolve_checkpoint
-
-
-def resolve_device(name: str) -> str:
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return name
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -60,6 +54,12 @@ def main(argv: list[str] | None = None) -> None:
     except UnicodeDecodeError as exc:
         fail(f"{cfg.game}: not UTF-8 text ({exc.reason} at byte {exc.start})")
     except TagError as exc:
+        fail(str(exc))
+    except OSError as exc:
+        fail(f"{cfg.game}: cannot read the game file ({exc.strerror or type(exc).__name__})")
+    try:
+        device = check_device(cfg.device)
+    except ValueError as exc:
         fail(str(exc))
     try:
         check_checkpoints(cfg, decoder=False, base_only=True)  # missing weights: one line saying what to do
@@ -77,6 +77,10 @@ def main(argv: list[str] | None = None) -> None:
         check_checkpoints(cfg, decoder=False)
     except FileNotFoundError as exc:
         fail(str(exc))
+    try:
+        check_output_dir(cfg.output_dir)
+    except ValueError as exc:
+        fail(str(exc))
     checkpoint = resolve_checkpoint(cfg.mllm_checkpoint) if cfg.mllm_checkpoint else None  # checked just above
     if checkpoint is None:
         print(
@@ -87,7 +91,6 @@ def main(argv: list[str] | None = None) -> None:
 
     # 2. the model
     torch.manual_seed(cfg.seed)
-    device = resolve_device(cfg.device)
     model = AnimeGamerMLLM.from_config(cfg.mllm, device=device)
     if checkpoint is not None:
         model.load_trained(checkpoint)
@@ -111,20 +114,17 @@ def main(argv: list[str] | None = None) -> None:
             "shot_dim": cfg.mllm.shot_dim,
         },
     }
-    clear_results(cfg.output_dir)
-    records = []
-    for turn in tqdm(runner.play(instructions), total=len(instructions), desc="turns", disable=None):
-        records.append(write_turn(cfg.output_dir, turn))
-        write_game(cfg.output_dir, records, summary, complete=False)
-        v, s = turn.prediction.values, turn.state
-        tqdm.write(
-            f"turn {turn.index:3d}  level {v.motion_level}  social {v.social}  ent {v.entertainment}  "
-            f"stamina {v.stamina:+d}  |  stamina {s.stamina:3d} social {s.social:3d} ent {s.entertainment:3d}  "
-            f"({turn.prediction.prompt_tokens} prompt tokens)"
-        )
-    path = write_game(cfg.output_dir, records, summary, complete=True)
-    print(f"wrote {len(records)} turns to {cfg.output_dir} ({path.name})")
-
+    with ResultsWriter(cfg.output_dir, summary) as results:
+        for turn in tqdm(runner.play(instructions), total=len(instructions), desc="turns", disable=None):
+            results.add(turn)
+            v, s = turn.prediction.values, turn.state
+            tqdm.write(
+                f"turn {turn.index:3d}  level {v.motion_level}  social {v.social}  ent {v.entertainment}  "
+                f"stamina {v.stamina:+d}  |  stamina {s.stamina:3d} social {s.social:3d} ent {s.entertainment:3d}  "
+                f"({turn.prediction.prompt_tokens} prompt tokens)"
+            )
+        path = results.finish()
+    print(f"wrote {results.num_turns} turns to {cfg.output_dir} ({path.name})")
 
 if __name__ == "__main__":
     main()
