@@ -119,14 +119,23 @@ def failure(exc: BaseException, line: str, turns: int) -> str:
 
 def autosave(session: GameSession, out: TextIO, why: str = "before leaving") -> bool:
     """Unsaved turns are saved to the game's directory instead of being lost; False when they could not be."""
-    if session.unsaved and session.turns:
+    if not (session.unsaved and session.turns):
+        return True
+    folder = Path(session.output_dir)
+    # game.save, or beside it when something that is not a save sits there (a save replaces only a save)
+    for path in [folder / SAVE_NAME, *(folder / f"game-{n}.save" for n in range(2, 10))]:
         try:
-            path = session.save(Path(session.output_dir) / SAVE_NAME)
-        except (OSError, ValueError) as exc:  # a full disk, or a file that is not a save in the way
-            print(f"error: could not save the game {why}: {one_line(exc)}", file=out)
-            return False
+            session.save(path)
+        except ValueError as exc:
+            refused = exc
+            continue
+        except OSError as exc:  # a full disk, a folder gone
+            refused = exc
+            break
         print(f"saved {len(session.turns)} turns to {path} {why} (continue with :load {path})", file=out)
-    return True
+        return True
+    print(f"error: could not save the game {why}: {one_line(refused)}", file=out)
+    return False
 
 
 def load_game(session: GameSession, file: str, games_dir: Path, out: TextIO) -> GameSession:
@@ -222,7 +231,7 @@ def main(argv: list[str] | None = None) -> None:
         check_play_settings(cfg)
         vocabulary = load_vocabulary(cfg.mllm_checkpoint)
         session = build_session(cfg)
-    except (FileNotFoundError, ValueError) as exc:  # a weights path or a vocabulary file, before any model loads
+    except (FileNotFoundError, ValueError) as exc:  # a setting, a weights path or a vocabulary file, before any model
         fail(str(exc))
     session.output_dir = new_game_dir(cfg.output_dir)
     run(session, sys.stdin, sys.stdout, vocabulary)
