@@ -259,7 +259,8 @@ def build_app(predictor: StatePredictor, renderer: ShotRenderer | None, history_
             play_button = gr.Button("Play turn", variant="primary", elem_id="play")
             undo_button = gr.Button("Undo", elem_id="undo")
             save_button = gr.Button("Save", elem_id="save")
-        status = gr.Markdown(elem_id="status")
+        # no LaTeX either: a status quotes players' and files' text (as_text), which must read as typed
+        status = gr.Markdown(elem_id="status", latex_delimiters=[])
         with gr.Row():
             video = gr.Video(label="Clip", autoplay=True, loop=True, height=CLIP_HEIGHT, elem_id="clip", scale=3)
             with gr.Column(scale=1):
