@@ -6,6 +6,7 @@ import errno
 import html
 import io
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -205,6 +206,22 @@ def test_browser_shows_the_clip_of_the_turn_played_after_undo(tiny, tmp_path, mo
     assert len(previews) == 1 and len(x) == len(y) == 2  # the first frames, then the whole clip
     first, n = previews[0], len(previews[0])
     assert distance(first, upscale(y_clip[:n], factor)) < 5 < 30 < distance(first, upscale(x_clip[:n], factor))
+
+
+@pytest.mark.parametrize("case", ["cuda-oom", "zero-division", "key"])
+def test_browser_turn_that_fails_leaves_the_game_and_no_file(tiny, tmp_path, monkeypatch, case):
+    session, _ = tiny
+    monkeypatch.setattr(session.renderer.decoder.vae, "num_latent_frames_batch_size", 1)  # first frames come early
+    web = WebGame(session.predictor, session.renderer, K, tmp_path / "web")
+    game = list(web.play("Qiqi", "quickly", "run", "park", "", None))[-1][0]
+    files = sorted(p.name for p in Path(game.output_dir).iterdir())
+    game.renderer = FailingRenderer(session.renderer, ERRORS[case])
+    views = list(web.play("Qiqi", "", "eat", "night kitchen", "", game))
+    assert len(views) == 2 and "the first" in views[0][1]  # the first frames were on the page, then it failed
+    assert views[-1][1].startswith(f"**Turn failed:** {type(ERRORS[case]).__name__}")
+    assert views[-1][1].endswith("the game is as it was (1 turns).") and len(game.turns) == 1
+    assert sorted(p.name for p in Path(game.output_dir).iterdir()) == files  # no clip, gif or preview of turn 1
+    assert Path(views[-1][2]).name.startswith("turn_000_")  # turn 0's clip is on the page again
 
 
 HOSTILE = [

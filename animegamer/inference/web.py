@@ -107,6 +107,12 @@ def large_clip(clip: Path) -> Path:
     return large
 
 
+def remove_clip(clip: Path) -> None:
+    """``clip`` and its enlarged copies (:func:`large_clip`), if they exist."""
+    for path in [clip, *clip.parent.glob(f"{glob_escape(clip.stem)}_x*_*.mp4")]:
+        path.unlink(missing_ok=True)
+
+
 def glob_escape(name: str) -> str:
     return "".join(f"[{c}]" if c in "*?[" else c for c in name)
 
@@ -176,7 +182,7 @@ class WebGame:
                                                            "are decoding…", clip=first)
                 yield (session, status, clip, *before[3:])
             elif kind == "failed":  # nothing of the turn stays: render_turn removed its clip, this its preview
-                (Path(session.output_dir) / f"turn_{index:03d}_first.mp4").unlink(missing_ok=True)
+                remove_clip(Path(session.output_dir) / f"turn_{index:03d}_first.mp4")
                 yield self.view(session, f"**Turn failed:** {type(value).__name__}: {as_text(value)}; the game is as "
                                          f"it was ({len(session.turns)} turns).")
                 return
