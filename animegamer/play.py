@@ -31,8 +31,8 @@ from animegamer.inference.vocabulary import Vocabulary, load_vocabulary
 
 HELP = """commands:
   <instruction>      play a turn (free text or 'Character: …; Motion: …; Background: ….')
-  :save [FILE]       save the game (default: game.save in this game's directory)
-  :load FILE         load a saved game file and continue it
+  :save [FILE]       save the game (default: game.save in this game's directory); replaces only a saved game
+  :load FILE         continue a saved game, in a new directory (this game's unsaved turns are saved first)
   :undo              take back the last turn
   :state             show the character's bars
   :help              this text
