@@ -341,3 +341,31 @@ def test_a_save_that_is_no_file_says_what_it_is(tiny, tmp_path, kind, needle):
     assert str(info.value) == f"{target}: {needle}, not a saved game file"
     with pytest.raises(FileNotFoundError, match="saved game not found"):
         GameSession.load(tmp_path / "absent.save", session.predictor, None, tmp_path, history_turns=K)
+
+
+EDGE_INSTRUCTIONS = [
+    "Qiqi <ANIME_3> runs",  # a layout token
+    "Qiqi </s> runs",  # the tokenizer's end of sequence
+    " ".join(["zq"] * 130),  # past mllm.max_instruction_tokens
+    "run " * 25_000,  # past the character limit
+    "Qiqi runs\x00 fast",  # a control character
+    "Qiqi\u202eruns",  # a bidirectional override
+    "Character: Qiqi; Motion: ; Background: park.",  # an empty field
+    "Ｑｉｑｉ ｒｕｎｓ",  # full-width letters
+    "Qiqi läuft über die Brücke — schnell!",
+    "Qiqi  runs\tfast ",  # extra spaces: saved in the form the game plays
+    "Character: Qiqi; Motion: quickly run; Background: park",
+]
+
+
+@pytest.mark.parametrize("instruction", EDGE_INSTRUCTIONS)
+def test_an_instruction_plays_exactly_when_its_save_loads(tiny, tmp_path, instruction):
+    session, _ = tiny
+    game = fresh(tiny, tmp_path)
+    try:
+        game.play(instruction)
+    except ValueError:
+        assert game.turns == []  # refused before the game changed
+        return
+    loaded = GameSession.load(game.save(tmp_path / "g.save"), session.predictor, None, tmp_path, history_turns=K)
+    assert loaded.turns[0].instruction == game.turns[0].instruction
