@@ -213,6 +213,8 @@ BAD_STARTS = [
 if not torch.cuda.is_available():
     BAD_STARTS += [("device=cuda", "device=cuda but this machine has no CUDA GPU"),
                    ("device=cuda:3", "device=cuda:3 but this machine has no CUDA GPU")]
+if not torch.backends.mps.is_available():
+    BAD_STARTS += [("device=mps", "device=mps but MPS is not available here")]
 
 
 @pytest.mark.parametrize("entry", ["play", "app"])
