@@ -234,6 +234,8 @@ def main(argv: list[str] | None = None) -> None:
     except (FileNotFoundError, ValueError) as exc:  # a setting, a weights path or a vocabulary file, before any model
         fail(str(exc))
     session.output_dir = new_game_dir(cfg.output_dir)
+    if hasattr(sys.stdin, "reconfigure"):  # bytes that are not text become U+FFFD: a line answered, not a crash
+        sys.stdin.reconfigure(errors="replace")
     run(session, sys.stdin, sys.stdout, vocabulary)
 
 
