@@ -14,6 +14,7 @@ loaded game continues exactly as the original would have. A save is untrusted in
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,11 +22,21 @@ from typing import Protocol
 
 import numpy as np
 import torch
+from safetensors.torch import save_file
 
 from animegamer.data.video import write_gif, write_mp4
 from animegamer.inference.mllm_runner import HistoryTurn, TurnPrediction
-from animegamer.inference.saved import SAVE_FORMAT, read_save, turn_key
-from animegamer.models.weights import save_state_dict_file
+from animegamer.inference.saved import (
+    MAX_HISTORY_TURNS,
+    MAX_SEED,
+    SAVE_FORMAT,
+    check_shot,
+    file_kind,
+    is_save,
+    read_save,
+    turn_key,
+)
+from animegamer.io import atomic_path
 from animegamer.states import MAX_INSTRUCTION_CHARS, CharacterState, StateValues, parse_instruction
 
 SAVE_NAME = "game.save"  # a game's default save file, inside its own output directory
@@ -34,6 +45,34 @@ SAVE_NAME = "game.save"  # a game's default save file, inside its own output dir
 def turn_seed(seed: int, index: int) -> int:
     """The decoder seed of turn ``index``: a game replays (or resumes) to the same clips."""
     return (seed * 1_000_003 + index) % (2**31)
+
+
+def check_game_settings(seed: int, history_turns: int) -> None:
+    """A game's seed and history window K, in the ranges its save holds: ValueError naming the setting."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"seed={seed} must be an integer in 0..{MAX_SEED} (a save holds no other)")
+    if isinstance(history_turns, bool) or not isinstance(history_turns, int) \
+            or not 0 <= history_turns <= MAX_HISTORY_TURNS:
+        raise ValueError(f"history_turns={history_turns} must be an integer in 0..{MAX_HISTORY_TURNS}")
+
+
+def check_save_target(path: str | Path) -> int | None:
+    """Whether a game may be saved to ``path``: a new file, or an earlier animegamer save (recognised by its
+    content, not its name) with no other hard link. Anything else (a text file, a directory, a device, a pipe, a
+    symbolic link, a hard-linked file) is refused with ValueError naming it, and left untouched. Returns the mode
+    to give the new file: the replaced save's, so that saving never widens who may read it; None for a new one."""
+    kind = file_kind(path, follow=False)
+    if kind == "missing":
+        return None
+    if kind != "file":
+        raise ValueError(f"{path} is {kind}, not a saved game: not replaced (save to another file)")
+    info = os.lstat(path)
+    if info.st_nlink > 1:
+        raise ValueError(f"{path} has {info.st_nlink} hard links: not replaced, saving would break them "
+                         "(save to another file)")
+    if not is_save(path):
+        raise ValueError(f"{path} exists and is not an animegamer saved game: not replaced (save to another file)")
+    return info.st_mode & 0o777
 
 
 class StatePredictor(Protocol):
@@ -91,6 +130,10 @@ class GameSession:
     # the turns as last saved or loaded: the game has unsaved changes when they differ (same Turn objects or not)
     saved_turns: list[Turn] = field(default_factory=list, repr=False)
 
+    def __post_init__(self) -> None:
+        # what a game accepts its save must hold (animegamer.inference.saved), so it is refused here, not at :load
+        check_game_settings(self.seed, self.history_turns)
+
     @property
     def unsaved(self) -> bool:
         """Turns played or undone since the last save or load."""
@@ -113,6 +156,8 @@ class GameSession:
         if progress:
             progress("MLLM: the next game state", 0.0)
         prediction = self.predictor.predict_turn(self.history(), text)
+        # a save refuses a shot with NaN or infinite values, so the turn is refused first (ValueError)
+        check_shot(prediction.shot_embeds.detach().float().cpu(), "the predicted shot")
         index = len(self.turns)
         turn = Turn(
             index=index,
@@ -135,6 +180,16 @@ class GameSession:
             return
         shot = (turn.shot_embeds, turn.values.motion_level, turn_seed(self.seed, turn.index))
         stem = Path(self.output_dir) / f"turn_{turn.index:03d}"
+        try:
+            self._render(turn, shot, stem, progress, preview)
+        except BaseException:  # a failed or interrupted render leaves no half of a turn's clip (mp4 without gif)
+            turn.clip = turn.gif = ""
+            for suffix in (".mp4", ".gif"):
+                stem.with_suffix(suffix).unlink(missing_ok=True)
+            raise
+
+    def _render(self, turn: Turn, shot: tuple, stem: Path, progress: Progress | None,
+                preview: Preview | None) -> None:
 
         def first_frames(frames, index: int, count: int) -> None:
             """The clip's first decoded chunk goes to its gif at once (replaced by the whole clip below)."""
@@ -162,7 +217,9 @@ class GameSession:
 
     def save(self, path: str | Path) -> Path:
         """One atomic, fsynced safetensors file: the shots as tensors, everything else as JSON metadata
-        (format in :mod:`animegamer.inference.saved`)."""
+        (format in :mod:`animegamer.inference.saved`). It replaces only an earlier save (:func:`check_save_target`)
+        and keeps that file's permissions."""
+        mode = check_save_target(path)
         meta = {
             "format": SAVE_FORMAT,
             "seed": self.seed,
@@ -172,7 +229,8 @@ class GameSession:
         tensors = {turn_key(t.index): t.shot_embeds for t in self.turns}
         if not tensors:  # safetensors needs at least one tensor
             tensors = {"empty": torch.zeros(0)}
-        save_state_dict_file(tensors, path, metadata={"game": json.dumps(meta)})
+        with atomic_path(path, mode=mode) as tmp:
+            save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"game": json.dumps(meta)})
         self.saved_turns = list(self.turns)
         return Path(path)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,7 +23,7 @@ import numpy as np
 import torch
 
 from animegamer.config import InferenceConfig, SamplingConfig
-from animegamer.inference.game import GameSession
+from animegamer.inference.game import GameSession, check_game_settings
 from animegamer.inference.mllm_runner import HistoryTurn, MLLMRunner, TurnPrediction
 from animegamer.models.fp8 import quantize_transformer_fp8
 from animegamer.models.sampling_presets import PresetSampler, check_render_options
@@ -156,6 +157,42 @@ def weights_hint(key: str, path: str) -> str:
     return ("convert the released AnimeGamer weights with scripts/convert_official.py (README: 'Play the released "
             "weights'), or play the shipped SpriteWorld world: make play "
             "(--config configs/spriteworld/inference.yaml)")
+
+
+def check_output_dir(path: str | Path, key: str = "output_dir") -> None:
+    """``path`` exists as a directory (made if need be) in which files can be written: ValueError otherwise."""
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise ValueError(f"{key}={path} is not a writable directory ({exc.strerror or exc})") from None
+
+
+def check_device(name: str) -> None:
+    """A device that this machine has: ValueError naming the setting otherwise (cuda without a GPU, cuda:N past
+    the last GPU, mps off a Mac)."""
+    if name.startswith("cuda"):
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        index = int(name.partition(":")[2] or 0)
+        if index >= count:
+            found = f"{count} CUDA GPU(s)" if count else "no CUDA GPU"
+            raise ValueError(f"device={name} but this machine has {found} (device=auto picks what there is)")
+    elif name == "mps" and not torch.backends.mps.is_available():
+        raise ValueError("device=mps but MPS is not available here (device=auto picks what there is)")
+
+
+def check_play_settings(cfg: InferenceConfig) -> None:
+    """What a game needs of its settings, checked before any model loads (ValueError naming the setting): a seed
+    and K that its saves can hold, sampling sizes that make a clip, a device this machine has, an ``output_dir``
+    it can write in (made if need be)."""
+    check_game_settings(cfg.seed, cfg.history_turns)
+    for name in ("steps", "num_frames", "height", "width", "fps"):
+        value = getattr(cfg.sampling, name)
+        if value < 1:
+            raise ValueError(f"sampling.{name}={value} must be >= 1")
+    check_device(cfg.device)
+    check_output_dir(cfg.output_dir)
 
 
 def check_checkpoints(cfg: InferenceConfig, mllm: bool = True, decoder: bool = True, base_only: bool = False) -> None:
