@@ -288,7 +288,7 @@ def test_output_inside_the_films_folder_is_refused_before_any_work(tmp_path, cap
     out = {"inside": films / "prepared", "same": films, "symlink": tmp_path / "link" / "prepared"}[where]
     (tmp_path / "link").symlink_to(films)
     with pytest.raises(SystemExit) as exc:
-        load_script().main(args(films, out))
+        load_script(SCRIPT).main(args(films, out))
     err = capsys.readouterr().err
     assert exc.value.code == 2 and err.startswith("error: ") and "output_dir" in err
     assert len(err.strip().splitlines()) == 1
@@ -301,7 +301,7 @@ def test_pipes_and_symlink_loops_are_reported_and_counted(tmp_path, capsys):
     make_film(films / "a.mp4")
     os.mkfifo(films / "pipe.mp4")
     (films / "loop.mkv").symlink_to("loop.mkv")
-    summary = load_script().main(args(films, tmp_path / "out"))
+    summary = load_script(SCRIPT).main(args(films, tmp_path / "out"))
     assert (summary["films"], summary["films_cut"], summary["films_skipped"]) == (3, 1, 2)
     assert "named pipe" in summary["skipped"][str(films / "pipe.mp4")]
     assert "symlink loop" in summary["skipped"][str(films / "loop.mkv")]
