@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from animegamer.cli import fail, no_bars_in_logs, parse_config
 from animegamer.config import InferenceConfig
-from animegamer.inference.session import build_game
+from animegamer.inference.session import build_game, check_play_settings
 from animegamer.inference.vocabulary import load_vocabulary
 from animegamer.inference.web import APP_CSS, build_app
 
@@ -25,14 +25,20 @@ def main(argv: list[str] | None = None) -> None:
 
     cfg, args = parse_config(InferenceConfig, __doc__, argv, extra=flags)
     no_bars_in_logs()
+    if not 1 <= args.port <= 65535:
+        fail(f"--port {args.port} is not a port (1..65535)")
     try:
+        check_play_settings(cfg)
         vocabulary = load_vocabulary(cfg.mllm_checkpoint)
         game = build_game(cfg)
-    except (FileNotFoundError, ValueError) as exc:  # a weights path or a vocabulary file, before any model loads
+    except (FileNotFoundError, ValueError) as exc:  # a setting, a weights path or a vocabulary file, before any model
         fail(str(exc))
     app = build_app(game, cfg.output_dir, vocabulary=vocabulary)
     print(f"AnimeGamer: open http://{args.host}:{args.port} in a browser (Ctrl-C here stops the server)", flush=True)
-    app.launch(server_name=args.host, server_port=args.port, css=APP_CSS, quiet=True)
+    try:
+        app.launch(server_name=args.host, server_port=args.port, css=APP_CSS, quiet=True)
+    except OSError as exc:  # the port is taken, or the address is not this machine's
+        fail(f"cannot serve on {args.host}:{args.port}: {exc}")
 
 
 if __name__ == "__main__":

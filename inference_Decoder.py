@@ -4,40 +4,66 @@
     python inference_Decoder.py --config configs/spriteworld/inference.yaml  # (the two = make demo)
     python inference_Decoder.py --config configs/inference.yaml              # full size, converted weights
 
-Reads ``output_dir`` (the MLLM results: game.json, turn_XXX/shot_embeds.safetensors, turn_XXX/state.json), renders
-each recorded turn with :meth:`animegamer.inference.turn.AnimeGamer.render_turn` (the render step of the game's
-one turn) and writes beside them::
+Reads ``output_dir`` (the MLLM results: game.json, turns.jsonl, turn_XXX/shot_embeds.safetensors,
+turn_XXX/state.json), renders each recorded turn with :meth:`animegamer.inference.turn.AnimeGamer.render_turn` (the
+render step of the game's one turn) and writes beside them::
 
     output_dir/turn_000.mp4, turn_000.gif      each turn's clip (decoder seed derived from the game seed and turn)
-    output_dir/game.mp4                        all turns one after another
+    output_dir/game.mp4                        all turns one after another (written as the turns are rendered:
+                                               a long game is never in memory at once)
     output_dir/contact_sheet.png               a row per turn: frames, the whole instruction, values and state
+                                               (64 turns a sheet; then contact_sheet_064.png, ... by first turn)
     output_dir/turn_000_x4.mp4, game_x4.mp4    the same enlarged by nearest neighbour (clips under 256 rows;
                                                the factor is in the name) for people to look at
 
 ``decoder_checkpoint`` is a stage (c) or (a) checkpoint; ``sampling.preset=fast`` (or ``fast=true``) uses the fast
 sampling preset, and every other inference option applies (``device``, ``offload``, ``merge_lora``, ``compile``,
 ``fp8``, ``sampling.cache``).
-The results are untrusted input: every turn directory must lie inside ``output_dir`` (symlinks followed) and every
-file must be what inference_MLLM.py writes; a missing checkpoint or a bad file stops the run with one line, before
-the decoder loads.
+The results are untrusted input: every turn directory must lie inside ``output_dir`` (symlinks followed), every
+file must be what inference_MLLM.py writes, every shot must have the shape this config's models take
+(``mllm.num_slots`` x ``mllm.shot_dim``, whatever game.json says) and every instruction must be one the game
+accepts (at most 400 characters, printable). A missing checkpoint, a bad file, ``device=cuda`` without a GPU or an
+``output_dir`` that cannot be written stops the run with one line, before the decoder loads.
 """
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from pathlib import Path
 
-import numpy as np
 from tqdm.auto import tqdm
 
 from animegamer.cli import fail, no_bars_in_logs, parse_config
 from animegamer.config import InferenceConfig
-from animegamer.data.video import write_mp4
-from animegamer.inference.contact_sheet import contact_sheet, readable_factor, state_bar, upscale
+from animegamer.data.video import mp4_stream, write_mp4
+from animegamer.inference.contact_sheet import (
+    contact_sheet,
+    readable_factor,
+    sample_frame_indices,
+    state_bar,
+    upscale,
+)
 from animegamer.inference.mllm_runner import load_results
+from animegamer.inference.preflight import check_device, check_output_dir
 from animegamer.inference.session import build_game, check_checkpoints
 from animegamer.inference.turn import Turn, clip_stem
 from animegamer.official.agent import release_render_level
 from animegamer.states import CharacterState, StateValues
+
+SHEET_TURNS = 64  # turns per contact sheet
+SHEET_FILE = "contact_sheet.png"  # the first; then contact_sheet_064.png, ... named by their first turn
+SHEET_FRAMES = 6  # frames shown per turn
+
+def sheet_label(state: dict) -> list[str]:
+    """A turn's lines on the contact sheet: the instruction, the predicted values, the state bars after it."""
+    v, s = state["values"], state["character_state"]
+    return [
+        f"turn {state['turn']}: {state['instruction']}",
+        f"level {v['motion_level']}  social {v['social']}  ent {v['entertainment']}  stamina {v['stamina']:+d}",
+        state_bar("stamina", s["stamina"], 12),
+        state_bar("social", s["social"], 12),
+        state_bar("entertainment", s["entertainment"], 12),
+    ]
 
 
 def recorded_turn(state: dict, shot_embeds) -> Turn:
@@ -51,8 +77,10 @@ def main(argv: list[str] | None = None) -> dict[str, Path]:
     no_bars_in_logs()
     out = Path(cfg.output_dir)
     try:  # everything that can be wrong with the input, before any weights are read
+        check_device(cfg.device)
         check_checkpoints(cfg, mllm=False)
-        game, turns = load_results(out)
+        game, turns = load_results(out, shape=(cfg.mllm.num_slots, cfg.mllm.shot_dim))
+        check_output_dir(out)
     except (FileNotFoundError, ValueError) as exc:
         fail(str(exc))
     if not turns:
@@ -72,30 +100,29 @@ def main(argv: list[str] | None = None) -> dict[str, Path]:
     seed = int(game.get("seed", cfg.seed))
     factor = readable_factor(cfg.sampling.height)
 
-    all_frames, rows = [], []
-    for (state, shot_embeds), level in tqdm(list(zip(turns, levels, strict=True)), desc="render turns", disable=None):
-        turn = recorded_turn(state, shot_embeds)  # (no bar in a log file)
-        frames = animegamer.render_turn(turn, out, seed=seed, motion_level=level)
-        if factor > 1:
-            write_mp4(clip_stem(out, turn.index).with_name(f"turn_{turn.index:03d}_x{factor}.mp4"),
-                      upscale(frames, factor), fps=fps)
-        all_frames.append(frames)
-        v, s = state["values"], state["character_state"]
-        rows.append((frames, [
-            f"turn {turn.index}: {state['instruction']}",
-            f"level {v['motion_level']}  social {v['social']}  ent {v['entertainment']}  stamina {v['stamina']:+d}",
-            state_bar("stamina", s["stamina"], 12),
-            state_bar("social", s["social"], 12),
-            state_bar("entertainment", s["entertainment"], 12),
-        ]))
-    written = {
-        "clips": clip_stem(out, 0).with_suffix(".mp4"),
-        "game": write_mp4(out / "game.mp4", np.concatenate(all_frames), fps=fps),
-        "contact_sheet": contact_sheet(rows, out / "contact_sheet.png", scale=min(factor, 2)),
-    }
+    written = {"clips": clip_stem(out, 0).with_suffix(".mp4"), "game": out / "game.mp4",
+               "contact_sheet": out / SHEET_FILE}
     if factor > 1:
-        written["game_upscaled"] = write_mp4(out / f"game_x{factor}.mp4", upscale(np.concatenate(all_frames), factor),
-                                             fps=fps)
+        written["game_upscaled"] = out / f"game_x{factor}.mp4"
+    rows = []  # the contact sheet rows not yet written: nothing here grows with the length of the game
+    with ExitStack() as videos:  # the game videos are streamed, turn by turn, and published when all turns are in
+        game_video = videos.enter_context(mp4_stream(written["game"], fps=fps))
+        big_video = videos.enter_context(mp4_stream(written["game_upscaled"], fps)) if factor > 1 else None
+        for (state, shot_embeds), level in tqdm(list(zip(turns, levels, strict=True)), desc="render turns",
+                                                disable=None):  # (no bar in a log file)
+            index = state["turn"]
+            frames = animegamer.render_turn(recorded_turn(state, shot_embeds), out, seed=seed, motion_level=level)
+            game_video(frames)
+            if big_video is not None:
+                big = upscale(frames, factor)
+                write_mp4(out / f"turn_{index:03d}_x{factor}.mp4", big, fps=fps)
+                big_video(big)
+            rows.append((frames[sample_frame_indices(len(frames), SHEET_FRAMES)], sheet_label(state)))
+            if len(rows) == SHEET_TURNS or index == len(turns) - 1:  # a long game: several sheets, none huge
+                first = index + 1 - len(rows)
+                name = SHEET_FILE if first == 0 else f"contact_sheet_{first:03d}.png"
+                contact_sheet(rows, out / name, frames_per_row=SHEET_FRAMES, scale=min(factor, 2))
+                rows = []
     print(f"wrote {len(turns)} clips: {out}/turn_XXX.mp4 (+ .gif)")
     print(f"game video:     {written['game']}" + (f" (x{factor}: {written['game_upscaled']})" if factor > 1 else ""))
     print(f"contact sheet:  {written['contact_sheet']}")

@@ -9,32 +9,35 @@ and ``#`` comments skipped). Every instruction is checked before any model is lo
 than ``mllm.max_instruction_tokens`` tokens) or undecodable one stops the run with one line naming it.
 
 Each turn is :meth:`animegamer.inference.turn.AnimeGamer.play_turn` without rendering: the MLLM sees the last
-``history_turns`` (K) turns, its own predictions fed back, so the prompt stays bounded. Every inference option of
-the config applies (``device``, ``offload``, ``merge_lora``, ``seed``).
+``history_turns`` (K) turns, its own predictions fed back, so the prompt (and what is kept in memory) stays bounded.
+Every inference option of the config applies (``device``, ``offload``, ``merge_lora``, ``seed``).
 ``mllm_checkpoint`` is a stage (b) checkpoint (a step dir, a run dir or ``…/checkpoints/latest``); an empty string
 (``"mllm_checkpoint=''"`` on the command line) runs the base model with freshly initialised (seeded) LoRA, query
 embeddings and resamplers, with a warning.
 
-Results (format in animegamer/inference/mllm_runner.py, read by inference_Decoder.py)::
+Also checked first: ``game`` is a text file (a directory or a pipe is refused without being opened; a UTF-8
+byte-order mark at its start is dropped), ``device`` (``cuda`` without a GPU is refused) and that ``output_dir``
+can be written.
 
-    output_dir/game.json
+Results (format in animegamer/inference/mllm_runner.py, read by inference_Decoder.py); each turn costs the same to
+write, however long the game::
+
+    output_dir/game.json                          the settings; "complete": true once every turn is written
+    output_dir/turns.jsonl                        one line per finished turn
     output_dir/turn_000/shot_embeds.safetensors   (num_slots, shot_dim) float32 under key "shot_embeds"
     output_dir/turn_000/state.json                instruction, values, character_state, prompt_tokens
 """
 
 from __future__ import annotations
 
+from collections import deque
+
 from tqdm.auto import tqdm
 
 from animegamer.cli import fail, no_bars_in_logs, parse_config
 from animegamer.config import InferenceConfig
-from animegamer.inference.mllm_runner import (
-    InstructionError,
-    clear_results,
-    validate_instruction,
-    write_game,
-    write_turn,
-)
+from animegamer.inference.mllm_runner import InstructionError, ResultsWriter, validate_instruction
+from animegamer.inference.preflight import check_device, check_output_dir
 from animegamer.inference.session import build_game, check_checkpoints
 from animegamer.io import resolve_checkpoint
 from animegamer.models.mllm import load_tokenizer
@@ -53,6 +56,12 @@ def main(argv: list[str] | None = None) -> None:
         fail(f"{cfg.game}: not UTF-8 text ({exc.reason} at byte {exc.start})")
     except TagError as exc:
         fail(str(exc))
+    except OSError as exc:
+        fail(f"{cfg.game}: cannot read the game file ({exc.strerror or type(exc).__name__})")
+    try:
+        check_device(cfg.device)
+    except ValueError as exc:
+        fail(str(exc))
     try:
         check_checkpoints(cfg, decoder=False, base_only=True)  # missing weights: one line saying what to do
         tokenizer, base_vocab = load_tokenizer(cfg.mllm.pretrained, cfg.mllm.vocabulary, cfg.mllm.num_slots)
@@ -65,13 +74,21 @@ def main(argv: list[str] | None = None) -> None:
             )
     except InstructionError as exc:
         fail(str(exc))
+    try:
+        check_checkpoints(cfg, decoder=False)
+    except FileNotFoundError as exc:
+        fail(str(exc))
+    try:
+        check_output_dir(cfg.output_dir)
+    except ValueError as exc:
+        fail(str(exc))
+    checkpoint = resolve_checkpoint(cfg.mllm_checkpoint) if cfg.mllm_checkpoint else None  # checked just above
 
     # 2. the game, MLLM only (every inference option of cfg honoured: device, offload, merge_lora, seed, K)
     try:
         game = build_game(cfg, render=False)
     except (FileNotFoundError, ValueError) as exc:
         fail(str(exc))
-    checkpoint = resolve_checkpoint(cfg.mllm_checkpoint) if cfg.mllm_checkpoint else None  # checked just above
 
     # 3. play, writing each turn as soon as it exists
     summary = {
@@ -86,22 +103,20 @@ def main(argv: list[str] | None = None) -> None:
             "shot_dim": cfg.mllm.shot_dim,
         },
     }
-    clear_results(cfg.output_dir)
-    turns, records = [], []
-    for text in tqdm(instructions, desc="turns", disable=None):
-        turn = game.play_turn(turns, text)
-        turns.append(turn)
-        records.append(write_turn(cfg.output_dir, turn))
-        write_game(cfg.output_dir, records, summary, complete=False)
-        v, s = turn.values, turn.state
-        tqdm.write(
-            f"turn {turn.index:3d}  level {v.motion_level}  social {v.social}  ent {v.entertainment}  "
-            f"stamina {v.stamina:+d}  |  stamina {s.stamina:3d} social {s.social:3d} ent {s.entertainment:3d}  "
-            f"({turn.prompt_tokens} prompt tokens)"
-        )
-    path = write_game(cfg.output_dir, records, summary, complete=True)
-    print(f"wrote {len(records)} turns to {cfg.output_dir} ({path.name})")
-
+    recent = deque(maxlen=max(cfg.history_turns, 1))  # what the next turn reads: the last K turns and the state
+    with ResultsWriter(cfg.output_dir, summary) as results:
+        for index, text in enumerate(tqdm(instructions, desc="turns", disable=None)):
+            turn = game.play_turn(list(recent), text, index=index)
+            recent.append(turn)
+            results.add(turn)
+            v, s = turn.values, turn.state
+            tqdm.write(
+                f"turn {turn.index:3d}  level {v.motion_level}  social {v.social}  ent {v.entertainment}  "
+                f"stamina {v.stamina:+d}  |  stamina {s.stamina:3d} social {s.social:3d} ent {s.entertainment:3d}  "
+                f"({turn.prompt_tokens} prompt tokens)"
+            )
+        path = results.finish()
+    print(f"wrote {results.num_turns} turns to {cfg.output_dir} ({path.name})")
 
 if __name__ == "__main__":
     main()

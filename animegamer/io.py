@@ -42,11 +42,11 @@ def fsync_path(path: str | Path) -> None:
 
 
 @contextmanager
-def atomic_path(path: str | Path) -> Iterator[Path]:
+def atomic_path(path: str | Path, mode: int | None = None) -> Iterator[Path]:
     """Yield a temp path beside ``path``; on success it is made durable and renamed over ``path``, on error removed.
 
-    The caller writes the temp path however it likes (it exists, empty). Before the rename it gets the umask's mode
-    and is fsynced; after the rename the directory is fsynced.
+    The caller writes the temp path however it likes (it exists, empty). Before the rename it gets ``mode`` (default:
+    the umask's mode) and is fsynced; after the rename the directory is fsynced.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -54,7 +54,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     os.close(fd)
     try:
         yield Path(tmp)
-        os.chmod(tmp, 0o666 & ~current_umask())
+        os.chmod(tmp, mode if mode is not None else 0o666 & ~current_umask())
         fsync_path(tmp)
         os.replace(tmp, path)
         fsync_path(path.parent)

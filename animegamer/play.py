@@ -7,9 +7,11 @@
 Instructions are free text or ``Character: Qiqi; Motion: happily eat; Background: morning kitchen.``; ``:help``
 lists the commands and the world's characters, adverbs, motions and backgrounds (the checkpoint's
 vocabulary.json), and words the model never saw in training are pointed out before the turn runs. Every game
-writes into a new directory under ``output_dir``; leaving with unsaved turns saves them there (``game.save``).
-A turn that fails, a save that cannot be loaded and Ctrl-C during a turn each print one line and keep the game
-exactly as it was; Ctrl-C at the prompt does not leave the game either (``:quit`` or end of input does).
+writes into a new directory under ``output_dir``; leaving with unsaved turns saves them there (``game.save``),
+however the game ends. ``:load`` saves the current game's unsaved turns the same way first, and the loaded game
+plays in a new directory of its own. ``:save FILE`` replaces only an earlier saved game. A turn that fails (for any
+reason), a save that cannot be loaded and Ctrl-C during a turn each print one line and keep the game exactly as it
+was; Ctrl-C at the prompt does not leave the game either (``:quit`` or end of input does).
 """
 
 from __future__ import annotations
@@ -24,13 +26,13 @@ from animegamer.cli import fail, no_bars_in_logs, parse_config
 from animegamer.config import InferenceConfig
 from animegamer.inference.contact_sheet import state_bar
 from animegamer.inference.game import SAVE_NAME, GameSession
-from animegamer.inference.session import build_session
+from animegamer.inference.session import build_session, check_play_settings
 from animegamer.inference.vocabulary import Vocabulary, load_vocabulary
 
 HELP = """commands:
   <instruction>      play a turn (free text or 'Character: …; Motion: …; Background: ….')
-  :save [FILE]       save the game (default: game.save in this game's directory)
-  :load FILE         load a saved game file and continue it
+  :save [FILE]       save the game (default: game.save in this game's directory); replaces only a saved game
+  :load FILE         continue a saved game, in a new directory (this game's unsaved turns are saved first)
   :undo              take back the last turn
   :state             show the character's bars
   :help              this text
@@ -99,84 +101,125 @@ def read_lines(lines: TextIO, out: TextIO, prompt=None) -> Iterator[str]:
         yield raw
 
 
-def autosave(session: GameSession, out: TextIO) -> None:
-    """Leaving with unsaved turns saves them to the game's directory instead of losing them."""
-    if session.unsaved and session.turns:
+def one_line(exc: BaseException) -> str:
+    """An error as one line of at most 300 characters (a CUDA out-of-memory message spans several)."""
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def failure(exc: BaseException, line: str, turns: int) -> str:
+    """The one line saying why a command did not happen: Ctrl-C, a bad instruction or file (ValueError, IndexError,
+    OSError), or anything else that failed in a model (a GPU out of memory, a setting that breaks the sampler)."""
+    if isinstance(exc, KeyboardInterrupt):
+        return f"\ninterrupted: {line[:60]!r} cancelled; the game is as it was ({turns} turns)"
+    if isinstance(exc, (ValueError, IndexError, OSError)):
+        return f"error: {one_line(exc)}"
+    return f"error: the turn failed ({type(exc).__name__}: {one_line(exc)}); the game is as it was ({turns} turns)"
+
+
+def autosave(session: GameSession, out: TextIO, why: str = "before leaving") -> bool:
+    """Unsaved turns are saved to the game's directory instead of being lost; False when they could not be."""
+    if not (session.unsaved and session.turns):
+        return True
+    folder = Path(session.output_dir)
+    # game.save, or beside it when something that is not a save sits there (a save replaces only a save)
+    for path in [folder / SAVE_NAME, *(folder / f"game-{n}.save" for n in range(2, 10))]:
         try:
-            path = session.save(Path(session.output_dir) / SAVE_NAME)
-        except OSError as exc:  # a full disk: say so, the game ends either way
-            print(f"error: could not save the game before leaving: {exc}", file=out)
-            return
-        print(f"saved {len(session.turns)} turns to {path} before leaving (continue with :load {path})", file=out)
+            session.save(path)
+        except ValueError as exc:
+            refused = exc
+            continue
+        except OSError as exc:  # a full disk, a folder gone
+            refused = exc
+            break
+        print(f"saved {len(session.turns)} turns to {path} {why} (continue with :load {path})", file=out)
+        return True
+    print(f"error: could not save the game {why}: {one_line(refused)}", file=out)
+    return False
 
 
-def run(session: GameSession, lines: TextIO, out: TextIO, vocabulary: Vocabulary | None = None) -> GameSession:
-    """The read-eval loop over ``lines`` (stdin or a script); returns the session as it ends.
+def load_game(session: GameSession, file: str, games_dir: Path, out: TextIO) -> GameSession:
+    """The saved game in ``file``, continued in a new directory under ``games_dir`` (its clips and autosave never
+    touch the current game's); the current game's unsaved turns are saved first. A save that cannot be loaded,
+    or a current game that cannot be saved, raises ValueError/OSError and changes nothing."""
+    loaded = GameSession.load(file, session.game, output_dir=games_dir)
+    if not autosave(session, out, "before loading"):
+        raise ValueError(f"{file} not loaded: the current game's unsaved turns could not be saved")
+    loaded.output_dir = new_game_dir(games_dir)
+    return loaded
+
+
+def run(session: GameSession, lines: TextIO, out: TextIO, vocabulary: Vocabulary | None = None,
+        games_dir: str | Path | None = None) -> GameSession:
+    """The read-eval loop over ``lines`` (stdin or a script); returns the session as it ends. However it ends
+    (``:quit``, end of input, an error it cannot go on after), unsaved turns are saved first (:func:`autosave`).
 
     On a terminal a prompt waits for each line and a progress line shows the running turn; ``vocabulary`` (the
-    checkpoint's) feeds ``:help``, the example of the empty-line hint and the warnings about unknown words."""
+    checkpoint's) feeds ``:help``, the example of the empty-line hint and the warnings about unknown words. A
+    loaded game plays in a new directory under ``games_dir`` (default: beside the current game's)."""
+    games_dir = Path(games_dir) if games_dir is not None else Path(session.output_dir).parent
     example = vocabulary.placeholder() if vocabulary else "Character: Qiqi; Motion: happily eat; Background: park."
     print(f"AnimeGamer: {len(session.turns)} turns so far; clips go to {session.output_dir}. "
           "Type an instruction, or :help.", file=out)
     prompt = (lambda: f"turn {len(session.turns)}> ") if _isatty(lines) and _isatty(out) else None
-    for raw in read_lines(lines, out, prompt):
-        line = raw.strip()
-        default_save = Path(session.output_dir) / SAVE_NAME
-        if not line:
-            print(f"type what the character does next, e.g. {example}  (:help lists the commands and words)",
-                  file=out)
-            continue
-        command, _, arg = line.partition(" ")
-        before, turns_before = session, list(session.turns)  # what Ctrl-C during this command restores
-        try:
-            if command == ":quit":
-                break
-            elif command == ":help":
-                print(HELP, file=out)
-                if vocabulary:
-                    print("the words this world was trained on:\n" + vocabulary.describe(), file=out)
-            elif command == ":state":
-                show_state(session, out)
-            elif command == ":undo":
-                turn = session.undo()
-                print(f"undid turn {turn.index}: {turn.instruction}", file=out)
-                show_state(session, out)
-            elif command == ":save":
-                path = session.save(arg.strip() or default_save)
-                print(f"saved {len(session.turns)} turns to {path}", file=out)
-            elif command == ":load":
-                if not arg.strip():
-                    raise ValueError(":load needs a file")
-                session = GameSession.load(arg.strip(), session.game, session.output_dir)
-                print(f"loaded {len(session.turns)} turns from {arg.strip()}", file=out)
-                show_state(session, out)
-            elif command.startswith(":"):
-                print(f"unknown command {command}; type :help", file=out)
-            else:
-                for warning in vocabulary.unknown_words(line) if vocabulary else []:
-                    print(f"warning: {warning}; the model will guess", file=out)
-                progress = ProgressLine(out, f"turn {len(session.turns)}: ") if _isatty(out) else None
-                try:
-                    turn = session.play(line, progress)
-                finally:
-                    if progress:
-                        progress.clear()
-                v = turn.values
-                print(f"turn {turn.index}: {turn.instruction}", file=out)
-                print(f"  motion level {v.motion_level}  social {v.social}  entertainment {v.entertainment}  "
-                      f"stamina {v.stamina:+d}", file=out)
-                if turn.clip:
-                    print(f"  clip: {turn.clip}", file=out)
-                show_state(session, out)
-        except KeyboardInterrupt:  # Ctrl-C mid-command: the command did not happen
-            session = before
-            session.turns[:] = turns_before
-            print(f"\ninterrupted: {line[:60]!r} cancelled; the game is as it was ({len(session.turns)} turns)",
-                  file=out)
-        except (ValueError, IndexError, OSError) as exc:  # bad instruction or save file, full disk: game goes on
-            print(f"error: {exc}", file=out)
-        out.flush()
-    autosave(session, out)
+    try:
+        for raw in read_lines(lines, out, prompt):
+            line = raw.strip()
+            default_save = Path(session.output_dir) / SAVE_NAME
+            if not line:
+                print(f"type what the character does next, e.g. {example}  (:help lists the commands and words)",
+                      file=out)
+                continue
+            command, _, arg = line.partition(" ")
+            before, turns_before = session, list(session.turns)  # what a failed or interrupted command restores
+            try:
+                if command == ":quit":
+                    break
+                elif command == ":help":
+                    print(HELP, file=out)
+                    if vocabulary:
+                        print("the words this world was trained on:\n" + vocabulary.describe(), file=out)
+                elif command == ":state":
+                    show_state(session, out)
+                elif command == ":undo":
+                    turn = session.undo()
+                    print(f"undid turn {turn.index}: {turn.instruction}", file=out)
+                    show_state(session, out)
+                elif command == ":save":
+                    path = session.save(arg.strip() or default_save)
+                    print(f"saved {len(session.turns)} turns to {path}", file=out)
+                elif command == ":load":
+                    if not arg.strip():
+                        raise ValueError(":load needs a file")
+                    session = load_game(session, arg.strip(), games_dir, out)
+                    print(f"loaded {len(session.turns)} turns from {arg.strip()}; its clips go to "
+                          f"{session.output_dir}", file=out)
+                    show_state(session, out)
+                elif command.startswith(":"):
+                    print(f"unknown command {command}; type :help", file=out)
+                else:
+                    for warning in vocabulary.unknown_words(line) if vocabulary else []:
+                        print(f"warning: {warning}; the model will guess", file=out)
+                    progress = ProgressLine(out, f"turn {len(session.turns)}: ") if _isatty(out) else None
+                    try:
+                        turn = session.play(line, progress)
+                    finally:
+                        if progress:
+                            progress.clear()
+                    v = turn.values
+                    print(f"turn {turn.index}: {turn.instruction}", file=out)
+                    print(f"  motion level {v.motion_level}  social {v.social}  entertainment {v.entertainment}  "
+                          f"stamina {v.stamina:+d}", file=out)
+                    if turn.clip:
+                        print(f"  clip: {turn.clip}", file=out)
+                    show_state(session, out)
+            except (KeyboardInterrupt, Exception) as exc:  # the command did not happen; the game goes on
+                session = before
+                session.turns[:] = turns_before
+                print(failure(exc, line, len(session.turns)), file=out)
+            out.flush()
+    finally:  # however the game ends, its unsaved turns are kept
+        autosave(session, out)
     return session
 
 
@@ -184,11 +227,14 @@ def main(argv: list[str] | None = None) -> None:
     cfg, _ = parse_config(InferenceConfig, __doc__, argv)
     no_bars_in_logs()
     try:
+        check_play_settings(cfg)
         vocabulary = load_vocabulary(cfg.mllm_checkpoint)
         session = build_session(cfg)
-    except (FileNotFoundError, ValueError) as exc:  # a weights path or a vocabulary file, before any model loads
+    except (FileNotFoundError, ValueError) as exc:  # a setting, a weights path or a vocabulary file, before any model
         fail(str(exc))
     session.output_dir = new_game_dir(cfg.output_dir)
+    if hasattr(sys.stdin, "reconfigure"):  # bytes that are not text become U+FFFD: a line answered, not a crash
+        sys.stdin.reconfigure(errors="replace")
     run(session, sys.stdin, sys.stdout, vocabulary)
 
 

@@ -13,6 +13,7 @@ Free text is also a valid instruction. Bad input raises :class:`TagError` naming
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import asdict, dataclass
 
@@ -197,9 +198,18 @@ def parse_instruction(
 
 
 def read_game_file(path: str) -> list[Instruction]:
-    """Read a game file: one instruction per line; blank lines and ``#`` comments skipped."""
+    """Read a game file: one instruction per line; blank lines and ``#`` comments skipped.
+
+    A UTF-8 byte-order mark at the start (as some Windows editors write) is dropped. FileNotFoundError when
+    nothing is there; TagError for a directory, a named pipe or a device (never opened: a pipe would block).
+    """
+    if not os.path.isfile(path):
+        if os.path.lexists(path):
+            kind = "a directory" if os.path.isdir(path) else "not a regular file"
+            raise TagError(f"{kind}, expected a text file with one instruction per line", source=str(path))
+        raise FileNotFoundError(path)
     instructions = []
-    with open(path, encoding="utf-8") as fh:
+    with open(path, encoding="utf-8-sig") as fh:
         for number, raw in enumerate(fh, start=1):
             stripped = raw.strip()
             if not stripped or stripped.startswith("#"):
@@ -213,7 +223,7 @@ def read_game_file(path: str) -> list[Instruction]:
 def read_tag_file(path: str) -> list[ShotTags]:
     """Read a file of shot tag lines (one per line, blank lines skipped)."""
     shots = []
-    with open(path, encoding="utf-8") as fh:
+    with open(path, encoding="utf-8-sig") as fh:  # a byte-order mark at the start is dropped
         for number, raw in enumerate(fh, start=1):
             if raw.strip():
                 shots.append(parse_tags(raw.strip(), source=str(path), line=number))

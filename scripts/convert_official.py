@@ -25,7 +25,9 @@ from animegamer.official.release_io import ReleaseFileError
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", required=True, help="the converted checkpoint directory (new, or empty)")
+    parser.add_argument(
+        "--out", required=True, help="the converted checkpoint directory (new, or empty; not a symbolic link)"
+    )
     agent = parser.add_argument_group("MLLM agent")
     agent.add_argument("--agent-bin", help="the release's MLLM-<film>/pytorch_model.bin (peft agent state dict)")
     agent.add_argument("--tokenizer", help="the release's tokenizer directory (MLLM/VisualAR/animegamer_tokenizer)")

@@ -35,6 +35,11 @@ Resumable: a film whose film.json matches the file's content (its size and a has
 its path or mtime: touching or moving films re-cuts nothing) and the cut/motion settings is not cut again, and a
 clip whose frames are unchanged keeps its caption, even when its film is re-cut; just run the same command again
 (e.g. after adding films or after an interruption; Ctrl-C stops at once, exit code 130, keeping finished films).
+No rerun reads its own clips as new films: an output_dir that is a films folder or lies inside one, a films folder
+inside output_dir/clips, or a film inside output_dir/clips (symlinks followed) is refused before any work
+(error: ..., exit 2). Films elsewhere in output_dir (output_dir/raw) are fine. An entry named like a film that is
+not a regular file (a named pipe, a device, a symlink loop, a dangling link) is reported by path, counted as
+skipped and never opened.
 A corrupt or unreadable film is reported by path and skipped while the rest finish; it is tried again on the next
 run. Decoder errors are counted per film: clips that would take a smeared frame are dropped, and a film with more
 than max_decode_errors is skipped. The summary at the end (and prepare_report.json) counts films, scenes, clips,
@@ -68,6 +73,7 @@ from animegamer.data.films import (
     FilmJob,
     FilmResult,
     assign_film_ids,
+    check_folders,
     find_films,
     init_worker,
     process_film,
@@ -270,12 +276,14 @@ def prepare(cfg: PrepareDataConfig) -> dict:
     if not cfg.films:
         fail("no films given: set films=[path/to/film.mkv,path/to/dir]")
     try:
-        films = assign_film_ids(find_films(cfg.films))
+        found, unusable = find_films(cfg.films)
+        check_folders(cfg.films, found, out)
+        films = assign_film_ids(found)
         motion = MotionSettings.from_config(cfg)
     except (FileNotFoundError, ValueError) as exc:
         fail(str(exc))
     if not films:
-        fail(f"no film files found in {cfg.films}")
+        fail(f"no film files found in {cfg.films}" + (f" ({len(unusable)} not regular files)" if unusable else ""))
     cut = CutSettings.from_config(cfg)
     if cut.frames_per_clip < 2:
         fail(f"clip_seconds={cfg.clip_seconds} at fps={cfg.fps} gives {cut.frames_per_clip} frame(s) per clip; "
@@ -296,6 +304,7 @@ def prepare(cfg: PrepareDataConfig) -> dict:
 
     # 1-2. cut + motion, one worker per film.
     done, fresh, skipped = cut_films(cfg, films, cut, motion)
+    skipped = {**unusable, **skipped}
 
     # Captions of unchanged clips carry over from the previous manifest, also into re-cut films.
     records = [ClipRecord(**data) for film_id in films for data in done.get(film_id, {}).get("clips", [])]
@@ -335,7 +344,7 @@ def prepare(cfg: PrepareDataConfig) -> dict:
     status = [r.caption_status for r in records]
     checks = {f: {**done[f].get("check", {}), "decode_errors": done[f].get("decode_errors", 0)} for f in done}
     summary = {
-        "films": len(films),
+        "films": len(films) + len(unusable),
         "films_cut": len(fresh),
         "films_already_done": len(done) - len(fresh),
         "films_skipped": len(skipped),

@@ -83,3 +83,30 @@ def test_missing_file():
 def test_config_help_lists_nested_keys():
     text = config_help(StageAConfig)
     assert "train.lr=" in text and "encoder.fusion='concat'" in text
+
+
+SECRET = "root:x:0:0:root:/root:/bin/bash\ndaemon:x:1:1:daemon:/usr/sbin:/usr/sbin/nologin\nhunter2-token-9f8e7d\n"
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        SECRET,  # /etc/passwd: one huge plain key
+        "password: hunter2-token-9f8e7d\nkind: inference\n" + "{" * 3,  # broken YAML quoting the file
+        "a b c hunter2-token-9f8e7d: 1\n",  # a key that is no config name
+        "mllm:\n  hunter2-token-9f8e7d root:x:0: 1\n",  # the same, one level down
+        "[hunter2-token-9f8e7d]\n",  # a list
+        "hunter2-token-9f8e7d\n",  # a bare word
+    ],
+    ids=["passwd", "broken-yaml", "spaced-key", "nested-key", "list", "scalar"],
+)
+def test_a_base_that_is_not_a_config_is_refused_without_quoting_it(tmp_path, content):
+    secret = tmp_path / "secret"
+    secret.write_text(content)
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(f"base: {secret}\nkind: inference\n")
+    with pytest.raises(ConfigError) as exc:
+        load_config(cfg)
+    message = str(exc.value)
+    assert str(secret) in message and "\n" not in message
+    assert "hunter2" not in message and "root:x" not in message and "daemon" not in message

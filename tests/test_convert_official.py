@@ -145,3 +145,35 @@ def test_bad_inputs_exit_2_and_write_nothing(release, converted, tmp_path, capsy
     _fails(["--out", str(out), *missing], capsys, "tokenizer directory not found")
     assert not out.exists() and [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
     _fails(["--out", str(converted), *release["args"]], capsys, "not an empty directory")
+
+
+@pytest.mark.parametrize("target", ["empty dir", "full dir", "file", "dangling", "loop"])
+def test_out_naming_a_symlink_is_refused_and_the_link_kept(tmp_path, capsys, target):
+    """Publishing is a rename: into a link's place it would replace the link (and leave a stray temp link)."""
+    real = tmp_path / "real"
+    if target in ("empty dir", "full dir"):
+        real.mkdir()
+        if target == "full dir":
+            (real / "notes.txt").write_text("mine")
+    elif target == "file":
+        real.write_text("mine")
+    link = tmp_path / "out"
+    link.symlink_to(link if target == "loop" else real)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    args = ["--out", str(link), "--agent-bin", str(tmp_path / "agent.bin"), "--tokenizer", str(tmp_path),
+            "--mistral-config", str(tmp_path / "config.json")]
+    _fails(args, capsys, "is a symbolic link")
+    assert link.is_symlink() and sorted(p.name for p in tmp_path.iterdir()) == before  # no stray temp link
+    if target == "empty dir":
+        assert list(real.iterdir()) == []
+
+
+def test_a_hostile_agent_file_is_refused_without_pytorchs_advice(release, tmp_path, capsys):
+    hostile = tmp_path / "pytorch_model.bin"
+    torch.save({"w": Path("/etc/passwd")}, hostile)
+    args = list(release["args"])
+    args[args.index("--agent-bin") + 1] = str(hostile)
+    with pytest.raises(SystemExit):
+        convert_official.main(["--out", str(tmp_path / "out"), *args])
+    err = capsys.readouterr().err
+    assert "refused" in err and "PosixPath" in err and "weights_only" not in err and "False" not in err

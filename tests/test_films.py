@@ -1,3 +1,5 @@
+import os
+
 import numpy as np
 import pytest
 
@@ -8,6 +10,7 @@ from animegamer.data.films import (
     FilmJob,
     aspect_box,
     assign_film_ids,
+    check_folders,
     cut_film,
     detect_black_borders,
     find_films,
@@ -135,8 +138,100 @@ def test_find_films_and_unique_ids(tmp_path):
     (tmp_path / "b").mkdir()
     for p in ("a/Ep 01.mkv", "b/Ep 01.mp4", "a/notes.txt", "c.webm"):
         (tmp_path / p).write_bytes(b"x")
-    films = find_films([str(tmp_path / "a"), str(tmp_path / "b"), str(tmp_path / "c.webm")])
-    assert [p.name for p in films] == ["Ep 01.mkv", "Ep 01.mp4", "c.webm"]
+    films, unusable = find_films([str(tmp_path / "a"), str(tmp_path / "b"), str(tmp_path / "c.webm")])
+    assert [p.name for p in films] == ["Ep 01.mkv", "Ep 01.mp4", "c.webm"] and unusable == {}
     assert list(assign_film_ids(films)) == ["Ep_01", "Ep_01_2", "c"]
     with pytest.raises(FileNotFoundError, match="nope"):
         find_films([str(tmp_path / "nope")])
+
+
+def test_films_that_are_not_regular_files_are_reported_not_opened(tmp_path):
+    films = tmp_path / "films"
+    films.mkdir()
+    (films / "good.mp4").write_bytes(b"x")
+    os.mkfifo(films / "pipe.mkv")  # opening it would block the run forever
+    (films / "loop.mp4").symlink_to("loop.mp4")
+    (films / "a.webm").symlink_to("b.webm")
+    (films / "b.webm").symlink_to("a.webm")
+    (films / "gone.mov").symlink_to(tmp_path / "deleted.mov")
+    (films / "tty.avi").symlink_to("/dev/null")
+    (films / "notes.txt").symlink_to("notes.txt")  # not named like a film: not ours to report
+    os.mkfifo(tmp_path / "named.mp4")
+    found, unusable = find_films([str(films), str(tmp_path / "named.mp4")])
+    assert [p.name for p in found] == ["good.mp4"]
+    assert set(unusable) == {str(films / n) for n in ("pipe.mkv", "loop.mp4", "a.webm", "b.webm", "gone.mov",
+                                                      "tty.avi")} | {str(tmp_path / "named.mp4")}
+    assert "named pipe" in unusable[str(films / "pipe.mkv")] and "named pipe" in unusable[str(tmp_path / "named.mp4")]
+    assert "symlink loop" in unusable[str(films / "loop.mp4")] and "symlink loop" in unusable[str(films / "a.webm")]
+    assert "link to nothing" in unusable[str(films / "gone.mov")]
+    assert "device" in unusable[str(films / "tty.avi")]
+
+
+def overlap_cases(tmp_path):
+    """(films inputs, output_dir) pairs that overlap, each built under tmp_path."""
+    films = tmp_path / "films"
+    (films / "season1").mkdir(parents=True)
+    (films / "season1" / "ep1.mp4").write_bytes(b"x")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "to_films").symlink_to(films)
+    (elsewhere / "to_out").symlink_to(films / "prepared")
+    out = tmp_path / "out"
+    (out / "clips" / "ep1").mkdir(parents=True)
+    (out / "clips" / "ep1" / "00000.mp4").write_bytes(b"x")
+    (out / "raw").mkdir()
+    (films / "season1" / "linked.mp4").symlink_to(out / "clips" / "ep1" / "00000.mp4")
+    (elsewhere / "to_clips").symlink_to(out / "clips")
+    return {
+        "out inside films": ([films], films / "prepared"),
+        "out deep inside films": ([films], films / "season1" / "a" / "b"),
+        "same folder": ([films], films),
+        "same folder via a symlink": ([elsewhere / "to_films"], films),
+        "out a symlink into films": ([films / "season1"], elsewhere / "to_out" / ".." / "season1" / "x"),
+        "films are our clips": ([out / "clips"], out),
+        "films inside our clips": ([out / "clips" / "ep1"], out),
+        "films inside our clips via a symlink": ([elsewhere / "to_clips"], out),
+        "a clip of ours given as a film": ([out / "clips" / "ep1" / "00000.mp4"], out),
+        "out inside a films folder holding our clips": ([tmp_path], out),
+        "out inside films via a symlinked film folder": ([elsewhere / "to_films"], films / "prepared"),
+    }
+
+
+@pytest.mark.parametrize("case", ["out inside films", "out deep inside films", "same folder",
+                                  "same folder via a symlink", "out a symlink into films", "films are our clips",
+                                  "films inside our clips", "films inside our clips via a symlink",
+                                  "a clip of ours given as a film", "out inside a films folder holding our clips",
+                                  "out inside films via a symlinked film folder"])
+def test_overlapping_films_and_output_folders_are_refused(tmp_path, case):
+    inputs, out = overlap_cases(tmp_path)[case]
+    found, _ = find_films([str(i) for i in inputs])
+    with pytest.raises(ValueError, match="output_dir") as exc:
+        check_folders([str(i) for i in inputs], found, out)
+    assert "\n" not in str(exc.value)
+
+
+def test_a_film_symlinked_to_a_clip_of_ours_is_refused(tmp_path):
+    films, out = tmp_path / "films", tmp_path / "out"
+    (out / "clips" / "ep1").mkdir(parents=True)
+    (out / "clips" / "ep1" / "00000.mp4").write_bytes(b"x")
+    films.mkdir()
+    (films / "new.mp4").symlink_to(out / "clips" / "ep1" / "00000.mp4")
+    found, _ = find_films([str(films)])
+    with pytest.raises(ValueError, match="00000.mp4 lies inside .*clips .a clip of an earlier run"):
+        check_folders([str(films)], found, out)
+
+
+def test_separate_folders_are_accepted(tmp_path):
+    films = tmp_path / "films"
+    films.mkdir()
+    (films / "ep1.mp4").write_bytes(b"x")
+    for out in (tmp_path / "films2", tmp_path / "out", tmp_path / "a" / "films"):  # a shared prefix is not overlap
+        check_folders([str(films)], find_films([str(films)])[0], out)
+    # films elsewhere in output_dir never see the clips written to output_dir/clips
+    out = tmp_path / "data"
+    (out / "raw").mkdir(parents=True)
+    (out / "raw" / "ep2.mkv").write_bytes(b"x")
+    (out / "ep3.mp4").write_bytes(b"x")
+    (out / "clips_old").mkdir()
+    inputs = [str(out / "raw"), str(out / "ep3.mp4"), str(out / "clips_old")]
+    check_folders(inputs, find_films(inputs)[0], out)

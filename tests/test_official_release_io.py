@@ -39,3 +39,21 @@ def test_truncated_and_wrong_content(tmp_path):
     torch.save({"a": 3}, tmp_path / "ints.bin")
     with pytest.raises(ReleaseFileError, match="not a tensor"):
         tensor_dict(load_release_pickle(tmp_path / "ints.bin"), "ints.bin", "a state dict")
+
+
+@pytest.mark.parametrize("zipped", [True, False], ids=["zip", "legacy"])
+@pytest.mark.parametrize("payload, named", [
+    (lambda marker: PickleTrap(marker), "makedirs"),
+    (lambda marker: __import__("pathlib").Path("/etc/passwd"), "Path"),
+    (lambda marker: __import__("collections").OrderedDict(a=__import__("fractions").Fraction(1, 3)), "Fraction"),
+], ids=["code", "path", "fraction"])
+def test_a_refusal_names_what_was_refused_and_never_advises_loading_it_anyway(tmp_path, zipped, payload, named):
+    """PyTorch's message suggests re-running with weights_only=False: for a file that needs it, that runs its code."""
+    path, marker = tmp_path / "agent.bin", tmp_path / "ran"
+    torch.save({"x": payload(marker)}, path, _use_new_zipfile_serialization=zipped)
+    with pytest.raises(ReleaseFileError) as exc:
+        load_release_pickle(path)
+    message = str(exc.value)
+    assert "refused" in message and named in message and "\n" not in message
+    assert "weights_only" not in message and "False" not in message and "trusted" not in message
+    assert not marker.exists()

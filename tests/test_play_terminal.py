@@ -85,3 +85,21 @@ def test_hints_warnings_progress_and_help(shipped, tmp_path):
 def test_new_game_dirs_never_collide(tmp_path):
     first, second = new_game_dir(tmp_path / "out"), new_game_dir(tmp_path / "out")
     assert first != second and first.is_dir() and second.is_dir() and not any(first.iterdir())
+
+
+def test_play_survives_input_that_is_not_text_and_saves_on_the_way_out(tmp_path):
+    """Bytes that are not UTF-8 on stdin are a line like any other (answered, not a traceback); a :save over a file
+    that is not a save is refused; end of input saves the unsaved turns."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("keep me\n")
+    command = [sys.executable, "-m", "animegamer.play", "--config", str(CONFIG), f"output_dir={tmp_path / 'out'}",
+               "sampling.steps=2"]
+    script = b"\n".join([TURNS[0].encode(), b"\xff\xfe\x80 run", f":save {notes}".encode()]) + b"\n"
+    result = subprocess.run(command, input=script, capture_output=True, cwd=ROOT, timeout=600,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = result.stdout.decode()
+    assert result.returncode == 0 and b"Traceback" not in result.stderr, result.stderr.decode()[-2000:]
+    assert "turn 0: " in out and f"error: {notes} exists and is not an animegamer saved game" in out
+    assert notes.read_text() == "keep me\n"
+    game = next((tmp_path / "out").iterdir())
+    assert f"turns to {game / 'game.save'} before leaving" in out

@@ -277,3 +277,36 @@ def test_a_killed_worker_skips_its_films_instead_of_hanging(tmp_path):
     assert sorted(r.film_id for r in results) == [job.film_id for job in jobs]
     died = [r for r in results if r.error]
     assert died and all("worker process died" in r.error for r in died)
+
+
+@pytest.mark.parametrize("where", ["inside", "same", "symlink"])
+def test_output_inside_the_films_folder_is_refused_before_any_work(tmp_path, capsys, where):
+    """A rerun would cut the previous run's clips as new films (duplicates under new ids: train/test leakage)."""
+    films = tmp_path / "films"
+    films.mkdir()
+    make_film(films / "a.mp4")
+    out = {"inside": films / "prepared", "same": films, "symlink": tmp_path / "link" / "prepared"}[where]
+    (tmp_path / "link").symlink_to(films)
+    with pytest.raises(SystemExit) as exc:
+        load_script(SCRIPT).main(args(films, out))
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.startswith("error: ") and "output_dir" in err
+    assert len(err.strip().splitlines()) == 1
+    assert sorted(p.name for p in films.iterdir()) == ["a.mp4"]  # nothing written
+
+
+def test_pipes_and_symlink_loops_are_reported_and_counted(tmp_path, capsys):
+    films = tmp_path / "films"
+    films.mkdir()
+    make_film(films / "a.mp4")
+    os.mkfifo(films / "pipe.mp4")
+    (films / "loop.mkv").symlink_to("loop.mkv")
+    summary = load_script(SCRIPT).main(args(films, tmp_path / "out"))
+    assert (summary["films"], summary["films_cut"], summary["films_skipped"]) == (3, 1, 2)
+    assert "named pipe" in summary["skipped"][str(films / "pipe.mp4")]
+    assert "symlink loop" in summary["skipped"][str(films / "loop.mkv")]
+    printed = capsys.readouterr().out
+    for name in ("pipe.mp4", "loop.mkv"):
+        assert sum(f"skipped {films / name}: " in line for line in printed.splitlines()) == 1
+    report = json.loads((tmp_path / "out" / "prepare_report.json").read_text())
+    assert report["films_skipped"] == 2

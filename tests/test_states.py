@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 from animegamer.states import (
@@ -117,3 +119,33 @@ def test_shot_tags_to_dict():
     d = parse_tags(LINE).to_dict()
     assert d["motion_level"] == 3 and d["subject"] == "Girl"
     assert ShotTags("a", "b", "c", "", StateValues(1, 0, 0, 0)).render().startswith("<S>a</S>")
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
+@pytest.mark.parametrize("first", ["Character: Qiqi; Motion: run; Background: park.", "# a comment", "", "run home"])
+def test_a_game_file_with_a_byte_order_mark_is_read(tmp_path, first, newline):
+    """Windows editors start UTF-8 files with U+FEFF; it is not part of the first instruction."""
+    lines = [first, "Character: Qiqi; Motion: sit; Background: bench.", "walk to the river"]
+    plain, marked = tmp_path / "plain.txt", tmp_path / "marked.txt"
+    plain.write_bytes(newline.join(lines).encode("utf-8"))
+    marked.write_bytes(b"\xef\xbb\xbf" + newline.join(lines).encode("utf-8"))
+    assert read_game_file(str(marked)) == read_game_file(str(plain))
+
+
+def test_a_byte_order_mark_inside_an_instruction_is_still_refused(tmp_path):
+    p = tmp_path / "game.txt"
+    p.write_text("walk\ufeff home\n", encoding="utf-8")
+    with pytest.raises(TagError, match="control characters"):
+        read_game_file(str(p))
+
+
+def test_a_game_path_that_is_not_a_file_is_refused_without_opening_it(tmp_path):
+    os.mkfifo(tmp_path / "pipe.txt")  # opening it would wait forever for a writer
+    (tmp_path / "loop.txt").symlink_to("loop.txt")
+    for path, needle in ((tmp_path, "a directory"), (tmp_path / "pipe.txt", "not a regular file"),
+                         (tmp_path / "loop.txt", "not a regular file")):
+        with pytest.raises(TagError, match=needle) as exc:
+            read_game_file(str(path))
+        assert str(path) in str(exc.value)
+    with pytest.raises(FileNotFoundError):
+        read_game_file(str(tmp_path / "missing.txt"))

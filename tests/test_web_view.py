@@ -10,7 +10,7 @@ def test_large_clip_is_written_once_beside_the_clip(tmp_path):
     frames = np.random.default_rng(0).integers(0, 255, (9, 64, 96, 3), dtype=np.uint8)
     clip = write_mp4(tmp_path / "turn_000.mp4", frames, fps=8)
     large = large_clip(clip)
-    assert large == tmp_path / "turn_000_x6.mp4"
+    assert large.parent == tmp_path and large.name.startswith("turn_000_x6_")  # named by the clip's content
     info = probe_video(large)
     assert (info.height, info.width, info.num_frames) == (384, 576, 9)
     written = large.stat().st_mtime_ns

@@ -76,6 +76,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 
+_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")  # a config key as the dataclasses spell them
 _DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")  # every config's ``device``
 _NON_NEGATIVE = ("history_turns", "shot_noise", "history_noise")  # checked wherever a config has them
 
@@ -88,14 +89,27 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> DictConfig:
     try:
         raw = OmegaConf.load(path)
     except Exception as exc:  # yaml.YAMLError and friends
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"{path}: not valid YAML: {_clip(first)}") from exc  # later lines quote the file
     if not isinstance(raw, DictConfig):
         raise ConfigError(f"{path}: top level must be a mapping")
+    _check_key_names(OmegaConf.to_container(raw, resolve=False), path)
     base = raw.pop("base", None)
     if base is None:
         return raw
     parent = _read_yaml((path.parent / str(base)), seen + (path.resolve(),))
     return OmegaConf.merge(parent, raw)
+
+
+def _check_key_names(node: Any, path: Path, where: str = "") -> None:
+    """Every mapping key in a config file is a name (letters, digits, ``_``). Any other file (``base: /etc/passwd``)
+    parses as a mapping with one huge key: refused here, without quoting the file."""
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, value in items:
+        if isinstance(node, dict) and not (isinstance(key, str) and _KEY.fullmatch(key)):
+            place = f"under '{where}'" if where else "at the top level"
+            raise ConfigError(f"{path}: not a config file: a key {place} is not a name (letters, digits and _)")
+        _check_key_names(value, path, f"{where}.{key}" if where else str(key))
 
 
 def _check_choices(obj: Any, where: str) -> None:
@@ -172,8 +186,15 @@ def _describe(exc: OmegaConfBaseException) -> str:
     key = getattr(exc, "full_key", None)
     msg = (getattr(exc, "msg", None) or str(exc)).splitlines()[0]  # OmegaConf appends full_key/object_type lines
     if key:
-        return f"key '{key}': {msg}"
-    return msg
+        return f"key '{_clip(str(key))}': {_clip(msg, 200)}"
+    return _clip(msg, 200)
+
+
+def _clip(text: str, limit: int = 80) -> str:
+    """``text`` on one line, cut to ``limit`` characters: a file that is not a config (``base: /etc/passwd``) parses
+    as one huge key, and its content must not be echoed into the error."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def to_yaml(cfg: Any) -> str:

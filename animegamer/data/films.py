@@ -23,9 +23,12 @@ returns a :class:`FilmResult`; an unreadable film comes back with ``error`` set 
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import os
 import re
 import shutil
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -41,6 +44,7 @@ from animegamer.data.video import VideoReadError, probe_video, write_mp4
 FILM_EXTENSIONS = (".mp4", ".mkv", ".webm", ".avi", ".mov", ".m4v")
 BORDER_SAMPLES = 16  # frames sampled over the film for border detection
 FILM_RECORD = "film.json"  # per-film result beside its clips; marks the film as finished
+CLIPS_DIR = "clips"  # output_dir/clips/<film_id>/: every clip the pipeline writes
 
 
 @dataclass(frozen=True)
@@ -111,20 +115,73 @@ class FilmResult:
 # --------------------------------------------------------------------------------------------
 
 
-def find_films(inputs: list[str]) -> list[Path]:
-    """Film files named in ``inputs`` (files, or directories searched recursively), sorted, no duplicates."""
+def find_films(inputs: list[str]) -> tuple[list[Path], dict[str, str]]:
+    """Film files named in ``inputs`` (files, or directories searched recursively), sorted, no duplicates, and
+    the entries that look like films but cannot be read as files (a named pipe, a device, a symlink loop, a
+    dangling link): their path -> why, so they are reported instead of passed over without a word.
+
+    Raises FileNotFoundError for an input that does not exist at all.
+    """
     found: dict[Path, None] = {}
+    unusable: dict[str, str] = {}
     for item in inputs:
         path = Path(item)
         if path.is_dir():
             for p in sorted(path.rglob("*")):
-                if p.is_file() and p.suffix.lower() in FILM_EXTENSIONS:
-                    found[p.resolve()] = None
+                if p.suffix.lower() not in FILM_EXTENSIONS or p.is_dir():
+                    continue
+                if p.is_file():
+                    found[Path(os.path.realpath(p))] = None
+                else:
+                    unusable[str(p)] = not_a_regular_file(p)
         elif path.is_file():
-            found[path.resolve()] = None
+            found[Path(os.path.realpath(path))] = None
+        elif os.path.lexists(path):
+            unusable[str(path)] = not_a_regular_file(path)
         else:
             raise FileNotFoundError(f"film or directory not found: {item}")
-    return sorted(found)
+    return sorted(found), unusable
+
+
+def not_a_regular_file(path: Path) -> str:
+    """Why ``path`` (neither a regular file nor a directory) cannot be read as a film."""
+    try:
+        mode = path.stat().st_mode
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "not a film: a symlink loop"
+        return f"not a film: a link to nothing ({exc.strerror})"
+    if stat.S_ISFIFO(mode):
+        return "not a film: a named pipe (FIFO), not a regular file"
+    if stat.S_ISSOCK(mode):
+        return "not a film: a socket, not a regular file"
+    return "not a film: a device, not a regular file"
+
+
+def check_folders(inputs: list[str], films: list[Path], output_dir: str | Path) -> None:
+    """Refuse films and an ``output_dir`` that overlap so that a rerun would read the clips the previous run wrote
+    (``output_dir/clips``) as new films: duplicate clips under new film ids, the same frames in train and test.
+
+    Refused, symlinks followed: ``output_dir`` is a films folder or lies inside one; a films folder is
+    ``output_dir/clips`` or lies inside it; a film (also one reached through a symlink) lies inside
+    ``output_dir/clips``. A films folder elsewhere in ``output_dir`` (``output_dir/raw``) never sees the clips and
+    is fine. Raises ValueError with a one-line message.
+    """
+    out = Path(os.path.realpath(output_dir))
+    clips = out / CLIPS_DIR
+    advice = "a rerun would cut the clips of the previous run as new films; keep output_dir outside the films folders"
+    for item in inputs:
+        path = Path(os.path.realpath(item))
+        if path.is_dir() and out.is_relative_to(path):
+            where = "is" if out == path else "lies inside"
+            raise ValueError(f"output_dir {output_dir} {where} the films folder {item}: {advice}")
+        if path.is_relative_to(clips):
+            raise ValueError(f"films {item} lie inside {Path(output_dir) / CLIPS_DIR}, where the clips are written: "
+                             f"{advice}")
+    for film in films:
+        if film.is_relative_to(clips):
+            raise ValueError(f"the film {film} lies inside {Path(output_dir) / CLIPS_DIR} (a clip of an earlier "
+                             f"run?): {advice}")
 
 
 def film_id_for(path: str | Path) -> str:
@@ -237,7 +294,7 @@ def frames_hash(frames: np.ndarray) -> str:
 
 def clip_video_path(film_id: str, clip_index: int) -> str:
     """Clip file relative to the output directory (and the manifest)."""
-    return f"clips/{film_id}/{clip_index:05d}.mp4"
+    return f"{CLIPS_DIR}/{film_id}/{clip_index:05d}.mp4"
 
 
 def cut_film(
@@ -266,7 +323,7 @@ def cut_film(
     plans = plan_clips(scenes, settings, info.fps)
     target = aspect_box(border, settings.height, settings.width)
 
-    clip_dir = output_dir / "clips" / film_id
+    clip_dir = output_dir / CLIPS_DIR / film_id
     if clip_dir.exists():  # clips of an interrupted or outdated run of this film
         shutil.rmtree(clip_dir)
     clip_dir.mkdir(parents=True)
@@ -341,7 +398,7 @@ def process_film(job: FilmJob) -> FilmResult:
 
         return cut_film(job.path, job.film_id, job.output_dir, job.cut, on_clip)
     except Exception as exc:  # a film the decoders choke on must not stop the others
-        shutil.rmtree(Path(job.output_dir) / "clips" / job.film_id, ignore_errors=True)
+        shutil.rmtree(Path(job.output_dir) / CLIPS_DIR / job.film_id, ignore_errors=True)
         message = str(exc) if job.path in str(exc) else f"{job.path}: {exc}"
         return FilmResult(
             film_id=job.film_id,

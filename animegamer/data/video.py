@@ -5,6 +5,8 @@ Frames are ``uint8`` numpy arrays of shape (T, H, W, 3), RGB.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,12 +114,17 @@ def _read_decord(path, start, end):
 
 def write_mp4(path: str | Path, frames: np.ndarray, fps: float = 8) -> Path:
     """Write (T, H, W, 3) uint8 frames as H.264 mp4 (even sizes are padded), atomically."""
+    with mp4_stream(path, fps) as append:
+        append(frames)
+    return Path(path)
+
+
+@contextmanager
+def mp4_stream(path: str | Path, fps: float = 8) -> Iterator[Callable[[np.ndarray], None]]:
+    """An H.264 mp4 written a piece at a time: yields ``append((T, H, W, 3) uint8 frames)``; published atomically
+    when the block ends, removed if it raises. A long video never has to be in memory at once."""
     import imageio.v2 as imageio
 
-    frames = _as_uint8(frames)
-    t, h, w, _ = frames.shape
-    if h % 2 or w % 2:
-        frames = np.pad(frames, ((0, 0), (0, h % 2), (0, w % 2), (0, 0)), mode="edge")
     path = Path(path)
     with atomic_path(path) as tmp:
         # ffmpeg's own stderr is the console's: errors only (at "warning", an encoder killed with its worker on
@@ -126,10 +133,19 @@ def write_mp4(path: str | Path, frames: np.ndarray, fps: float = 8) -> Path:
             str(tmp), format="FFMPEG", mode="I", fps=fps, codec="libx264", pixelformat="yuv420p", macro_block_size=1,
             ffmpeg_log_level="error",
         )
-        for frame in frames:
-            writer.append_data(frame)
-        writer.close()
-    return path
+
+        def append(frames: np.ndarray) -> None:
+            frames = _as_uint8(frames)
+            _, h, w, _ = frames.shape
+            if h % 2 or w % 2:
+                frames = np.pad(frames, ((0, 0), (0, h % 2), (0, w % 2), (0, 0)), mode="edge")
+            for frame in frames:
+                writer.append_data(frame)
+
+        try:
+            yield append
+        finally:
+            writer.close()
 
 
 def write_gif(path: str | Path, frames: np.ndarray, fps: float = 8) -> Path:

@@ -19,6 +19,7 @@ from animegamer.io import atomic_path
 LABEL_WIDTH = 260
 PAD = 4
 READABLE_HEIGHT = 256  # clips lower than this are upscaled for people to look at
+MAX_SHEET_PIXELS = 64_000_000  # ~190 MB of RGB; a bigger sheet is refused before any memory is taken for it
 
 
 def sample_frame_indices(num_frames: int, count: int) -> list[int]:
@@ -65,7 +66,8 @@ def contact_sheet(rows: list[tuple[np.ndarray, list[str]]], path: str | Path, fr
     """Write a PNG: for each ``(frames (T, H, W, 3) uint8, label lines)`` a row of frames then its label text.
 
     Frames are enlarged ``scale`` times (nearest neighbour); label lines longer than ``label_width`` pixels wrap
-    at spaces, so every word of every line shows."""
+    at spaces, so every word of every line shows. ValueError, before the image is made, for a sheet of more than
+    ``MAX_SHEET_PIXELS``."""
     if not rows:
         raise ValueError("a contact sheet needs at least one row")
     font = ImageFont.load_default()
@@ -74,7 +76,11 @@ def contact_sheet(rows: list[tuple[np.ndarray, list[str]]], path: str | Path, fr
     width = max(frames.shape[2] for frames, _ in rows) * scale
     line_height = 12
     row_heights = [max(height, line_height * len(lines)) + PAD for lines in wrapped]
-    sheet = Image.new("RGB", (frames_per_row * (width + PAD) + label_width, sum(row_heights) + PAD), "white")
+    size = (frames_per_row * (width + PAD) + label_width, sum(row_heights) + PAD)
+    if size[0] * size[1] > MAX_SHEET_PIXELS:
+        raise ValueError(f"a contact sheet of {size[0]}x{size[1]} pixels is more than {MAX_SHEET_PIXELS:,}: "
+                         "show fewer rows per sheet or shorter labels")
+    sheet = Image.new("RGB", size, "white")
     draw = ImageDraw.Draw(sheet)
     top = PAD
     for (frames, _), lines, row_height in zip(rows, wrapped, row_heights, strict=True):

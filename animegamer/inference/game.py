@@ -14,17 +14,55 @@ checked and its clip paths are never opened.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
-from animegamer.inference.saved import SAVE_FORMAT, read_save, turn_key
+from animegamer.inference.saved import (
+    MAX_HISTORY_TURNS,
+    MAX_SEED,
+    SAVE_FORMAT,
+    file_kind,
+    is_save,
+    read_save,
+    turn_key,
+)
 from animegamer.inference.turn import AnimeGamer, Preview, Progress, Turn
-from animegamer.models.weights import save_state_dict_file
+from animegamer.io import atomic_path
 from animegamer.states import CharacterState
 
 SAVE_NAME = "game.save"  # a game's default save file, inside its own output directory
+
+
+def check_game_settings(seed: int, history_turns: int) -> None:
+    """A game's seed and history window K, in the ranges its save holds: ValueError naming the setting."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"seed={seed} must be an integer in 0..{MAX_SEED} (a save holds no other)")
+    if isinstance(history_turns, bool) or not isinstance(history_turns, int) \
+            or not 0 <= history_turns <= MAX_HISTORY_TURNS:
+        raise ValueError(f"history_turns={history_turns} must be an integer in 0..{MAX_HISTORY_TURNS}")
+
+
+def check_save_target(path: str | Path) -> int | None:
+    """Whether a game may be saved to ``path``: a new file, or an earlier animegamer save (recognised by its
+    content, not its name) with no other hard link. Anything else (a text file, a directory, a device, a pipe, a
+    symbolic link, a hard-linked file) is refused with ValueError naming it, and left untouched. Returns the mode
+    to give the new file: the replaced save's, so that saving never widens who may read it; None for a new one."""
+    kind = file_kind(path, follow=False)
+    if kind == "missing":
+        return None
+    if kind != "file":
+        raise ValueError(f"{path} is {kind}, not a saved game: not replaced (save to another file)")
+    info = os.lstat(path)
+    if info.st_nlink > 1:
+        raise ValueError(f"{path} has {info.st_nlink} hard links: not replaced, saving would break them "
+                         "(save to another file)")
+    if not is_save(path):
+        raise ValueError(f"{path} exists and is not an animegamer saved game: not replaced (save to another file)")
+    return info.st_mode & 0o777
 
 
 @dataclass
@@ -39,6 +77,8 @@ class GameSession:
     def __post_init__(self):
         if self.seed is None:
             self.seed = self.game.seed
+        # what a game accepts its save must hold (animegamer.inference.saved), so it is refused here, not at :load
+        check_game_settings(self.seed, self.history_turns)
 
     @property
     def history_turns(self) -> int:
@@ -75,7 +115,9 @@ class GameSession:
 
     def save(self, path: str | Path) -> Path:
         """One atomic, fsynced safetensors file: the shots as tensors, everything else as JSON metadata
-        (format in :mod:`animegamer.inference.saved`)."""
+        (format in :mod:`animegamer.inference.saved`). It replaces only an earlier save (:func:`check_save_target`)
+        and keeps that file's permissions."""
+        mode = check_save_target(path)
         meta = {
             "format": SAVE_FORMAT,
             "seed": self.seed,
@@ -85,7 +127,8 @@ class GameSession:
         tensors = {turn_key(t.index): t.shot_embeds for t in self.turns}
         if not tensors:  # safetensors needs at least one tensor
             tensors = {"empty": torch.zeros(0)}
-        save_state_dict_file(tensors, path, metadata={"game": json.dumps(meta)})
+        with atomic_path(path, mode=mode) as tmp:
+            save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"game": json.dumps(meta)})
         self.saved_turns = list(self.turns)
         return Path(path)
 

@@ -18,13 +18,14 @@ Converted official weights (``model.official``, scripts/convert_official.py) rea
 which the current turn's frame tokens attend to each other, as the release trained them; ``compat: released``
 replays the release's whole turn instead, its quirks included (animegamer/official/agent.py lists both modes).
 
-Results directory written by ``inference_MLLM.py`` (:func:`write_turn`, :func:`write_game`), read by
-``inference_Decoder.py`` (:func:`load_results`)::
+Results directory written by ``inference_MLLM.py`` (:class:`ResultsWriter`), read by ``inference_Decoder.py``
+(:func:`load_results`)::
 
-    output_dir/game.json                       {"format": "animegamer-mllm-results-v1", "complete": bool,
+    output_dir/game.json                       {"format": "animegamer-mllm-results-v2", "complete": bool,
                                                 "game": path, "history_turns": K, "seed": int,
                                                 "mllm": {pretrained, checkpoint, vocabulary, num_slots, shot_dim},
-                                                "turns": [state.json of every turn, plus "dir": "turn_000"]}
+                                                "turns_file": "turns.jsonl", "num_turns": int (once complete)}
+    output_dir/turns.jsonl                     one line per finished turn: its state.json plus "dir": "turn_000"
     output_dir/turn_000/shot_embeds.safetensors  key "shot_embeds": (num_slots, shot_dim) float32
     output_dir/turn_000/state.json             {"turn": 0, "instruction": str,
                                                 "values": {motion_level, social, entertainment, stamina},
@@ -34,13 +35,17 @@ Results directory written by ``inference_MLLM.py`` (:func:`write_turn`, :func:`w
                                                 "release_values": [ML, SC, ET, ST]}  (compat released only:
                                                 the values as the release parsed them, 0s on a failed parse)
 
-Every file is written atomically; ``game.json`` is rewritten after each turn (``complete`` turns true at the end),
-so it always lists exactly the turns whose files are complete.
+A turn costs the same to write whether it is the first or the ten-thousandth: its two files are written atomically,
+then one line is appended to ``turns.jsonl`` and flushed to disk; ``game.json`` is written only at the start
+(``complete`` false) and at the end (``complete`` true, ``num_turns``). So ``turns.jsonl`` always lists exactly
+the turns whose files are complete (a line cut short by a crash is not a turn). Results of the earlier format
+(``animegamer-mllm-results-v1``: game.json listing every turn under ``"turns"``) are still read.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from collections.abc import Sequence
@@ -55,13 +60,15 @@ from animegamer.inference.saved import check_shot
 from animegamer.inference.turn import HistoryTurn, Turn, TurnPrediction, on_device
 from animegamer.io import atomic_write_json, path_inside
 from animegamer.models.weights import load_state_dict_file, save_state_dict_file
-from animegamer.states import CharacterState, StateValues
+from animegamer.states import CharacterState, StateValues, parse_instruction
 from animegamer.tokens import STATE_FIELDS, SequenceLayout, TurnSpec
 
-RESULTS_FORMAT = "animegamer-mllm-results-v1"
+RESULTS_FORMAT = "animegamer-mllm-results-v2"
+RESULTS_FORMAT_V1 = "animegamer-mllm-results-v1"  # game.json held every turn (rewritten after each): still read
 SHOT_FILE = "shot_embeds.safetensors"
 STATE_FILE = "state.json"
 GAME_FILE = "game.json"
+TURNS_FILE = "turns.jsonl"
 _TURN_DIR = re.compile(r"^turn_\d{3,}$")
 _TURN_CLIP = re.compile(r"^turn_\d{3,}(_x\d+)?\.(mp4|gif)$")  # a rendered turn (inference_Decoder.py)
 
@@ -222,17 +229,20 @@ def turn_dir(output_dir: str | Path, index: int) -> Path:
 
 
 def clear_results(output_dir: str | Path) -> None:
-    """Remove an earlier run's turn directories, their clips and game.json (only those), so no stale turn
-    survives."""
+    """Remove an earlier run's turn directories, their clips, game.json and turns.jsonl (only those), so no stale
+    turn survives."""
     out = Path(output_dir)
     if not out.is_dir():
         return
+    (out / GAME_FILE).unlink(missing_ok=True)  # first: a half-cleared folder is never read as results
     for child in out.iterdir():
-        if child.is_dir() and _TURN_DIR.match(child.name):
+        if child.is_dir() and not child.is_symlink() and _TURN_DIR.match(child.name):
             shutil.rmtree(child)
-        elif child.is_file() and _TURN_CLIP.match(child.name):
+        elif child.is_symlink() and _TURN_DIR.match(child.name):
             child.unlink()
-    (out / GAME_FILE).unlink(missing_ok=True)
+        elif _TURN_CLIP.match(child.name) and (child.is_file() or child.is_symlink()):
+            child.unlink()  # a link itself, never its target
+    (out / TURNS_FILE).unlink(missing_ok=True)
 
 
 def turn_record(turn: Turn) -> dict[str, Any]:
@@ -256,49 +266,137 @@ def write_turn(output_dir: str | Path, turn: Turn) -> dict[str, Any]:
     return record
 
 
-def write_game(output_dir: str | Path, records: list[dict[str, Any]], summary: dict[str, Any], complete: bool) -> Path:
-    path = Path(output_dir) / GAME_FILE
-    turns = [{**r, "dir": turn_dir(".", r["turn"]).name} for r in records]
-    atomic_write_json(path, {"format": RESULTS_FORMAT, "complete": complete, **summary, "turns": turns})
-    return path
+class ResultsWriter:
+    """A results directory written turn by turn, at the same cost for every turn (format in the module docstring).
+
+        with ResultsWriter(output_dir, summary) as results:   # clears an earlier run, game.json: complete false
+            for turn in turns:                                # animegamer.inference.turn.Turn, in order
+                results.add(turn)                             # turn files + one line appended to turns.jsonl
+            results.finish()                                  # game.json: complete true, num_turns
+    """
+
+    def __init__(self, output_dir: str | Path, summary: dict[str, Any]):
+        self.output_dir = Path(output_dir)
+        self.summary = summary
+        self.num_turns = 0
+        clear_results(self.output_dir)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self._turns = open(self.output_dir / TURNS_FILE, "x", encoding="utf-8")  # noqa: SIM115 (closed in close())
+        self._write_header(complete=False)
+
+    def _write_header(self, complete: bool) -> Path:
+        path = self.output_dir / GAME_FILE
+        header = {"format": RESULTS_FORMAT, "complete": complete, **self.summary, "turns_file": TURNS_FILE}
+        atomic_write_json(path, {**header, "num_turns": self.num_turns} if complete else header)
+        return path
+
+    def add(self, turn: Turn) -> dict[str, Any]:
+        """Write ``turn`` (the next one in order) and list it in turns.jsonl, durably; returns its state record."""
+        if turn.index != self.num_turns:
+            raise ValueError(f"turn {turn.index} written after {self.num_turns} turns")
+        record = write_turn(self.output_dir, turn)
+        self._turns.write(json.dumps({**record, "dir": turn_dir(".", turn.index).name}) + "\n")
+        self._turns.flush()
+        os.fsync(self._turns.fileno())
+        self.num_turns += 1
+        return record
+
+    def finish(self) -> Path:
+        """Mark the results complete; returns the path of game.json."""
+        self.close()
+        return self._write_header(complete=True)
+
+    def close(self) -> None:
+        self._turns.close()
+
+    def __enter__(self) -> ResultsWriter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
-def load_results(output_dir: str | Path) -> tuple[dict[str, Any], list[tuple[dict[str, Any], torch.Tensor]]]:
-    """(game.json, [(state.json, shot_embeds (N, shot_dim)) per turn]) of a results directory.
+def load_results(
+    output_dir: str | Path, shape: tuple[int, int] | None = None
+) -> tuple[dict[str, Any], list[tuple[dict[str, Any], torch.Tensor]]]:
+    """(game.json with ``"turns"`` listing every turn, [(state.json, shot_embeds (N, shot_dim)) per turn]) of a
+    results directory; an unfinished run gives the turns finished so far.
 
     The directory is untrusted input: turn ``i``'s ``dir`` must be ``turn_{i:03d}`` and its files must lie inside
-    ``output_dir`` once symlinks are followed; records and shots are checked (``check_shot``). ValueError naming
-    the file otherwise."""
+    ``output_dir`` once symlinks are followed; records, instructions (:func:`animegamer.states.parse_instruction`:
+    the game's own length limit) and shots are checked. ``shape`` is the (num_slots, shot_dim) the caller's models
+    take (from its config, not from game.json): results of another shape are refused. ValueError naming the file
+    otherwise."""
     out = Path(output_dir)
     game_file = out / GAME_FILE
     if not game_file.is_file():
         raise FileNotFoundError(f"no MLLM results in {out} ({GAME_FILE} missing); run inference_MLLM.py first")
     game = _read_json(game_file)
-    if game.get("format") != RESULTS_FORMAT:
+    if game.get("format") not in (RESULTS_FORMAT, RESULTS_FORMAT_V1):
         raise ValueError(f"{game_file}: unknown results format {game.get('format')!r}")
     mllm, seed = game.get("mllm"), game.get("seed")
-    if not isinstance(game.get("turns"), list) or not isinstance(mllm, dict) or type(seed) is not int:
-        raise ValueError(f"{game_file}: 'turns' must be a list, 'mllm' a mapping and 'seed' an integer")
-    shape = (mllm.get("num_slots"), mllm.get("shot_dim"))
+    if not isinstance(mllm, dict) or type(seed) is not int:
+        raise ValueError(f"{game_file}: 'mllm' must be a mapping and 'seed' an integer")
+    recorded = (mllm.get("num_slots"), mllm.get("shot_dim"))
+    if shape is not None and recorded != tuple(shape):
+        raise ValueError(f"{game_file}: the results hold shots of num_slots={recorded[0]}, shot_dim={recorded[1]}; "
+                         f"this config's models take num_slots={shape[0]}, shot_dim={shape[1]}")
+    if game["format"] == RESULTS_FORMAT_V1:
+        if not isinstance(game.get("turns"), list):
+            raise ValueError(f"{game_file}: 'turns' must be a list")
+        entries, where = game["turns"], f"{game_file}: turns"
+    else:
+        entries, where = _read_turn_lines(out, game, game_file), str(out / TURNS_FILE) + ": line "
+    game["turns"] = entries
     turns = []
-    for index, entry in enumerate(game["turns"]):
-        where = f"{game_file}: turns[{index}]"
+    for index, entry in enumerate(entries):
+        place = f"{where}[{index}]" if game["format"] == RESULTS_FORMAT_V1 else f"{where}{index + 1}"
         expected = turn_dir(".", index).name
         if not isinstance(entry, dict) or entry.get("dir") != expected:
-            raise ValueError(f"{where}: 'dir' must be {expected!r}")
+            raise ValueError(f"{place}: 'dir' must be {expected!r}")
         state_file, shot_file = (path_inside(out, Path(expected) / name) for name in (STATE_FILE, SHOT_FILE))
         state = _read_json(state_file)
         try:
-            if (state.get("turn") != index or not isinstance(state.get("instruction"), str)
-                    or type(state.get("prompt_tokens")) is not int):
-                raise ValueError("'turn', 'instruction' or 'prompt_tokens' is wrong")
+            if state.get("turn") != index or not isinstance(state.get("instruction"), str):
+                raise ValueError("'turn' or 'instruction' is wrong")
+            if type(state.get("prompt_tokens")) is not int:
+                raise ValueError("'prompt_tokens' must be an integer")
+            parse_instruction(state["instruction"], source="instruction")
             StateValues(**state["values"])
             CharacterState.from_dict(state["character_state"])
-            shot = check_shot(load_state_dict_file(shot_file)["shot_embeds"], SHOT_FILE, shape)
+            shot = check_shot(load_state_dict_file(shot_file)["shot_embeds"], SHOT_FILE, shape or recorded)
         except (KeyError, TypeError, ValueError, SafetensorError) as exc:  # TagError and SaveError are ValueErrors
             raise ValueError(f"{state_file.parent}: not a turn written by inference_MLLM.py ({exc})") from None
         turns.append((state, shot))
     return game, turns
+
+
+def _read_turn_lines(out: Path, game: dict[str, Any], game_file: Path) -> list[Any]:
+    """The entries of turns.jsonl; a last line without its newline is a turn still being written (refused once
+    the results claim to be complete)."""
+    if game.get("turns_file") != TURNS_FILE or type(game.get("complete")) is not bool:
+        raise ValueError(f"{game_file}: 'turns_file' must be {TURNS_FILE!r} and 'complete' true or false")
+    path = path_inside(out, TURNS_FILE)
+    entries = []
+    try:
+        with path.open(encoding="utf-8", newline="\n") as fh:
+            for number, line in enumerate(fh, start=1):
+                if not line.endswith("\n"):
+                    if game["complete"]:
+                        raise ValueError(f"{path}: line {number} is cut short")
+                    break
+                try:
+                    entries.append(json.loads(line))
+                except (json.JSONDecodeError, RecursionError) as exc:
+                    raise ValueError(f"{path}: line {number} is not JSON ({exc})") from None
+    except FileNotFoundError:
+        raise ValueError(f"{game_file}: {TURNS_FILE} is missing") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not readable ({type(exc).__name__}: {exc})") from None
+    if game["complete"] and game.get("num_turns") != len(entries):
+        raise ValueError(f"{game_file}: 'num_turns' is {game.get('num_turns')!r} but {path.name} lists "
+                         f"{len(entries)} turns")
+    return entries
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -17,6 +17,8 @@ Format ``animegamer-game-v1``: a safetensors file whose metadata ``"game"`` hold
 from __future__ import annotations
 
 import json
+import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -39,6 +41,9 @@ SAVE_FORMAT = "animegamer-game-v1"
 SAVE_KEYS = frozenset({"format", "seed", "history_turns", "turns"})
 TURN_KEYS = frozenset({"index", "instruction", "values", "state", "prompt_tokens", "clip", "gif"})
 MAX_PROMPT_TOKENS = 10**7  # far above any real prompt; only a forged count reaches it
+MAX_SEED = 2**63 - 1  # seeds 0..MAX_SEED: what a save holds, and so what a game may start with
+MAX_HISTORY_TURNS = 10**6
+MAX_INT_DIGITS = 40  # an integer in a save's JSON with more digits is refused by name, never converted
 
 
 class SaveError(ValueError):
@@ -66,9 +71,30 @@ def turn_key(index: int) -> str:
     return f"turn_{index:05d}"
 
 
+class LongNumber:
+    """An integer in a save's JSON too long to be any field's value, kept as its digit count: Python refuses to
+    convert one past 4300 digits, and a message quoting it would be as long."""
+
+    def __init__(self, digits: str):
+        self.digits = len(digits.lstrip("-"))
+
+    def __repr__(self) -> str:
+        return f"<an integer of {self.digits} digits>"
+
+
+def _parse_int(digits: str) -> int | LongNumber:
+    return int(digits) if len(digits.lstrip("-")) <= MAX_INT_DIGITS else LongNumber(digits)
+
+
+def _type(value: Any) -> str:
+    return "int" if isinstance(value, LongNumber) else type(value).__name__
+
+
 def _int(value: Any, field: str, low: int, high: int) -> int:
+    if isinstance(value, LongNumber):
+        raise SaveError(f"{field}: an integer of {value.digits} digits is outside {low}..{high}")
     if not isinstance(value, int) or isinstance(value, bool):
-        raise SaveError(f"{field}: expected an integer, got {type(value).__name__}")
+        raise SaveError(f"{field}: expected an integer, got {_type(value)}")
     if not low <= value <= high:
         raise SaveError(f"{field}: {value} is outside {low}..{high}")
     return value
@@ -76,7 +102,7 @@ def _int(value: Any, field: str, low: int, high: int) -> int:
 
 def _dict(value: Any, field: str, keys: frozenset[str]) -> dict:
     if not isinstance(value, dict):
-        raise SaveError(f"{field}: expected a mapping, got {type(value).__name__}")
+        raise SaveError(f"{field}: expected a mapping, got {_type(value)}")
     missing, extra = sorted(keys - value.keys()), sorted(value.keys() - keys)
     if missing or extra:
         raise SaveError(f"{field}: " + "; ".join(
@@ -102,7 +128,7 @@ def _names(cls: type) -> frozenset[str]:
 
 def _instruction(value: Any, field: str, max_chars: int, validate: Callable[[str], None] | None) -> str:
     if not isinstance(value, str):
-        raise SaveError(f"{field}: expected a string, got {type(value).__name__}")
+        raise SaveError(f"{field}: expected a string, got {_type(value)}")
     try:
         text = parse_instruction(value, max_chars=max_chars).render()
         if validate is not None:
@@ -120,7 +146,7 @@ def _metadata(fh) -> Any:
     if raw is None:
         raise SaveError("not an animegamer saved game (no 'game' metadata)")
     try:
-        return json.loads(raw)
+        return json.loads(raw, parse_int=_parse_int)
     except json.JSONDecodeError as exc:
         raise SaveError(f"metadata 'game' is not valid JSON ({exc.msg})") from None
     except RecursionError:
@@ -131,14 +157,14 @@ def _check_top(meta: Any, history_turns: int) -> dict:
     """The save's top-level fields: format, seed, K and a list of turns."""
     meta = _dict(meta, "game", SAVE_KEYS)
     if meta["format"] != SAVE_FORMAT:
-        raise SaveError(f"format: {meta['format']!r} is not {SAVE_FORMAT!r}")
-    _int(meta["seed"], "seed", 0, 2**63 - 1)
-    saved_k = _int(meta["history_turns"], "history_turns", 0, 10**6)
+        raise SaveError(f"format: {str(meta['format'])[:60]!r} is not {SAVE_FORMAT!r}")
+    _int(meta["seed"], "seed", 0, MAX_SEED)
+    saved_k = _int(meta["history_turns"], "history_turns", 0, MAX_HISTORY_TURNS)
     if saved_k != history_turns:
         raise SaveError(f"history_turns: the game was played with K={saved_k} earlier turns in the MLLM's window, "
                         f"this game runs K={history_turns} (start it with history_turns={saved_k} to continue it)")
     if not isinstance(meta["turns"], list):
-        raise SaveError(f"turns: expected a list, got {type(meta['turns']).__name__}")
+        raise SaveError(f"turns: expected a list, got {_type(meta['turns'])}")
     return meta
 
 
@@ -179,8 +205,11 @@ def _read_file(path: Path, history_turns: int, shot_shape) -> tuple[dict, dict[s
     one is opened. Only then are the shots read (and checked finite); the ``empty`` placeholder of a save with no
     turn is never read. The header is checked again in the torch handle, in case the file changed in between.
     """
-    if not path.is_file():
+    kind = file_kind(path)
+    if kind == "missing":
         raise FileNotFoundError(f"saved game not found: {path}")
+    if kind != "file":
+        raise SaveError(f"{kind}, not a saved game file")
     try:
         with safe_open(str(path), framework="numpy") as fh:
             meta = _check_top(_metadata(fh), history_turns)
@@ -194,6 +223,36 @@ def _read_file(path: Path, history_turns: int, shot_shape) -> tuple[dict, dict[s
     for key, shot in shots.items():
         check_shot(shot, f"tensor {key}", shot_shape)
     return meta, shots
+
+
+def file_kind(path: str | Path, follow: bool = True) -> str:
+    """What is at ``path``: "missing", "file" (a regular file) or a phrase naming anything else ("a character
+    device", "a symbolic link to a missing file", ...); ``follow=False`` names a symlink itself."""
+    try:
+        mode = os.stat(path).st_mode if follow else os.lstat(path).st_mode
+    except FileNotFoundError:
+        return "a symbolic link to a missing file" if os.path.islink(path) else "missing"
+    except OSError as exc:  # a symlink loop, a path through a file
+        return f"unreadable ({exc.strerror})"
+    for test, name in ((stat.S_ISREG, "file"), (stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def is_save(path: str | Path) -> bool:
+    """Whether ``path`` is a regular file whose content is an animegamer saved game (its header names the format),
+    whatever its name; only the safetensors header is read."""
+    if file_kind(path, follow=False) != "file":
+        return False
+    try:
+        with safe_open(str(path), framework="numpy") as fh:
+            meta = json.loads((fh.metadata() or {}).get("game", "null"), parse_int=_parse_int)
+    except (OSError, SafetensorError, ValueError, RecursionError):  # JSONDecodeError is a ValueError
+        return False
+    return isinstance(meta, dict) and meta.get("format") == SAVE_FORMAT
 
 
 def read_save(
@@ -238,6 +297,6 @@ def _read_save(path: Path, history_turns: int, shot_shape, validate, max_chars: 
         prompt_tokens = _int(raw["prompt_tokens"], f"{field}.prompt_tokens", 0, MAX_PROMPT_TOKENS)
         for name in ("clip", "gif"):  # recorded for the player's information; never opened (see module doc)
             if not isinstance(raw[name], str):
-                raise SaveError(f"{field}.{name}: expected a string, got {type(raw[name]).__name__}")
+                raise SaveError(f"{field}.{name}: expected a string, got {_type(raw[name])}")
         turns.append(SavedTurn(position, instruction, values, state, shots[turn_key(position)], prompt_tokens))
     return SavedGame(meta["seed"], meta["history_turns"], turns)

@@ -21,8 +21,9 @@ from pathlib import Path
 import torch
 
 from animegamer.config import InferenceConfig
-from animegamer.inference.game import GameSession
+from animegamer.inference.game import GameSession, check_game_settings
 from animegamer.inference.mllm_runner import MLLMPredictor
+from animegamer.inference.preflight import check_device, check_output_dir
 from animegamer.inference.renderer import DecoderRenderer
 from animegamer.inference.turn import AnimeGamer
 from animegamer.io import checkpoint_decoder_dir, resolve_checkpoint
@@ -52,6 +53,19 @@ def weights_hint(key: str, path: str) -> str:
     return ("convert the released AnimeGamer weights with scripts/convert_official.py (README: 'Play the released "
             "weights'), or play the shipped SpriteWorld world: make play "
             "(--config configs/spriteworld/inference.yaml)")
+
+
+def check_play_settings(cfg: InferenceConfig) -> None:
+    """What a game needs of its settings, checked before any model loads (ValueError naming the setting): a seed
+    and K that its saves can hold, sampling sizes that make a clip, a device this machine has, an ``output_dir``
+    it can write in (made if need be)."""
+    check_game_settings(cfg.seed, cfg.history_turns)
+    for name in ("steps", "num_frames", "height", "width", "fps"):
+        value = getattr(cfg.sampling, name)
+        if value < 1:
+            raise ValueError(f"sampling.{name}={value} must be >= 1")
+    check_device(cfg.device)
+    check_output_dir(cfg.output_dir)
 
 
 def check_checkpoints(cfg: InferenceConfig, mllm: bool = True, decoder: bool = True, base_only: bool = False) -> None:
@@ -155,9 +169,10 @@ def load_renderer(cfg: InferenceConfig, device: str, offload: bool) -> DecoderRe
 def build_game(cfg: InferenceConfig, mllm: bool = True, render: bool = True) -> AnimeGamer:
     """The :class:`AnimeGamer` of ``cfg``: its MLLM (unless ``mllm`` is false: render recorded predictions only)
     and its decoder (unless ``render`` is false: predict only). A missing checkpoint or an impossible rendering
-    option raises FileNotFoundError / ValueError before any model loads."""
+    option, or a device this machine does not have, raises FileNotFoundError / ValueError before any model
+    loads."""
     check_checkpoints(cfg, mllm=mllm, decoder=render)
-    device = resolve_device(cfg.device)
+    device = check_device(cfg.device)
     offload = cfg.offload == "sequential" and device != "cpu"
     torch.manual_seed(cfg.seed)  # untrained parts (an empty checkpoint) initialise the same way every run
     predictor = load_mllm_predictor(cfg, device, offload) if mllm else None

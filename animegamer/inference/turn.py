@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from animegamer.data.video import write_gif, write_mp4
+from animegamer.inference.saved import check_shot
 from animegamer.states import MAX_INSTRUCTION_CHARS, CharacterState, StateValues, parse_instruction
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -191,10 +192,6 @@ class AnimeGamer:
     seed: int = 42  # a game's turns render from turn_seed(seed, index)
     max_instruction_chars: int = MAX_INSTRUCTION_CHARS
 
-    def __post_init__(self):
-        if self.history_turns < 0:
-            raise ValueError(f"history_turns={self.history_turns} must be >= 0")
-
     def validate(self, instruction: str) -> str:
         """The instruction as the MLLM will read it, or a ValueError saying why it cannot be played (TagError:
         empty, too long, not text; InstructionError: too many tokens, reserved tokens)."""
@@ -208,11 +205,13 @@ class AnimeGamer:
         recent = history[max(len(history) - self.history_turns, 0) :] if self.history_turns > 0 else []
         return [HistoryTurn(t.instruction, t.shot_embeds, t.values) for t in recent]
 
-    def play_turn(self, history: Sequence[Turn], instruction: str, *, seed: int | None = None,
-                  out_dir: str | Path | None = None, render: bool = True, progress: Progress | None = None,
-                  preview: Preview | None = None) -> Turn:
-        """Turn ``len(history)`` of a game whose turns so far are ``history``: parse, window, predict, then (with a
-        renderer and ``render``) :meth:`render_turn`. ``seed`` is the game's (default: this object's)."""
+    def play_turn(self, history: Sequence[Turn], instruction: str, *, index: int | None = None,
+                  seed: int | None = None, out_dir: str | Path | None = None, render: bool = True,
+                  progress: Progress | None = None, preview: Preview | None = None) -> Turn:
+        """The next turn of a game whose turns so far are ``history``: parse, window, predict, then (with a renderer
+        and ``render``) :meth:`render_turn`. ``index`` is the turn's number in the game (default ``len(history)``;
+        given, ``history`` need only hold the last ``history_turns`` turns, at least one, as a long game keeps them).
+        ``seed`` is the game's (default: this object's)."""
         if self.predictor is None:
             raise ValueError("this game has no MLLM: it can only render turns predicted before (render_turn)")
         # 1. parse: every check before any model runs
@@ -223,13 +222,15 @@ class AnimeGamer:
         if progress:
             progress("MLLM: the next game state", 0.0)
         prediction = self.predictor.predict_turn(window, text)
+        # a save refuses a shot with NaN or infinite values, so the turn is refused first (ValueError)
+        shot = check_shot(prediction.shot_embeds.detach().float().cpu(), "the predicted shot")
         before = history[-1].state if history else CharacterState()
         turn = Turn(
-            index=len(history),
+            index=len(history) if index is None else index,
             instruction=text,
             values=prediction.values,
             state=before.update(prediction.values),
-            shot_embeds=prediction.shot_embeds.detach().float().cpu(),
+            shot_embeds=shot,
             prompt_tokens=prediction.prompt_tokens,
             value_probs=prediction.value_probs,
             release_values=prediction.release_values,
@@ -246,7 +247,8 @@ class AnimeGamer:
         frames (T, H, W, 3) uint8. The clip depends on the game seed and the turn index only, so a re-render gives
         the same clip. ``motion_level`` overrides the predicted one (the release renders the level as it parsed
         it). With ``progress`` or ``preview``, the first decoded chunk of a clip that decodes in several goes to the
-        turn's gif at once and to ``preview(frames, gif)``; the whole clip replaces it."""
+        turn's gif at once and to ``preview(frames, gif)``; the whole clip replaces it. A failed or interrupted
+        render leaves no part of the turn's clip (no gif or mp4 at its stem)."""
         if self.renderer is None:
             raise ValueError("this game has no decoder: it cannot render clips")
         renderer = self.renderer
@@ -267,12 +269,12 @@ class AnimeGamer:
         # 5. decode chunk by chunk; the first frames go out as soon as they exist
         if heard:
             heard("decoding", 1 - 1 / (steps[0] + 1))
-        count, chunks, first_gif = renderer.chunk_count(latents), [], None
+        count, chunks = renderer.chunk_count(latents), []
         try:
             for chunk in renderer.decode(latents):  # (t, H, W, 3) uint8
                 chunks.append(chunk)
                 if len(chunks) == 1 and count > 1 and stem is not None and (progress or preview):
-                    first_gif = write_gif(stem.with_suffix(".gif"), chunk, fps=renderer.fps)
+                    first_gif = write_gif(stem.with_suffix(".gif"), chunk, fps=renderer.fps)  # replaced below
                     if progress:
                         progress(f"first {len(chunk)} frames: {first_gif}", 0.9)
                     if preview:
@@ -285,7 +287,9 @@ class AnimeGamer:
                 mp4, gif = write_clip(frames, stem, fps=renderer.fps)
                 turn.clip, turn.gif = str(mp4), str(gif)
         except BaseException:
-            if first_gif is not None and not turn.gif:
-                first_gif.unlink(missing_ok=True)
+            if stem is not None:
+                turn.clip = turn.gif = ""
+                for suffix in (".mp4", ".gif"):
+                    stem.with_suffix(suffix).unlink(missing_ok=True)
             raise
         return frames

@@ -16,8 +16,10 @@ in a worker thread; when the VAE has decoded the clip's first latent-frame batch
 from __future__ import annotations
 
 import contextvars
+import hashlib
 import html
 import queue
+import string
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -37,6 +39,16 @@ BARS = (("stamina", "#2e9e5b"), ("social", "#2f7bd8"), ("entertainment", "#d8902
 CLIP_HEIGHT = 384  # pixels the clip is shown at; small clips are enlarged (nearest neighbour) to about this
 # pixel-sharp enlargement in the browser too, and the clip as large as its box
 APP_CSS = "#clip video { image-rendering: pixelated; width: 100%; height: 100%; object-fit: contain; }"
+
+
+MARKDOWN_SPECIAL = frozenset(string.punctuation)  # CommonMark: any ASCII punctuation may be backslash-escaped
+
+
+def as_text(text: object) -> str:
+    """``text`` (from a player or a file: an instruction, an error quoting one, a file name) for the page's Markdown,
+    shown as the same characters and nothing else: every ASCII punctuation character backslash-escaped, so no HTML
+    tag, link, image, autolink, emphasis or entity can form, and line breaks as spaces (one line)."""
+    return "".join("\\" + c if c in MARKDOWN_SPECIAL else c for c in " ".join(str(text).split()))
 
 
 def compose_instruction(character: str, adverb: str, motion: str, background: str, free_text: str) -> str:
@@ -75,17 +87,35 @@ def bars_html(session: GameSession | None) -> str:
 
 
 def large_clip(clip: Path) -> Path:
-    """``clip`` enlarged by nearest neighbour to about :data:`CLIP_HEIGHT` rows, beside it (``<stem>_xN.mp4``);
-    the clip itself when it is large already, or when it cannot be read (the page then shows it small)."""
+    """``clip`` enlarged by nearest neighbour to about :data:`CLIP_HEIGHT` rows, beside it
+    (``<stem>_xN_<digest>.mp4``); the clip itself when it is large already, or when it cannot be read (the page then
+    shows it small). The name carries a digest of the clip's bytes, so a clip written again under the same name
+    (a turn undone and played again) gets a new enlarged copy, never the old one; older copies are removed."""
     try:
         factor = readable_factor(probe_video(clip).height, CLIP_HEIGHT)
-        large = clip.with_name(f"{clip.stem}_x{factor}.mp4")
-        if factor > 1 and not large.is_file():  # written once per clip
+        if factor == 1:
+            return clip
+        digest = hashlib.sha256(clip.read_bytes()).hexdigest()[:16]
+        large = clip.with_name(f"{clip.stem}_x{factor}_{digest}.mp4")
+        if not large.is_file():
             frames, fps = read_video(clip)  # (T, H, W, 3)
             write_mp4(large, upscale(frames, factor), fps=fps)
+        for stale in clip.parent.glob(f"{glob_escape(clip.stem)}_x*_*.mp4"):
+            if stale != large:
+                stale.unlink(missing_ok=True)
     except (VideoReadError, OSError, ValueError):
         return clip
-    return large if factor > 1 else clip
+    return large
+
+
+def remove_clip(clip: Path) -> None:
+    """``clip`` and its enlarged copies (:func:`large_clip`), if they exist."""
+    for path in [clip, *clip.parent.glob(f"{glob_escape(clip.stem)}_x*_*.mp4")]:
+        path.unlink(missing_ok=True)
+
+
+def glob_escape(name: str) -> str:
+    return "".join(f"[{c}]" if c in "*?[" else c for c in name)
 
 
 class WebGame:
@@ -125,7 +155,7 @@ class WebGame:
         try:
             parse_instruction(text)  # validated before any model runs
         except TagError as exc:
-            yield self.view(session, f"**Not played:** {exc}")
+            yield self.view(session, f"**Not played:** {as_text(exc)}")
             return
         session = session or self.new_session()
         warnings = self.vocabulary.unknown_words(text) if self.vocabulary else []
@@ -149,8 +179,10 @@ class WebGame:
                 _, status, clip, _, _ = self.view(session, f"Turn {index}: the first {len(value)} frames; the rest "
                                                            "are decoding…", clip=first)
                 yield (session, status, clip, *before[3:])
-            elif kind == "failed":
-                yield self.view(session, f"**Turn failed:** {type(value).__name__}: {value}")
+            elif kind == "failed":  # nothing of the turn stays: render_turn removed its clip, this its preview
+                remove_clip(Path(session.output_dir) / f"turn_{index:03d}_first.mp4")
+                yield self.view(session, f"**Turn failed:** {type(value).__name__}: {as_text(value)}; the game is as "
+                                         f"it was ({len(session.turns)} turns).")
                 return
             else:
                 break
@@ -158,7 +190,7 @@ class WebGame:
         status = (f"Turn {value.index}: motion level {v.motion_level}, social {v.social}, "
                   f"entertainment {v.entertainment}, stamina {v.stamina:+d}")
         if warnings:
-            status += "  \n*The model guessed: " + "; ".join(warnings) + ".*"
+            status += "  \n*The model guessed: " + as_text("; ".join(warnings)) + ".*"
         yield self.view(session, status)
 
     def undo(self, session):
@@ -170,7 +202,10 @@ class WebGame:
     def save(self, session):
         if session is None or not session.turns:
             return None, "Nothing to save yet."
-        path = session.save(Path(session.output_dir) / SAVE_NAME)
+        try:
+            path = session.save(Path(session.output_dir) / SAVE_NAME)
+        except (ValueError, OSError) as exc:  # a full disk, or something not a save in the tab's folder
+            return None, f"**Not saved:** {as_text(exc)}"
         return str(path), f"Saved {len(session.turns)} turns."
 
     def load(self, file, session):
@@ -182,13 +217,13 @@ class WebGame:
             loaded = GameSession.load(file, self.game, output_dir=folder)
         except (ValueError, OSError) as exc:
             folder.rmdir()
-            return self.view(session, f"**Not loaded:** {exc}")
+            return self.view(session, f"**Not loaded:** {as_text(exc)}")
         status = f"Loaded {len(loaded.turns)} turns."
         if loaded.turns:
             try:
                 loaded.render_turn(loaded.turns[-1])
             except Exception as exc:  # the game is loaded; only its picture failed
-                status += f" The last clip could not be rendered ({type(exc).__name__}: {exc})."
+                status += f" The last clip could not be rendered ({type(exc).__name__}: {as_text(exc)})."
         return self.view(loaded, status)
 
 
@@ -227,12 +262,14 @@ def build_app(game: AnimeGamer, output_dir: str | Path, title: str = "AnimeGamer
             play_button = gr.Button("Play turn", variant="primary", elem_id="play")
             undo_button = gr.Button("Undo", elem_id="undo")
             save_button = gr.Button("Save", elem_id="save")
-        status = gr.Markdown(elem_id="status")
+        # no LaTeX either: a status quotes players' and files' text (as_text), which must read as typed
+        status = gr.Markdown(elem_id="status", latex_delimiters=[])
         with gr.Row():
             video = gr.Video(label="Clip", autoplay=True, loop=True, height=CLIP_HEIGHT, elem_id="clip", scale=3)
             with gr.Column(scale=1):
                 bars = gr.HTML(bars_html(None), label="Character", elem_id="bars")
-        history = gr.Dataframe(headers=HISTORY_COLUMNS, label="History", interactive=False, wrap=True,
+        # "str": instructions from players and saves are shown as text, never as Markdown or HTML
+        history = gr.Dataframe(headers=HISTORY_COLUMNS, datatype="str", label="History", interactive=False, wrap=True,
                                column_widths=HISTORY_WIDTHS, elem_id="history")
         with gr.Row():
             saved_file = gr.File(label="Saved game", elem_id="saved-file")

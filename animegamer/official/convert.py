@@ -82,7 +82,9 @@ def convert_release(
 ) -> dict[str, Any]:
     """Convert the agent and/or the decoder into ``out`` (which must not exist, or be empty); returns the summary.
 
-    Raises :class:`ReleaseFileError` (or FileExistsError / ValueError) with one line for any bad input.
+    ``out`` must not be a symbolic link (to anything, or dangling): the finished directory is renamed into place,
+    which would replace the link and leave its target empty. Raises :class:`ReleaseFileError` (or FileExistsError /
+    ValueError) with one line for any bad input.
     """
     if agent_bin is None and decoder_dir is None:
         raise ValueError("nothing to convert: give the agent .bin, the decoder checkpoint directory, or both")
@@ -95,6 +97,8 @@ def convert_release(
     if history_turns < 0:
         raise ValueError(f"history turns must be >= 0, got {history_turns}")
     out = Path(out).absolute()
+    if out.is_symlink():  # publishing is a rename, which would replace the link itself, not fill its target
+        raise FileExistsError(f"{out} is a symbolic link; give a new directory (or the link's target) as the output")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"{out} exists and is not an empty directory; choose a new output directory")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -150,6 +154,8 @@ def convert_release(
         atomic_write_json(work / SUMMARY_FILE, json.loads(json.dumps(summary, default=str)))
         replace_dir(work, out)  # fsynced, then renamed in (an existing out is empty: checked above)
     finally:
+        if work.is_symlink():  # an exchange with a link that appeared at ``out`` meanwhile: no stray link is left
+            work.unlink()
         shutil.rmtree(work, ignore_errors=True)
     return summary
 

@@ -31,10 +31,20 @@ def load_release_pickle(path: str | Path) -> object:
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ReleaseFileError(f"{path}: refused, it holds more than weights ({reason[:200]})") from exc
+        raise ReleaseFileError(f"{path}: refused, it holds more than weights ({_refusal(exc)[:200]})") from exc
     except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile) as exc:
         raise ReleaseFileError(f"{path}: not a readable PyTorch weights file (damaged or truncated?): {exc}") from exc
+
+
+def _refusal(exc: pickle.UnpicklingError) -> str:
+    """What the restricted unpickler refused, without PyTorch's advice around it: loading the file with
+    ``weights_only`` off would run whatever code it holds, which is never what to do with a file that needs it."""
+    for line in str(exc).splitlines():
+        line = line.strip()
+        advice = "weights_only" in line or line.startswith(("Weights only load failed", "Check the documentation"))
+        if line and not advice:
+            return line
+    return "it needs Python objects other than tensors"
 
 
 def tensor_dict(obj: object, path: str | Path, what: str) -> dict[str, torch.Tensor]:
