@@ -20,6 +20,8 @@ from animegamer.inference.mllm_runner import load_results
 from animegamer.inference.session import build_game
 from animegamer.inference.turn import AnimeGamer, Turn
 from animegamer.inference.web import WebGame
+from animegamer.models.decoder import AnimationShotDecoder
+from animegamer.models.mllm import AnimeGamerMLLM
 from animegamer.play import run
 from animegamer.states import CharacterState, parse_tags
 
@@ -156,3 +158,28 @@ def test_speed_harness(shipped, calls):
     again = game.play_turn(earlier, timed[0].instruction, render=False)
     assert torch.equal(again.shot_embeds, timed[0].shot_embeds) and again.values == timed[0].values
     assert timed[0].index == 2 and again.prompt_tokens == timed[0].prompt_tokens
+
+
+def test_inference_scripts_honour_merge_lora(shipped, monkeypatch, tmp_path):
+    """inference_MLLM.py and inference_Decoder.py build their models as every game does (build_game): merge_lora
+    folds each LoRA in, and the turns stay the reference turns up to weight rounding."""
+    *_, instructions, reference = shipped
+    merged = []
+    for cls in (AnimeGamerMLLM, AnimationShotDecoder):
+        def merge_lora(self, merge=cls.merge_lora, name=cls.__name__):
+            merged.append(name)
+            return merge(self)
+
+        monkeypatch.setattr(cls, "merge_lora", merge_lora)
+    (tmp_path / "game.txt").write_text("\n".join(instructions) + "\n")
+    args = ["--config", str(CONFIG), "sampling.steps=2", f"output_dir={tmp_path / 'out'}",
+            f"game={tmp_path / 'game.txt'}", "merge_lora=true"]
+    load_script("inference_MLLM.py").main(args)
+    assert merged == ["AnimeGamerMLLM"]
+    _, recorded = load_results(tmp_path / "out")
+    for (state, shot), ref in zip(recorded, reference, strict=True):
+        assert state["values"] == vars(ref.values)
+        torch.testing.assert_close(shot, ref.shot_embeds, rtol=1e-4, atol=1e-4)
+    load_script("inference_Decoder.py").main(args)
+    assert merged == ["AnimeGamerMLLM", "AnimationShotDecoder"]
+    assert all((tmp_path / "out" / f"turn_{i:03d}.gif").is_file() for i in range(3))

@@ -47,7 +47,7 @@ from animegamer.data.features import fit_frames
 from animegamer.data.manifest import ClipRecord
 from animegamer.eval.benchmark import BenchmarkGame
 from animegamer.eval.games import GroundTruthGame
-from animegamer.inference.session import build_game, load_renderer, resolve_device
+from animegamer.inference.session import build_game, resolve_device
 from animegamer.inference.turn import AnimeGamer, Turn, clip_stem, turn_seed, write_clip
 from animegamer.models.clip_image import CLIPImageFeatures
 from animegamer.models.shot_encoder import ActionAwareEncoder
@@ -245,12 +245,9 @@ def load_shot_models(cfg: EvalConfig) -> tuple[ShotEncoding, AnimeGamer]:
 def load_stage_a_parts(cfg: EvalConfig) -> tuple[ShotEncoding, object]:
     """The stage (a) encoder (with its CLIP and T5 feature extractors) and the stage (a) decoder as a renderer."""
 
-    device = resolve_device(cfg.inference.device)
-    offload = cfg.inference.offload == "sequential" and device != "cpu"
-    encoding = ShotEncoding.from_config(cfg, device)
-    renderer = load_renderer(dataclasses.replace(cfg.inference, decoder_checkpoint=cfg.stage_a_checkpoint), device,
-                             offload)
-    return encoding, renderer
+    encoding = ShotEncoding.from_config(cfg, resolve_device(cfg.inference.device))
+    stage_a = dataclasses.replace(cfg.inference, decoder_checkpoint=cfg.stage_a_checkpoint)
+    return encoding, build_game(stage_a, mllm=False).renderer  # every inference option, as the game renders
 
 
 def _write_clip(frames: np.ndarray, out_dir: str | Path | None, index: int, fps: int) -> str:
