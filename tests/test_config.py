@@ -83,3 +83,59 @@ def test_missing_file():
 def test_config_help_lists_nested_keys():
     text = config_help(StageAConfig)
     assert "train.lr=" in text and "encoder.fusion='concat'" in text
+
+
+# ---- the resolved shipped configs: a refactor of the schemas or the YAMLs must not move any value ----------------
+
+SNAPSHOT = ROOT / "tests" / "data" / "resolved_configs.json"
+_OUT = "<output_dir>"  # the spriteworld chains' output_dir, which a test moves to a temporary folder
+
+
+def resolve_shipped_configs(tmp: Path) -> dict[str, dict]:
+    """Every config under configs/ resolved through ``load_config`` (as the entry points read it), and every step
+    YAML of each SpriteWorld chain (``kind: spriteworld_run``) as scripts/spriteworld/train.py resolves it, with its
+    per-step overrides applied (``<file>::<step>``); the chains' output_dir is ``<output_dir>``."""
+    import dataclasses
+    import json
+
+    from tests.stage_scripts import load_script
+
+    resolve_configs = load_script("spriteworld/train").resolve_configs
+    resolved: dict[str, dict] = {}
+    for path in ALL_CONFIGS:
+        name = path.relative_to(ROOT).as_posix()
+        cfg = load_config(path)
+        resolved[name] = dataclasses.asdict(cfg)
+        if cfg.kind != "spriteworld_run":
+            continue
+        out = tmp / path.stem
+        cfg = load_config(path, [f"output_dir={out}"])
+        cfg.configs = str(ROOT / cfg.configs)
+        for step, step_path in resolve_configs(cfg).items():
+            values = json.loads(json.dumps(dataclasses.asdict(load_config(step_path))).replace(str(out), _OUT))
+            resolved[f"{name}::{step}"] = values
+    return resolved
+
+
+def test_resolved_shipped_configs_match_the_snapshot(tmp_path):
+    """The snapshot is rewritten only on purpose, by ``python tests/test_config.py``, in a commit that says why."""
+    import json
+
+    expected = json.loads(SNAPSHOT.read_text())
+    resolved = resolve_shipped_configs(tmp_path)
+    assert sorted(resolved) == sorted(expected)
+    for name, values in resolved.items():
+        assert values == expected[name], name
+
+
+if __name__ == "__main__":  # rewrite the snapshot
+    import json
+    import sys
+    import tempfile
+
+    sys.path.insert(0, str(ROOT))
+    from animegamer.io import atomic_write_text
+
+    with tempfile.TemporaryDirectory() as tmp:
+        atomic_write_text(SNAPSHOT, json.dumps(resolve_shipped_configs(Path(tmp)), indent=1, sort_keys=True) + "\n")
+    print(f"wrote {SNAPSHOT}")
