@@ -94,7 +94,8 @@ _OUT = "<output_dir>"  # the spriteworld chains' output_dir, which a test moves 
 def resolve_shipped_configs(tmp: Path) -> dict[str, dict]:
     """Every config under configs/ resolved through ``load_config`` (as the entry points read it), and every step
     YAML of each SpriteWorld chain (``kind: spriteworld_run``) as scripts/spriteworld/train.py resolves it, with its
-    per-step overrides applied (``<file>::<step>``); the chains' output_dir is ``<output_dir>``."""
+    per-step overrides applied (``<file>::<step>``, the overrides themselves left out of ``<file>``); the chains'
+    output_dir is ``<output_dir>``."""
     import dataclasses
     import json
 
@@ -108,6 +109,7 @@ def resolve_shipped_configs(tmp: Path) -> dict[str, dict]:
         resolved[name] = dataclasses.asdict(cfg)
         if cfg.kind != "spriteworld_run":
             continue
+        del resolved[name]["overrides"]  # how they are written; what they resolve to is each step's entry
         out = tmp / path.stem
         cfg = load_config(path, [f"output_dir={out}"])
         cfg.configs = str(ROOT / cfg.configs)

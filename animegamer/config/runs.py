@@ -190,8 +190,9 @@ class SpriteWorldRunConfig:
     mistral_hidden: int = 128  # hidden size of the tiny random Mistral (animegamer.tiny.build_tiny_mistral)
     seed: int = 0  # seed of the tiny random CLIP and Mistral
     threads: int = 1  # torch CPU threads; 1 runs best on shared cores (OpenMP spin-waits otherwise)
-    # key=value overrides per step (data, pretrain, stage_a ... stage_d, ablations), e.g. the mini run's sizes
-    overrides: dict[str, list[str]] = field(default_factory=dict)
+    # per step (data, pretrain, stage_a ... stage_d, inference, eval, ablations): a mapping of the values that differ
+    # from the step's YAML (e.g. the mini run's sizes), or key=value strings (command line: overrides.stage_b.seed=7)
+    overrides: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
