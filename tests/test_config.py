@@ -141,3 +141,62 @@ if __name__ == "__main__":  # rewrite the snapshot
     with tempfile.TemporaryDirectory() as tmp:
         atomic_write_text(SNAPSHOT, json.dumps(resolve_shipped_configs(Path(tmp)), indent=1, sort_keys=True) + "\n")
     print(f"wrote {SNAPSHOT}")
+
+
+def _resolve_chain(config: str, out: Path, overrides: list[str] = ()) -> dict[str, dict]:
+    """The step configs of a SpriteWorld chain as scripts/spriteworld/train.py resolves them, with the chain's
+    output_dir moved back to its default (outputs/spriteworld), so they compare with a recorded run's."""
+    import dataclasses
+    import json
+
+    from tests.stage_scripts import load_script
+
+    cfg = load_config(ROOT / config, [f"output_dir={out}", *overrides])
+    cfg.configs = str(ROOT / cfg.configs)
+    steps = load_script("spriteworld/train").resolve_configs(cfg)
+    text = {name: json.dumps(dataclasses.asdict(load_config(path))) for name, path in steps.items()}
+    return {name: json.loads(values.replace(str(out), "outputs/spriteworld")) for name, values in text.items()}
+
+
+def test_run_yaml_resolves_to_the_shipped_checkpoints_configs(tmp_path):
+    """The recipe is what trained checkpoints/spriteworld/: every step config it resolves to equals the one the
+    shipped run recorded (checkpoints/spriteworld/configs/)."""
+    import dataclasses
+
+    resolved = _resolve_chain("configs/spriteworld/run.yaml", tmp_path / "spriteworld")
+    for name, values in resolved.items():
+        recorded = dataclasses.asdict(load_config(ROOT / "checkpoints/spriteworld/configs" / f"{name}.yaml"))
+        assert values == recorded, name
+    assert resolved["stage_b"]["mse_weight"] == 8.0 and resolved["stage_b"]["history_noise"] == 0.1
+    assert resolved["stage_b"]["data"]["history_turns"] == resolved["inference"]["history_turns"] == 3
+
+
+def test_seed_yaml_differs_from_run_yaml_only_in_the_seed(tmp_path):
+    run = _resolve_chain("configs/spriteworld/run.yaml", tmp_path / "spriteworld")
+    seed = _resolve_chain("configs/spriteworld/seed.yaml", tmp_path / "spriteworld")
+    assert run.keys() == seed.keys()
+    assert {name for name in run if run[name] != seed[name]} == {"stage_b"}
+    assert (run["stage_b"]["seed"], seed["stage_b"]["seed"]) == (42, 7)
+    assert {**seed["stage_b"], "seed": 42} == run["stage_b"]
+    top = [load_config(ROOT / "configs/spriteworld" / name) for name in ("run.yaml", "seed.yaml")]
+    assert top[1].overrides == {**top[0].overrides, "stage_b": {"seed": 7}}
+    assert [dataclasses_without(cfg, "overrides") for cfg in top][0] == dataclasses_without(top[1], "overrides")
+
+
+def dataclasses_without(cfg, key: str) -> dict:
+    import dataclasses
+
+    return {k: v for k, v in dataclasses.asdict(cfg).items() if k != key}
+
+
+def test_chain_overrides_are_mappings_or_key_values_and_bad_keys_exit_2(tmp_path, capsys):
+    mapping = _resolve_chain("configs/spriteworld/mini.yaml", tmp_path / "a", ["overrides.stage_b.mse_weight=2.0"])
+    listed = _resolve_chain("configs/spriteworld/mini.yaml", tmp_path / "b",
+                            ["overrides.inference=[sampling.steps=5,history_turns=1]"])
+    assert mapping["stage_b"]["mse_weight"] == 2.0 and mapping["stage_b"]["train"]["max_steps"] == 6
+    assert listed["inference"]["sampling"]["steps"] == 5 and listed["inference"]["history_turns"] == 1
+    with pytest.raises(ConfigError, match="overrides.stage_c"):  # a list cannot replace the file's mapping
+        load_config(ROOT / "configs/spriteworld/mini.yaml", ["overrides.stage_c=[train.max_steps=5]"])
+    with pytest.raises(SystemExit) as err:
+        _resolve_chain("configs/spriteworld/mini.yaml", tmp_path / "c", ["overrides.stage_b.nope=1"])
+    assert err.value.code == 2 and "overrides.stage_b" in capsys.readouterr().err

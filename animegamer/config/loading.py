@@ -142,6 +142,8 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None, sch
             merged = OmegaConf.merge(merged, OmegaConf.from_dotlist([item]))
         except OmegaConfBaseException as exc:
             raise ConfigError(f"override {item!r}: {_describe(exc)}") from exc
+        except TypeError as exc:  # a list onto a mapping (or back): OmegaConf cannot merge the two
+            raise ConfigError(f"override {item!r}: {exc} (set the mapping's keys one by one)") from exc
     try:
         cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as exc:
