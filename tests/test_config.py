@@ -200,3 +200,15 @@ def test_chain_overrides_are_mappings_or_key_values_and_bad_keys_exit_2(tmp_path
     with pytest.raises(SystemExit) as err:
         _resolve_chain("configs/spriteworld/mini.yaml", tmp_path / "c", ["overrides.stage_b.nope=1"])
     assert err.value.code == 2 and "overrides.stage_b" in capsys.readouterr().err
+
+
+def test_loss_weights_have_one_default():
+    """The stage (b) loss weights' defaults live in StageBConfig only; code takes them from there."""
+    import re
+
+    written = re.compile(r"\b(mse_weight|cosine_weight)\s*:\s*float\s*=\s*[-\d.]")
+    places = [f"{path.relative_to(ROOT)}:{n}" for folder in ("animegamer", "scripts") for path in
+              sorted((ROOT / folder).rglob("*.py")) for n, line in enumerate(path.read_text().splitlines(), 1)
+              if written.search(line)]
+    assert [p.split(":")[0] for p in places] == ["animegamer/config/runs.py"] * 2, places
+    assert "mse_weight" not in (ROOT / "configs/ablations/cosine_loss.yaml").read_text()  # its base says it
