@@ -212,3 +212,37 @@ def test_loss_weights_have_one_default():
               if written.search(line)]
     assert [p.split(":")[0] for p in places] == ["animegamer/config/runs.py"] * 2, places
     assert "mse_weight" not in (ROOT / "configs/ablations/cosine_loss.yaml").read_text()  # its base says it
+
+
+def _documented_data_command(path: Path) -> list[str] | None:
+    """The ``key=value`` overrides of the ``scripts/spriteworld/make.py --config configs/spriteworld/data.yaml``
+    command a config's header gives for the data it reads, or None when it gives none."""
+    for line in path.read_text().splitlines():
+        if line.startswith("#") and "scripts/spriteworld/make.py --config configs/spriteworld/data.yaml" in line:
+            return line.split("data.yaml", 1)[1].split()
+    return None
+
+
+def test_the_tiny_chain_reads_the_clips_its_header_makes():
+    """The data command in configs/tiny/'s headers makes clips of the frame count (and size) the tiny stages read:
+    a stage asking for more frames than the clips have fails ("too short: 9 frames, need 17")."""
+    checked = []
+    for path in sorted((ROOT / "configs" / "tiny").glob("*.yaml")):
+        command = _documented_data_command(path)
+        if command is None:
+            continue
+        data = load_config(ROOT / "configs/spriteworld/data.yaml", command)
+        assert data.output_dir == "outputs/tiny/data", path
+        for name in ("stage_a", "stage_c", "stage_d"):
+            stage = load_config(ROOT / "configs" / "tiny" / f"{name}.yaml")
+            assert stage.data.manifest.startswith(data.output_dir + "/"), name
+            if name != "stage_d":  # stage (d) reads the manifest's levels only; its clips are the teacher's
+                assert (stage.data.num_frames, stage.data.height, stage.data.width, stage.data.fps) == (
+                    data.num_frames, data.height, data.width, data.fps), name
+            else:
+                assert (stage.teacher.num_frames, stage.teacher.height, stage.teacher.width) == (
+                    data.num_frames, data.height, data.width)
+        evaluation = load_config(ROOT / "configs" / "tiny" / "eval.yaml")
+        assert evaluation.inference.sampling.num_frames == data.num_frames
+        checked.append(path.name)
+    assert checked == ["ablations.yaml", "eval.yaml", "stage_a.yaml"]
