@@ -246,3 +246,58 @@ def test_the_tiny_chain_reads_the_clips_its_header_makes():
         assert evaluation.inference.sampling.num_frames == data.num_frames
         checked.append(path.name)
     assert checked == ["ablations.yaml", "eval.yaml", "stage_a.yaml"]
+
+
+def test_choices_belong_to_the_field_not_its_name():
+    """A field's choices are its Literal type: a new field that shares a name (preset, dtype, device) with a field
+    of another schema takes its own values, not the other's."""
+    from dataclasses import dataclass
+
+    from animegamer.config import BenchmarkConfig, InferenceConfig
+
+    @dataclass
+    class Fresh:
+        kind: str = "fresh"
+        preset: str = "my_own"
+        dtype: str = "int4"
+        device: str = "tpu"
+        history_turns: int = -1
+
+    cfg = load_config(None, ["preset=other"], schema=Fresh)
+    assert (cfg.preset, cfg.dtype, cfg.device, cfg.history_turns) == ("other", "int4", "tpu", -1)
+    assert load_config(None, ["preset=full"], schema=BenchmarkConfig).preset == "full"
+    with pytest.raises(ConfigError, match=r"^override 'preset=standard': preset='standard' is not one of \['full'"):
+        load_config(None, ["preset=standard"], schema=BenchmarkConfig)
+    with pytest.raises(ConfigError, match=r"sampling.preset='full' is not one of \['standard', 'fast', 'distilled'\]"):
+        load_config(None, ["sampling.preset=full"], schema=InferenceConfig)
+    with pytest.raises(ConfigError, match="mllm.dtype='int4' is not one of"):
+        load_config(None, ["mllm.dtype=int4"], schema=InferenceConfig)
+    with pytest.raises(ConfigError, match="device='tpu' is not a device"):
+        load_config(None, ["device=tpu"], schema=InferenceConfig)
+    assert load_config(None, ["device=cuda:1"], schema=InferenceConfig).device == "cuda:1"
+    with pytest.raises(ConfigError, match="history_turns=-1 must be >= 0"):
+        load_config(None, ["history_turns=-1"], schema=InferenceConfig)
+
+
+def test_choices_are_literal_types():
+    """Every field whose help lists choices (``a | b``) is a Literal of them, in the order the help gives."""
+    import dataclasses
+    import typing
+
+    from animegamer.config import InferenceConfig, PrepareDataConfig, StageBConfig
+
+    def literals(schema, prefix=""):
+        hints = typing.get_type_hints(schema)
+        for f in dataclasses.fields(schema):
+            hint = hints[f.name]
+            if dataclasses.is_dataclass(hint):
+                yield from literals(hint, f"{prefix}{f.name}.")
+            elif typing.get_origin(hint) is typing.Literal:
+                yield f"{prefix}{f.name}", typing.get_args(hint)
+
+    found = dict(literals(InferenceConfig)) | dict(literals(StageBConfig)) | dict(literals(PrepareDataConfig))
+    assert found["encoder.fusion"] == ("concat", "add", "cross_attn")
+    assert found["sampling.preset"] == ("standard", "fast", "distilled")
+    assert found["mllm.dtype"] == found["decoder.dtype"] == ("fp32", "bf16", "fp16")
+    assert found["train.mixed_precision"] == ("no", "bf16", "fp16") and found["data.feature_dtype"][0] == "fp32"
+    assert found["flow"] == ("dis", "raft") and found["compat"] == ("released", "fixed")

@@ -50,34 +50,8 @@ SCHEMAS: dict[str, type] = {
     "ablations": AblationsConfig,
 }
 
-_CHOICES: dict[str, tuple[str, ...]] = {
-    "projector": ("mlp", "linear"),
-    "fusion": ("concat", "add", "cross_attn"),
-    "frame": ("first", "random"),
-    "dtype": ("fp32", "bf16", "fp16"),
-    "vocabulary": ("paper", "released"),
-    "mixed_precision": ("no", "bf16", "fp16"),
-    "lr_scheduler": ("constant", "cosine", "linear"),
-    "report_to": ("tensorboard", "wandb", "csv", "none"),
-    "scheduler": ("dpm", "ddim"),
-    "offload": ("none", "sequential"),
-    "split": ("train", "test", "all"),
-    "split_by": ("film", "time"),
-    "reader": ("pyav", "decord"),
-    "flow": ("dis", "raft"),
-    "blocking": ("fixed", "anchored", "free"),
-    "flow_preset": ("ultrafast", "fast", "medium"),
-    "preset": ("full", "tiny"),
-    "compat": ("released", "fixed"),
-    "cache": ("none", "first_block", "taylorseer", "pab", "faster", "magcache"),  # models.cache.CACHE_METHODS
-    "SamplingConfig.preset": ("standard", "fast", "distilled"),  # "Class.field": a name other fields also use
-    "resampler_gelu": ("tanh", "erf"),
-    "StageCConfig.history": ("teacher", "own"),
-}
-
-
-_DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")  # every config's ``device``
-_NON_NEGATIVE = ("history_turns", "shot_noise", "history_noise")  # checked wherever a config has them
+_DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")  # a field made by parts.device_field
+_CHOICE_ERROR = re.compile(r"Invalid value '(.*)', expected one of (\[.*\])")  # OmegaConf's check of a Literal
 
 
 def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> DictConfig:
@@ -98,25 +72,25 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> DictConfig:
     return OmegaConf.merge(parent, raw)
 
 
-def _check_choices(obj: Any, where: str) -> None:
+def _check_values(obj: Any, where: str) -> None:
+    """The checks a field's metadata asks for (parts.device_field, parts.non_negative); OmegaConf has checked the
+    types and the ``Literal`` choices already."""
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
         if dataclasses.is_dataclass(value):
-            _check_choices(value, f"{where}{f.name}.")
-        elif (names := _CHOICES.get(f"{type(obj).__name__}.{f.name}", _CHOICES.get(f.name))) and value not in names:
-            raise ConfigError(f"{where}{f.name}={value!r} is not one of {list(names)}")
-        elif f.name == "device" and not _DEVICE.fullmatch(value):
+            _check_values(value, f"{where}{f.name}.")
+        elif f.metadata.get("device") and not _DEVICE.fullmatch(value):
             raise ConfigError(f"{where}{f.name}={value!r} is not a device (auto, cpu, cuda, cuda:N or mps)")
-        elif f.name in _NON_NEGATIVE and value < 0:
-            raise ConfigError(f"{where}{f.name}={value} must be >= 0")
+        elif "min" in f.metadata and value < f.metadata["min"]:
+            raise ConfigError(f"{where}{f.name}={value} must be >= {f.metadata['min']}")
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None, schema: type | None = None) -> Any:
     """Load a YAML run config, apply ``key=value`` overrides and return the typed dataclass.
 
     The schema is ``schema`` if given, else the one named by the file's ``kind``. Unknown keys,
-    wrong types and values outside a field's choices raise :class:`ConfigError` with one message
-    naming the key.
+    wrong types, values outside a field's ``Literal`` choices and values its metadata rules out (a device,
+    a count >= 0) raise :class:`ConfigError` with one message naming the key.
     """
     overrides = list(overrides or [])
     source = str(path) if path is not None else "<defaults>"
@@ -151,13 +125,15 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None, sch
     expected = getattr(schema(), "kind", None)
     if expected is not None and cfg.kind != expected:
         raise ConfigError(f"{source}: kind={cfg.kind!r} but this entry point expects kind={expected!r}")
-    _check_choices(cfg, "")
+    _check_values(cfg, "")
     return cfg
 
 
 def _describe(exc: OmegaConfBaseException) -> str:
     key = getattr(exc, "full_key", None)
     msg = (getattr(exc, "msg", None) or str(exc)).splitlines()[0]  # OmegaConf appends full_key/object_type lines
+    if key and (choice := _CHOICE_ERROR.fullmatch(msg)):
+        return f"{key}={choice.group(1)!r} is not one of {choice.group(2)}"
     if key:
         return f"key '{key}': {msg}"
     return msg

@@ -5,6 +5,21 @@ data, the optimisation loop and the sampler. Each field's trailing comment is it
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Literal
+
+# the choices of the fields that share them; a field's type says which values it takes (OmegaConf checks them)
+Dtype = Literal["fp32", "bf16", "fp16"]
+CacheMethod = Literal["none", "first_block", "taylorseer", "pab", "faster", "magcache"]  # models.cache.CACHE_METHODS
+
+
+def device_field(default: str) -> Any:
+    """A device field: auto, cpu, cuda, cuda:N or mps (checked by :func:`animegamer.config.load_config`)."""
+    return field(default=default, metadata={"device": True})
+
+
+def non_negative(default: float) -> Any:
+    """A field that must be >= 0 (checked by :func:`animegamer.config.load_config`)."""
+    return field(default=default, metadata={"min": 0})
 
 
 @dataclass
@@ -33,11 +48,11 @@ class EncoderConfig:
     text_tokens: int = 226  # T5 sequence length
     hidden_dim: int = 1920  # output width = decoder hidden size (1920 for CogVideoX-2B)
     num_tokens: int = 226  # output tokens N of s_a; replaces the decoder's 226 text tokens
-    projector: str = "mlp"  # CLIP projector: mlp (Linear-GELU-Linear) | linear
-    fusion: str = "concat"  # how CLIP and text tokens meet: concat | add | cross_attn
+    projector: Literal["mlp", "linear"] = "mlp"  # CLIP projector: mlp (Linear-GELU-Linear) | linear
+    fusion: Literal["concat", "add", "cross_attn"] = "concat"  # how CLIP and text tokens meet
     token_mixing: bool = True  # Linear over the token axis (226 + N_clip -> N); off = released decoder
     cross_attn_heads: int = 8  # heads of the cross_attn fusion variant
-    frame: str = "first"  # which frame feeds CLIP: first | random (applied in the data path)
+    frame: Literal["first", "random"] = "first"  # which frame feeds CLIP: first | random (applied in the data path)
 
 
 @dataclass
@@ -51,7 +66,7 @@ class DecoderConfig:
     motion_embed_dim: int = 256  # width of the sinusoidal motion-level embedding
     motion_guidance: bool = False  # condition dropout drops the level too (null level 0), CFG amplifies it
     gradient_checkpointing: bool = True  # recompute transformer blocks in backward
-    dtype: str = "bf16"  # weights/compute dtype of the frozen parts: fp32 | bf16 | fp16
+    dtype: Dtype = "bf16"  # weights/compute dtype of the frozen parts: fp32 | bf16 | fp16
     vae_slicing: bool = False  # decode the VAE batch one sample at a time
     vae_tiling: bool = False  # decode the VAE in spatial tiles (less memory)
 
@@ -59,11 +74,12 @@ class DecoderConfig:
 @dataclass
 class MLLMConfig:
     pretrained: str = "checkpoints/Mistral-7B-v0.1"  # transformers dir with a MistralForCausalLM and tokenizer
-    vocabulary: str = "paper"  # special-token spelling: paper (<VS><ANIME_i>) | released (<img><frame_i>)
+    # special-token spelling: paper (<VS><ANIME_i>) | released (<img><frame_i>)
+    vocabulary: Literal["paper", "released"] = "paper"
     num_slots: int = 226  # query slots per turn (= shot tokens N)
     shot_dim: int = 1920  # width of a shot representation s_a
     resampler_layers: int = 2  # MLP depth of the input/output resamplers
-    resampler_gelu: str = "tanh"  # resampler GELU: tanh (our checkpoints) | erf (the release, converted)
+    resampler_gelu: Literal["tanh", "erf"] = "tanh"  # tanh (our checkpoints) | erf (the release, converted)
     lora_rank: int = 32
     lora_alpha: int = 32
     lora_dropout: float = 0.05
@@ -71,8 +87,8 @@ class MLLMConfig:
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
     gradient_checkpointing: bool = True
-    dtype: str = "bf16"  # fp32 | bf16 | fp16
-    attn_implementation: str = "sdpa"  # eager | sdpa | flash_attention_2
+    dtype: Dtype = "bf16"  # fp32 | bf16 | fp16
+    attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] = "sdpa"  # eager | sdpa | flash_attention_2
     max_instruction_tokens: int = 96  # an instruction longer than this is rejected before any model runs
 
 
@@ -84,7 +100,7 @@ class DataConfig:
     width: int = 720
     num_frames: int = 17  # frames per clip fed to the VAE (4k + 1)
     fps: int = 8
-    history_turns: int = 3  # K: earlier turns in the MLLM window
+    history_turns: int = non_negative(3)  # K: earlier turns in the MLLM window
     # also train each turn with every shorter history, down to none: a model that always sees the previous shot
     # can learn to copy it instead of reading the instruction, and then fails on a game's first turn
     all_history_lengths: bool = False
@@ -94,12 +110,13 @@ class DataConfig:
     reach_field: str = ""
     sequence_stride: int = 1  # step between consecutive stage (b) windows of a film
     min_sequence_turns: int = 1  # drop films shorter than this
-    split: str = "train"  # which split of the manifest to use: train | test | all
+    split: Literal["train", "test", "all"] = "train"  # which split of the manifest to use: train | test | all
     test_fraction: float = 0.2  # fraction held out (by film, or 8:2 in time for a single film)
-    split_by: str = "film"  # film | time (the paper's single-film ablation)
+    split_by: Literal["film", "time"] = "film"  # film | time (the paper's single-film ablation)
     num_workers: int = 2  # DataLoader workers
     clip_frames: int = 4  # frames per clip whose CLIP tokens are precomputed: index 0 = first, rest for frame=random
-    feature_dtype: str = "bf16"  # storage dtype of precomputed CLIP/T5 tokens (latents stay fp32): fp32 | bf16 | fp16
+    # storage dtype of precomputed CLIP/T5 tokens (latents stay fp32): fp32 | bf16 | fp16
+    feature_dtype: Dtype = "bf16"
 
 
 @dataclass
@@ -110,14 +127,14 @@ class TrainConfig:
     lr: float = 2e-4
     weight_decay: float = 0.0
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    lr_scheduler: str = "constant"  # constant | cosine | linear (all with warm-up)
+    lr_scheduler: Literal["constant", "cosine", "linear"] = "constant"  # constant | cosine | linear (all with warm-up)
     lr_warmup_steps: int = 0
     max_grad_norm: float = 1.0
-    mixed_precision: str = "no"  # no | bf16 | fp16 (accelerate)
+    mixed_precision: Literal["no", "bf16", "fp16"] = "no"  # no | bf16 | fp16 (accelerate)
     checkpoint_every: int = 500
     keep_checkpoints: int = 3  # older step checkpoints are deleted
     log_every: int = 10
-    report_to: str = "tensorboard"  # tensorboard | wandb | csv | none
+    report_to: Literal["tensorboard", "wandb", "csv", "none"] = "tensorboard"  # tensorboard | wandb | csv | none
     resume: str = ""  # "" | latest | path to a checkpoint dir
     # resume even if a process's saved RNG state is missing or unreadable (fresh random streams, recorded in
     # run_info.json); otherwise that is an error, since the resume would not be exact
@@ -127,7 +144,7 @@ class TrainConfig:
 
 @dataclass
 class SamplingConfig:
-    scheduler: str = "dpm"  # dpm (CogVideoXDPMScheduler) | ddim (CogVideoXDDIMScheduler)
+    scheduler: Literal["dpm", "ddim"] = "dpm"  # dpm (CogVideoXDPMScheduler) | ddim (CogVideoXDDIMScheduler)
     steps: int = 50
     guidance_scale: float = 6.0
     dynamic_cfg: bool = True  # cosine ramp of the guidance scale over the steps
@@ -140,9 +157,9 @@ class SamplingConfig:
     seed: int = 42
     # standard: the fields above | fast: 12 steps, CFG on the first 40% | distilled: the stage (d) student's recorded
     # few-step sampler, one call per step and no CFG (decoder_checkpoint must be a stage (d) run)
-    preset: str = "standard"
+    preset: Literal["standard", "fast", "distilled"] = "standard"
     # diffusers' cache hooks on the transformer: none | first_block | taylorseer | pab | faster | magcache
-    cache: str = "none"
+    cache: CacheMethod = "none"
     # first_block: block 0's relative residual change under which the rest is reused; magcache: accumulated error
     cache_threshold: float = 0.05
     magcache_ratios: str = ""  # magcache: the JSON of scripts/calibrate_magcache.py for this decoder and sampler

@@ -5,17 +5,20 @@ trailing comment is its ``--help`` text (:mod:`animegamer.config_docs`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from animegamer.config.parts import (
     CLIPConfig,
     DataConfig,
     DecoderConfig,
+    Dtype,
     EncoderConfig,
     MLLMConfig,
     SamplingConfig,
     T5Config,
     TrainConfig,
+    device_field,
+    non_negative,
 )
 from animegamer.config.prompts import (
     BENCHMARK_PROMPT,
@@ -65,16 +68,16 @@ class PrepareDataConfig:
     min_scene_seconds: float = 2.0  # scenes shorter than one clip are dropped
     crop_black_borders: bool = True
     black_threshold: int = 16  # luma below this counts as black border
-    reader: str = "pyav"  # video backend: pyav | decord
+    reader: Literal["pyav", "decord"] = "pyav"  # video backend: pyav | decord
     cut_check_threshold: float = 0.35  # colour-histogram change (0..1) between clip frames that is a cut; 0: off
     max_decode_errors: int = 10  # a film with more decoder errors (corrupt data) is skipped and reported
     workers: int = 2  # parallel film workers
-    flow: str = "dis"  # optical flow: dis (OpenCV) | raft (torchvision, weights on disk)
+    flow: Literal["dis", "raft"] = "dis"  # optical flow: dis (OpenCV) | raft (torchvision, weights on disk)
     raft_weights: str = ""  # local RAFT weights file when flow=raft
     flow_threshold: float = 0.2  # relative threshold r dropping near-static pixels
     flow_robust_quantile: float = 0.99  # "max" in r * max is this quantile of a frame pair's magnitudes (1 = max)
-    flow_preset: str = "medium"  # DIS preset: ultrafast | fast | medium
-    flow_device: str = "cpu"  # RAFT device: cpu | cuda
+    flow_preset: Literal["ultrafast", "fast", "medium"] = "medium"  # DIS preset: ultrafast | fast | medium
+    flow_device: str = device_field("cpu")  # RAFT device: cpu | cuda
     motion_levels: int = 5
     refit_motion_bins: bool = False  # refit level edges on all clips on a rerun (default: keep the stored edges)
     caption: bool = False  # run the VLM captioner after cutting
@@ -95,8 +98,9 @@ class SpriteWorldConfig:
     fps: int = 8
     characters: list[str] = field(default_factory=lambda: ["Qiqi", "Momo", "Kai", "Luna"])  # protagonists, in turn
     test_fraction: float = 0.2  # fraction of films held out as test games (split by film)
-    blocking: str = "fixed"  # fixed: each action staged one way (a small model learns its motion) | anchored: fixed,
-    # and paths start from one spot whatever their speed (the first frame does not tell it) | free: random
+    # fixed: each action staged one way (a small model learns its motion) | anchored: fixed, and paths start from one
+    # spot whatever their speed (the first frame does not tell it) | free: random
+    blocking: Literal["fixed", "anchored", "free"] = "fixed"
     speed_jitter: float = 0.1  # a clip's speed = its adverb's x a factor in [1 - j, 1 + j] that no word says
     # the memory world (animegamer.spriteworld.memory): each film's own home and a friend who follows, drawn
     # but never said; instructions leave out what earlier turns fixed (still / later / here / home / friend)
@@ -210,7 +214,7 @@ class StageAConfig:
     condition_dropout: float = 0.1  # probability of the unconditional shot representation (for CFG)
     # the decoder reads s_a + N(0, (shot_noise * std(s_a))^2) (std over the batch, no gradient; 0: the paper's
     # clean s_a), so it learns to render a shot a little off, as the MLLM predicts them; shot targets stay clean
-    shot_noise: float = 0.0
+    shot_noise: float = non_negative(0.0)
     motion_loss_weight: float = 0.0  # latent cells that change between latent frames weigh 1 + this (0: plain MSE)
     motion_threshold: float = 0.2  # a cell changes when a channel moves more than this (latent std units)
 
@@ -231,7 +235,7 @@ class StageBConfig:
     # the MLLM reads each history shot as s_a + N(0, (history_noise * std)^2) (std over the batch's history shots,
     # no gradient; 0: the paper's clean teacher-forced history), so reading a turn back survives a game, whose
     # history is the MLLM's own predicted shots; targets stay clean
-    history_noise: float = 0.0
+    history_noise: float = non_negative(0.0)
 
 
 @dataclass
@@ -250,7 +254,7 @@ class StageCConfig:
     predictions_cache: str = ""  # MLLM predictions, made once (a TensorStore); "" = <output_dir>/predictions
     # the history the MLLM predicts from: teacher (stage a targets, the paper's) | own (its own predictions from
     # the film's start, as a game plays; animegamer.data.stage_c)
-    history: str = "teacher"
+    history: Literal["teacher", "own"] = "teacher"
     max_seq_len: int = 2048  # a window longer than this loses its oldest history turns, as in stage (b)
     condition_dropout: float = 0.1  # probability of the unconditional (zero) shot representation, for CFG
     motion_loss_weight: float = 0.0  # as stage (a): changing latent cells weigh 1 + this (0: the paper's plain MSE)
@@ -285,16 +289,17 @@ class InferenceConfig:
     mllm: MLLMConfig = field(default_factory=MLLMConfig)
     decoder_checkpoint: str = "outputs/stage_c/checkpoints/latest"  # trained decoder parts (or stage a)
     mllm_checkpoint: str = "outputs/stage_b/checkpoints/latest"  # trained MLLM parts
-    history_turns: int = 1  # K; 1 reproduces the released demo
+    history_turns: int = non_negative(1)  # K; 1 reproduces the released demo
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    device: str = "auto"  # auto | cpu | cuda
-    offload: str = "none"  # none | sequential (each model on the GPU only while it runs)
+    device: str = device_field("auto")  # auto | cpu | cuda | cuda:N | mps
+    offload: Literal["none", "sequential"] = "none"  # none | sequential (each model on the GPU only while it runs)
     fast: bool = False  # the fast preset (fewer steps, partial CFG)
     compile: bool = False  # torch.compile the decoder's transformer blocks (first turn compiles; same outputs)
     compile_vae: bool = False  # torch.compile the VAE decoder too: 2x faster decode, ~150 s to compile (GPU)
     merge_lora: bool = False  # fold the LoRA into the base weights at load (same outputs up to weight rounding)
     fp8: bool = False  # FP8 transformer linears via torchao, dynamic scaling (LoRA merged first; Ada/Hopper GPU)
-    compat: str = "fixed"  # converted official weights: released (the release's numerics, quirks included) | fixed
+    # converted official weights: released (the release's numerics, quirks included) | fixed
+    compat: Literal["released", "fixed"] = "fixed"
 
 
 @dataclass
@@ -390,13 +395,14 @@ class BenchmarkConfig:
     kind: str = "benchmark"
     output_dir: str = "outputs/benchmark"  # benchmark.json, benchmark.md (and profile_turn.txt) land here
     seed: int = 0
-    preset: str = "tiny"  # model sizes: full (CogVideoX-2B + VAE, Mistral-7B, ViT-H/T5-XXL widths) | tiny
-    device: str = "cuda"  # cuda | cpu
+    # model sizes: full (CogVideoX-2B + VAE, Mistral-7B, ViT-H/T5-XXL widths) | tiny
+    preset: Literal["full", "tiny"] = "tiny"
+    device: str = device_field("cuda")  # cuda | cpu
     warmup: int = 2  # untimed calls before every measurement (compilation, allocator, autotuning)
     repeats: int = 5  # timed calls per measurement; the median is reported
     parts: list[str] = field(default_factory=lambda: ["turn", "stage_a", "stage_b"])  # what to measure
-    dtype: str = "bf16"  # frozen weights of the decoder and the MLLM in the timed turn
-    history_turns: int = 3  # K earlier turns in the timed turn's MLLM prompt
+    dtype: Dtype = "bf16"  # frozen weights of the decoder and the MLLM in the timed turn
+    history_turns: int = non_negative(3)  # K earlier turns in the timed turn's MLLM prompt
     sampling: SamplingConfig = field(default_factory=SamplingConfig)  # the timed turn (paper: 480x720, 17, 50 steps)
     merge_lora: bool = True  # our path at inference: LoRA folded into the base weights
     compile: bool = True  # our path: torch.compile of the transformer blocks (decoder at inference; training steps)
