@@ -276,7 +276,7 @@ def test_choices_belong_to_the_field_not_its_name():
         load_config(None, ["device=tpu"], schema=InferenceConfig)
     assert load_config(None, ["device=cuda:1"], schema=InferenceConfig).device == "cuda:1"
     with pytest.raises(ConfigError, match="history_turns=-1 must be >= 0"):
-        load_config(None, ["history_turns=-1"], schema=InferenceConfig)
+        load_config(None, ["history_turns=-1"], schema=BenchmarkConfig)
 
 
 def test_choices_are_literal_types():
@@ -301,3 +301,73 @@ def test_choices_are_literal_types():
     assert found["mllm.dtype"] == found["decoder.dtype"] == ("fp32", "bf16", "fp16")
     assert found["train.mixed_precision"] == ("no", "bf16", "fp16") and found["data.feature_dtype"][0] == "fp32"
     assert found["flow"] == ("dis", "raft") and found["compat"] == ("released", "fixed")
+
+
+# ---- the MLLM's shape and K come from what its checkpoint records --------------------------------------------
+
+def test_full_size_configs_play_the_k_they_train_and_evaluate_with():
+    from animegamer.config import EvalConfig, InferenceConfig
+
+    trained = load_config(ROOT / "configs/stage_b.yaml").data.history_turns
+    assert load_config(ROOT / "configs/stage_c.yaml").data.history_turns == trained == 3
+    assert load_config(ROOT / "configs/inference.yaml").history_turns == trained
+    assert load_config(ROOT / "configs/eval.yaml").inference.history_turns == trained
+    assert InferenceConfig().history_turns == EvalConfig().inference.history_turns == -1  # as trained, until loaded
+
+
+def test_shipped_inference_reads_the_mllm_shape_and_k_from_the_checkpoint_record():
+    import yaml
+
+    from animegamer.config.recorded import MLLM_SHAPE
+
+    record = load_config(ROOT / "checkpoints/spriteworld/configs/stage_b.yaml")
+    for name in ("inference.yaml", "eval.yaml"):
+        written = yaml.safe_load((ROOT / "configs/spriteworld" / name).read_text())
+        assert not set((written.get("inference") or written)["mllm"]) & set(MLLM_SHAPE), name  # not restated
+        cfg = load_config(ROOT / "configs/spriteworld" / name)
+        inference = cfg if cfg.kind == "inference" else cfg.inference
+        assert {k: getattr(inference.mllm, k) for k in MLLM_SHAPE} == {k: getattr(record.mllm, k) for k in MLLM_SHAPE}
+        assert inference.mllm.num_slots == 48 and inference.history_turns == record.data.history_turns == 3
+
+
+def _stage_b_run(tmp_path: Path, history_turns: int, num_slots: int) -> Path:
+    """A stage (b) run directory as training leaves it: config.yaml, checkpoints/step_N and checkpoints/latest."""
+    from animegamer.config import StageBConfig
+
+    run = tmp_path / "stage_b"
+    cfg = StageBConfig(output_dir=str(run))
+    cfg.data.history_turns, cfg.mllm.num_slots, cfg.mllm.lora_rank = history_turns, num_slots, 4
+    (run / "checkpoints" / "step_0000010").mkdir(parents=True)
+    (run / "checkpoints" / "latest").write_text("step_0000010\n")
+    (run / "config.yaml").write_text(to_yaml(cfg))
+    return run
+
+
+def test_k_is_the_trained_k_unless_the_config_sets_it(tmp_path):
+    run = _stage_b_run(tmp_path, history_turns=2, num_slots=8)
+    for checkpoint in (run, run / "checkpoints" / "latest", run / "checkpoints" / "step_0000010"):
+        cfg = load_config(ROOT / "configs/inference.yaml", [f"mllm_checkpoint={checkpoint}"])
+        assert (cfg.history_turns, cfg.mllm.num_slots, cfg.mllm.lora_rank) == (2, 8, 4), checkpoint
+        assert cfg.mllm.pretrained == "checkpoints/Mistral-7B-v0.1"  # where the base weights are is this run's
+    chosen = load_config(ROOT / "configs/inference.yaml", [f"mllm_checkpoint={run}", "history_turns=1"])
+    assert (chosen.history_turns, chosen.mllm.num_slots) == (1, 8)
+    bare = load_config(ROOT / "configs/inference.yaml", [f"mllm_checkpoint={tmp_path / 'elsewhere'}"])
+    assert (bare.history_turns, bare.mllm.num_slots) == (3, 226)  # no record: DataConfig's K, the YAML's shape
+    with pytest.raises(ConfigError, match="history_turns=-2 must be >= -1"):
+        load_config(ROOT / "configs/inference.yaml", ["history_turns=-2"])
+
+
+def test_start_up_says_which_k_and_why(tmp_path):
+    from animegamer.config.recorded import history_turns_note
+
+    run = _stage_b_run(tmp_path, history_turns=2, num_slots=8)
+    cfg = load_config(ROOT / "configs/inference.yaml", [f"mllm_checkpoint={run}"])
+    assert history_turns_note(cfg) == f"K = 2 history turns, as the MLLM was trained ({run / 'config.yaml'})"
+    cfg = load_config(ROOT / "configs/inference.yaml", [f"mllm_checkpoint={run}", "history_turns=1"])
+    note = history_turns_note(cfg)
+    assert note.startswith("K = 1 history turns, set by the config: the MLLM was trained with K = 2 "), note
+    cfg = load_config(ROOT / "configs/spriteworld/eval.yaml").inference
+    assert history_turns_note(cfg) == ("K = 3 history turns, as the MLLM was trained "
+                                       "(checkpoints/spriteworld/configs/stage_b.yaml)")
+    cfg = load_config(ROOT / "configs/tiny/inference.yaml", ["mllm_checkpoint="])
+    assert history_turns_note(cfg) == "K = 1 history turns (no stage (b) record with mllm_checkpoint='')"

@@ -11,6 +11,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from animegamer.config.recorded import apply_training_record
 from animegamer.config.runs import (
     AblationsConfig,
     BenchmarkConfig,
@@ -85,12 +86,15 @@ def _check_values(obj: Any, where: str) -> None:
             raise ConfigError(f"{where}{f.name}={value} must be >= {f.metadata['min']}")
 
 
-def load_config(path: str | Path | None, overrides: list[str] | None = None, schema: type | None = None) -> Any:
+def load_config(path: str | Path | None, overrides: list[str] | None = None, schema: type | None = None,
+                training_record: bool = True) -> Any:
     """Load a YAML run config, apply ``key=value`` overrides and return the typed dataclass.
 
     The schema is ``schema`` if given, else the one named by the file's ``kind``. Unknown keys,
     wrong types, values outside a field's ``Literal`` choices and values its metadata rules out (a device,
-    a count >= 0) raise :class:`ConfigError` with one message naming the key.
+    a count >= 0) raise :class:`ConfigError` with one message naming the key. With ``training_record``, every
+    inference config in it takes the MLLM shape (and, at ``history_turns=-1``, the K) recorded with its
+    ``mllm_checkpoint`` (:func:`animegamer.config.recorded.apply_training_record`).
     """
     overrides = list(overrides or [])
     source = str(path) if path is not None else "<defaults>"
@@ -125,8 +129,18 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None, sch
     expected = getattr(schema(), "kind", None)
     if expected is not None and cfg.kind != expected:
         raise ConfigError(f"{source}: kind={cfg.kind!r} but this entry point expects kind={expected!r}")
+    if training_record:
+        for inference in inference_configs(cfg):
+            apply_training_record(inference)
     _check_values(cfg, "")
     return cfg
+
+
+def inference_configs(cfg: Any) -> list[InferenceConfig]:
+    """``cfg`` itself if it is an inference config, else the inference configs among its fields (eval's)."""
+    if isinstance(cfg, InferenceConfig):
+        return [cfg]
+    return [value for f in dataclasses.fields(cfg) if isinstance(value := getattr(cfg, f.name), InferenceConfig)]
 
 
 def _describe(exc: OmegaConfBaseException) -> str:

@@ -397,10 +397,16 @@ class InferenceConfig:
     t5: T5Config = field(default_factory=T5Config)
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
     decoder: DecoderConfig = field(default_factory=DecoderConfig)
-    mllm: MLLMConfig = field(default_factory=MLLMConfig)
+    mllm: MLLMConfig = knob(  # shapes: config.recorded.MLLM_SHAPE
+        factory=MLLMConfig, help="the MLLM; its shape comes from the stage (b) config recorded with mllm_checkpoint",
+    )
     decoder_checkpoint: str = knob("outputs/stage_c/checkpoints/latest", help="trained decoder parts (or stage a)")
     mllm_checkpoint: str = knob("outputs/stage_b/checkpoints/latest", help="trained MLLM parts")
-    history_turns: int = knob(1, min=0, help="K; 1 reproduces the released demo")
+    history_turns: int = knob(
+        -1, min=-1,
+        help="K earlier turns the MLLM reads; -1: as it was trained (the stage (b) config recorded with "
+             "mllm_checkpoint; 3 without one)",
+    )
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     device: str = knob("auto", device=True, help="auto | cpu | cuda | cuda:N | mps")
     offload: Literal["none", "sequential"] = knob(
