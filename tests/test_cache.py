@@ -1,5 +1,7 @@
 """sampling.cache (diffusers' cache hooks) and sampling.preset (standard | fast | distilled) on the tiny decoder."""
 
+import typing
+
 import pytest
 import torch
 
@@ -103,9 +105,9 @@ def test_config_choices():
     cfg = load_config(None, ["sampling.preset=distilled", "sampling.cache=pab"], schema=InferenceConfig)
     assert (cfg.sampling.preset, cfg.sampling.cache) == ("distilled", "pab")
     from animegamer.config import ConfigError
-    from animegamer.config.loading import _CHOICES
+    from animegamer.config.parts import CacheMethod
 
-    assert _CHOICES["cache"] == CACHE_METHODS
+    assert typing.get_args(CacheMethod) == CACHE_METHODS
     with pytest.raises(ConfigError, match="sampling.cache='mag'"):
         load_config(None, ["sampling.cache=mag"], schema=InferenceConfig)
     with pytest.raises(ConfigError, match="sampling.preset='tiny'"):

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from animegamer.config import DecoderConfig, EncoderConfig, MLLMConfig
+from animegamer.config import DecoderConfig, EncoderConfig, MLLMConfig, StageBConfig
 from animegamer.models.sampling import DTYPES
 from animegamer.tiny import COGVIDEOX_2B_SCHEDULER
 
@@ -236,8 +236,8 @@ def build_mllm(
     device: torch.device | str,
     tokenizer_dir: str | Path,
     seed: int = 0,
-    mse_weight: float = 0.5,
-    cosine_weight: float = 0.0,
+    mse_weight: float = StageBConfig.mse_weight,
+    cosine_weight: float = StageBConfig.cosine_weight,
 ):
     """:class:`AnimeGamerMLLM` around a random Mistral of ``arch``, built on ``device`` (base weights in
     ``cfg.dtype``, attention ``cfg.attn_implementation``); LoRA, slots and checkpointing follow ``cfg``."""

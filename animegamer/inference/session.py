@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from animegamer.config import InferenceConfig, SamplingConfig
+from animegamer.config.recorded import history_turns_note
 from animegamer.inference.game import GameSession, check_game_settings
 from animegamer.inference.mllm_runner import HistoryTurn, MLLMRunner, TurnPrediction
 from animegamer.models.fp8 import quantize_transformer_fp8
@@ -233,6 +234,7 @@ def load_mllm_predictor(cfg: InferenceConfig, device: str, offload: bool) -> MLL
         print("warning: mllm_checkpoint is empty: the MLLM runs with untrained LoRA/resamplers", file=sys.stderr)
     if cfg.merge_lora:
         model.merge_lora()
+    print(history_turns_note(cfg), file=sys.stderr)  # which K and why (config.recorded)
     runner = MLLMRunner(
         model,
         history_turns=cfg.history_turns,

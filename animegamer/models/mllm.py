@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from animegamer.config import MLLMConfig
+from animegamer.config import MLLMConfig, StageBConfig
 from animegamer.io import atomic_write_json
 from animegamer.models.resampler import ShotResampler
 from animegamer.models.weights import load_state_dict_file, save_state_dict_file
@@ -109,8 +109,8 @@ class AnimeGamerMLLM(nn.Module):
         lora_dropout: float = 0.05,
         lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
         gradient_checkpointing: bool = False,
-        mse_weight: float = 0.5,
-        cosine_weight: float = 0.0,
+        mse_weight: float = StageBConfig.mse_weight,
+        cosine_weight: float = StageBConfig.cosine_weight,
     ):
         """``llm``: a ``MistralForCausalLM`` without adapters; ``tokenizer`` from :func:`load_tokenizer`."""
         from peft import LoraConfig, get_peft_model
@@ -163,8 +163,8 @@ class AnimeGamerMLLM(nn.Module):
 
     @classmethod
     def from_config(
-        cls, cfg: MLLMConfig, device: str | torch.device | None = None, mse_weight: float = 0.5,
-        cosine_weight: float = 0.0,
+        cls, cfg: MLLMConfig, device: str | torch.device | None = None, mse_weight: float = StageBConfig.mse_weight,
+        cosine_weight: float = StageBConfig.cosine_weight,
     ) -> AnimeGamerMLLM:
         """Load the base model and tokenizer from ``cfg.pretrained`` and add fresh (seeded by the caller) parts."""
         from transformers import MistralForCausalLM
@@ -181,7 +181,7 @@ class AnimeGamerMLLM(nn.Module):
     @classmethod
     def from_modules(
         cls, cfg: MLLMConfig, llm: nn.Module, tokenizer, base_vocab: int, shot_dim: int | None = None,
-        mse_weight: float = 0.5, cosine_weight: float = 0.0,
+        mse_weight: float = StageBConfig.mse_weight, cosine_weight: float = StageBConfig.cosine_weight,
     ) -> AnimeGamerMLLM:
         """Wrap an already-built causal LM + tokenizer with the settings of ``cfg`` (``shot_dim`` overrides
         ``cfg.shot_dim``; the benchmark builds random full-size models on the GPU this way)."""
