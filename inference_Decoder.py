@@ -32,8 +32,8 @@ from animegamer.data.video import write_gif, write_mp4
 from animegamer.inference.contact_sheet import contact_sheet, readable_factor, state_bar, upscale
 from animegamer.inference.game import turn_seed
 from animegamer.inference.mllm_runner import load_results
-from animegamer.inference.session import check_checkpoints, load_renderer, resolve_device
-from animegamer.official.agent import release_render_level
+from animegamer.inference.session import check_checkpoints, resolve_device
+from animegamer.official.game import load_renderer, render_levels
 
 
 def main(argv: list[str] | None = None) -> dict[str, Path]:
@@ -47,13 +47,10 @@ def main(argv: list[str] | None = None) -> dict[str, Path]:
         fail(str(exc))
     if not turns:
         fail(f"{out}/game.json lists no turns")
-    levels = [state["values"]["motion_level"] for state, _ in turns]
-    if cfg.compat == "released":  # the release renders the level as it parsed it, through its own table
-        try:
-            levels = [release_render_level(state["release_values"], cfg.decoder.num_motion_levels)
-                      if "release_values" in state else level for (state, _), level in zip(turns, levels, strict=True)]
-        except ValueError as exc:
-            fail(f"{out}: {exc}")
+    try:  # compat released: the level the release parsed, through its own table
+        levels = render_levels(cfg, [state for state, _ in turns])
+    except ValueError as exc:
+        fail(f"{out}: {exc}")
     device = resolve_device(cfg.device)
     renderer = load_renderer(cfg, device, offload=cfg.offload == "sequential" and device != "cpu")
     seed = int(game.get("seed", cfg.seed))

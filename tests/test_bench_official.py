@@ -9,8 +9,9 @@ import pytest
 import torch
 import yaml
 
-from animegamer.bench.official import release_sizes, write_release
+from animegamer.bench.official import measure_conversion, release_sizes, write_release
 from animegamer.official.agent import RELEASE_MAX_NEW_TOKENS
+from animegamer.official.release_files import sat_model_yaml
 from animegamer.official.sat_layout import (
     MODEL_STATES,
     SatDecoderSpec,
@@ -18,7 +19,6 @@ from animegamer.official.sat_layout import (
     read_model_yaml,
     read_sat_checkpoint,
 )
-from animegamer.official.synthetic import measure_conversion, sat_model_yaml
 from tests.stage_scripts import load_script
 
 pytestmark = pytest.mark.usefixtures("one_thread")
