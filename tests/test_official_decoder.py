@@ -24,7 +24,7 @@ from animegamer.config import DecoderConfig, SamplingConfig
 from animegamer.models.sampling import DTYPES
 from animegamer.models.trained import load_decoder
 from animegamer.official.decoder import convert_decoder
-from animegamer.official.game import ReleasedSampler, release_sampler_settings, vae_frames
+from animegamer.official.game import ReleasedSampler, cast_transformer, release_sampler_settings, vae_frames
 from animegamer.official.release_io import ReleaseFileError
 from animegamer.official.sampler import (
     RELEASED,
@@ -229,7 +229,7 @@ def _clip_sampling(summary, **kw) -> SamplingConfig:
 def _released(decoder, summary, sampling):
     """The converted decoder as the release runs it: its whole transformer in the release's dtype, its sampler."""
     settings = release_sampler_settings(summary["decoder_checkpoint"])
-    decoder.transformer.to(DTYPES[settings["dtype"]])
+    cast_transformer(decoder, DTYPES[settings["dtype"]])
     return ReleasedSampler(decoder, sampling, settings)
 
 

@@ -265,7 +265,7 @@ def bench_official(preset: str, device, work: Path, steps: int, dtype: str, warm
     from animegamer.models.trained import load_decoder
     from animegamer.official.agent import predict_released
     from animegamer.official.convert import INFERENCE_FILE
-    from animegamer.official.game import ReleasedSampler, release_sampler_settings
+    from animegamer.official.game import ReleasedSampler, cast_transformer, release_sampler_settings
 
     device = torch.device(device)
     sizes = release_sizes(preset, steps)
@@ -286,7 +286,7 @@ def bench_official(preset: str, device, work: Path, steps: int, dtype: str, warm
     modes = {}
     # released first: the release runs both LoRAs unmerged, nothing compiled, its whole transformer in fp16
     decoder = load_decoder(cfg.decoder_checkpoint, cfg.decoder, device=device)
-    decoder.transformer.to(DTYPES[settings.get("dtype", "fp32")])
+    cast_transformer(decoder, DTYPES[settings.get("dtype", "fp32")])
     modes["released"] = _turn(mllm, decoder, predict_released, ReleasedSampler(decoder, sampling, settings).latents,
                               True, device, warmup, repeats, seed)
     del decoder

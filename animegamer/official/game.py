@@ -154,6 +154,15 @@ class ReleasedSampler:
         """Nothing installed on the decoder to take off."""
 
 
+def cast_transformer(decoder, dtype: torch.dtype) -> None:
+    """The release's whole-transformer dtype (SAT's ``fp16: True``): every floating parameter and buffer of the
+    transformer, LoRA and motion embedding included, cast in place; the VAE keeps its own."""
+    tensors = [*decoder.transformer.parameters(), *decoder.transformer.buffers()]
+    for tensor in tensors:
+        if tensor.is_floating_point():
+            tensor.data = tensor.data.to(dtype)
+
+
 def load_released_renderer(cfg: InferenceConfig, device: str, offload: bool) -> DecoderRenderer:
     """The core's renderer of the converted decoder with the release's sampler and dtype."""
     check_released_options(cfg)
@@ -163,8 +172,7 @@ def load_released_renderer(cfg: InferenceConfig, device: str, offload: bool) -> 
     core = load_core_renderer(core_config(cfg), device, offload)
     core.sampler.close()
     decoder = core.decoder
-    # the release casts its whole model (SAT's fp16: True), LoRA and motion embedding included; the VAE keeps its own
-    decoder.transformer.to(DTYPES[settings.get("dtype", "fp32")])
+    cast_transformer(decoder, DTYPES[settings.get("dtype", "fp32")])
     sampling = effective_sampling(dataclasses.replace(cfg.sampling, preset="fast") if cfg.fast else cfg.sampling)
     return DecoderRenderer(decoder, sampling, device, offload, ReleasedSampler(decoder, sampling, settings))
 

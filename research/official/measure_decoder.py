@@ -24,6 +24,7 @@ from safetensors.torch import load_file
 from animegamer.config import DecoderConfig
 from animegamer.models.trained import load_decoder
 from animegamer.official.decoder import convert_decoder
+from animegamer.official.game import cast_transformer
 from animegamer.official.sampler import NO_QUIRKS, RELEASED, denoise, denoiser_table, sample_released, sampler_schedule
 from animegamer.tiny import COGVIDEOX_2B_SCHEDULER
 
@@ -77,7 +78,7 @@ def measure(ref: Path, tmp: Path) -> None:
                   torch.cat([dec.null_shot_embeds(1), t["s_a"]]), motion_value=torch.full((2,), c["flow_value"]))
     print("case a: dit_out with norm_out eps 1e-5 (diffusers default)", rel(out, t["fwd_a.dit_out"]))
     half = load()
-    half.transformer.to(torch.float16)  # the release's fp16 transformer (compat: released)
+    cast_transformer(half, torch.float16)  # the release's fp16 transformer (compat: released)
     print("released fp16 (CPU) 6-step samples vs official fp32", rel(six(half), ref6))
     for n in (6, 50):
         a_sat, ts_sat = sampler_schedule(n, st)
