@@ -162,6 +162,24 @@ def test_chain_to_decoder(converted):
     assert float((ours.bfloat16().float() == decoder_s_a).float().mean()) > 0.99
 
 
+def test_slot_attention_is_recorded_and_adopted(converted, tmp_path):
+    """The converted layout says its slots attend as one block; a re-saved checkpoint keeps it, a model of our own
+    loading it adopts it, and an unknown value is refused."""
+    model = converted["model"]
+    converted_layout = json.loads((converted["out"] / "mllm" / "mllm_layout.json").read_text())
+    assert converted_layout["slot_attention"] == "bidirectional"
+    model.save_trained(tmp_path / "again")
+    layout = json.loads((tmp_path / "again" / "mllm_layout.json").read_text())
+    assert layout["slot_attention"] == "bidirectional" and "official" not in layout
+    fresh = AnimeGamerMLLM.from_config(converted["cfg"])
+    assert fresh.slot_attention == "causal"
+    fresh.load_trained(tmp_path / "again")
+    assert fresh.slot_attention == "bidirectional"
+    (tmp_path / "again" / "mllm_layout.json").write_text(json.dumps({**layout, "slot_attention": "sideways"}))
+    with pytest.raises(ValueError, match="slot_attention 'sideways'"):
+        fresh.load_trained(tmp_path / "again")
+
+
 def test_release_history_state_tokens(converted):
     """B5: a history turn's states are <Strength_0> everywhere and </ST> comes twice (ids of the release tokenizer)."""
     layout = converted["model"].layout
@@ -315,6 +333,13 @@ def test_fast_path_on_converted_weights(converted):
     turn = fast.predict_turn(history, instruction)
     assert turn.values == plain.values and rel(turn.shot_embeds, plain.shot_embeds) < 1e-5
     assert all(abs(sum(p.values()) - 1) < 1e-5 for p in turn.value_probs.values())
+    # slot_attention bidirectional: the shot comes from the slot-block pass, not from the causal prefill
+    from animegamer.inference.mllm_runner import prefill_turn, slot_block_shots
+
+    with torch.no_grad():
+        prefilled = prefill_turn(converted["model"], [], instruction)
+        block = slot_block_shots(converted["model"], prefilled.sequence, [])
+    assert torch.equal(first.shot_embeds, block.float().cpu()) and rel(prefilled.shot_embeds, block) > 1e-2
     # fixed mode reads the frame slots (B1 fixed), so its shot differs from the released reading of the same prompt
     seq = agent.release_sequence(converted["model"], [], "", None)
     assert seq.slot_positions[-1][-1] < len(seq) - 1

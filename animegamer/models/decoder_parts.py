@@ -85,10 +85,10 @@ def load_parts(decoder, in_dir: str | Path) -> None:
     if decoder.motion_scope:
         decoder.transformer.ofs_embedding.load_state_dict(load_state_dict_file(src / MOTION_WEIGHTS))
     decoder.motion_guidance = bool(saved.get("motion_guidance", False))
-    _load_release_settings(decoder, src, saved)
+    _load_checkpoint_settings(decoder, src, saved)
 
 
-def _load_release_settings(decoder, src: Path, saved: dict) -> None:
+def _load_checkpoint_settings(decoder, src: Path, saved: dict) -> None:
     """Adopt the settings a checkpoint records (a converted release's; absent keys: our own decoder's behaviour)."""
     values = saved.get("motion_values")
     if values is not None and len(values) != decoder.num_motion_levels:

@@ -24,7 +24,7 @@ from safetensors.torch import load_file
 from animegamer.config import DecoderConfig
 from animegamer.models.trained import load_decoder
 from animegamer.official.decoder import convert_decoder
-from animegamer.official.game import cast_transformer
+from animegamer.official.game import cast_transformer, release_sampler_settings
 from animegamer.official.sampler import NO_QUIRKS, RELEASED, denoise, denoiser_table, sample_released, sampler_schedule
 from animegamer.tiny import COGVIDEOX_2B_SCHEDULER
 
@@ -47,7 +47,7 @@ def measure(ref: Path, tmp: Path) -> None:
     cfg = DecoderConfig(**s["decoder_config"], dtype="fp32")
     load = lambda: load_decoder(s["decoder_checkpoint"], cfg, with_vae=False)  # noqa: E731
     dec = load()
-    st = dec.release_sampler
+    st = release_sampler_settings(s["decoder_checkpoint"])
     steps = len(t["sample_6step.x_in_per_step"]) if "sample_6step.x_in_per_step" in t else 6
     run, pre = meta[f"sample_{steps}step"], f"sample_{steps}step"
     def six(d, q=RELEASED):
