@@ -43,8 +43,8 @@ from animegamer.inference.contact_sheet import (
 from animegamer.inference.game import turn_seed
 from animegamer.inference.mllm_runner import load_results
 from animegamer.inference.preflight import check_device, check_output_dir
-from animegamer.inference.session import check_checkpoints, load_renderer
-from animegamer.official.agent import release_render_level
+from animegamer.inference.session import check_checkpoints
+from animegamer.official.game import load_renderer, render_levels
 
 SHEET_TURNS = 64  # turns per contact sheet
 SHEET_FILE = "contact_sheet.png"  # the first; then contact_sheet_064.png, ... named by their first turn
@@ -75,13 +75,10 @@ def main(argv: list[str] | None = None) -> dict[str, Path]:
         fail(str(exc))
     if not turns:
         fail(f"{out}/game.json lists no turns")
-    levels = [state["values"]["motion_level"] for state, _ in turns]
-    if cfg.compat == "released":  # the release renders the level as it parsed it, through its own table
-        try:
-            levels = [release_render_level(state["release_values"], cfg.decoder.num_motion_levels)
-                      if "release_values" in state else level for (state, _), level in zip(turns, levels, strict=True)]
-        except ValueError as exc:
-            fail(f"{out}: {exc}")
+    try:  # compat released: the level the release parsed, through its own table
+        levels = render_levels(cfg, [state for state, _ in turns])
+    except ValueError as exc:
+        fail(f"{out}: {exc}")
     renderer = load_renderer(cfg, device, offload=cfg.offload == "sequential" and device != "cpu")
     seed = int(game.get("seed", cfg.seed))
     factor = readable_factor(cfg.sampling.height)

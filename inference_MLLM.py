@@ -39,6 +39,7 @@ from animegamer.inference.mllm_runner import InstructionError, MLLMRunner, Resul
 from animegamer.inference.preflight import check_device, check_output_dir
 from animegamer.inference.session import check_checkpoints
 from animegamer.models.mllm import AnimeGamerMLLM, load_tokenizer
+from animegamer.official.game import turn_function
 from animegamer.states import TagError, read_game_file
 from animegamer.training.checkpoint import resolve_checkpoint
 
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
         model,
         history_turns=cfg.history_turns,
         max_instruction_tokens=cfg.mllm.max_instruction_tokens,
-        compat=cfg.compat,
+        predict=turn_function(cfg),  # compat released: the release's own turn
     )
 
     # 3. play, writing each turn as soon as it exists

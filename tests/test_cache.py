@@ -132,7 +132,6 @@ def test_renderer_uses_the_preset_and_bad_options_fail_early(decoder, tmp_path):
     assert renderer.sampling.steps == 4 and renderer.sampler.fewstep.steps == 4
 
     bad = {
-        "compat=released": (ValueError, "compat=fixed"),
         f"decoder_checkpoint={tmp_path / 'decoder' / 'none'}": (FileNotFoundError, "not found"),
         "fp8=true": (ValueError, "CUDA GPU"),
         "fast=true": (ValueError, "pick one"),

@@ -127,14 +127,12 @@ class DecoderRenderer:
                     seeds: Sequence[int]) -> list[np.ndarray]:
         """Several clips in one batch (the evaluation's way to fill a CPU): each drawn from its own seed's
         generator, as :meth:`render` draws it alone, so a clip differs from its single render by float rounding
-        only. A cache method decides its skips for the whole batch and the release's sampler draws from one
-        generator: with either, the clips render one at a time."""
+        only. A cache method decides its skips for the whole batch: with one, the clips render one at a time."""
         if not len(shots) == len(motion_levels) == len(seeds):
             raise ValueError(f"{len(shots)} shots, {len(motion_levels)} levels and {len(seeds)} seeds")
         if not shots:
             return []
-        released = self.decoder.compat == "released" and self.decoder.release_sampler is not None
-        if self.sampler.cache is not None or released:
+        if self.sampler.cache is not None:
             return [self.render(*clip) for clip in zip(shots, motion_levels, seeds, strict=True)]
         generators = [torch.Generator().manual_seed(seed) for seed in seeds]
         with on_device(self.decoder, self.device, self.offload):
@@ -224,8 +222,18 @@ def check_checkpoints(cfg: InferenceConfig, mllm: bool = True, decoder: bool = T
         check_render_options(cfg, resolve_device(cfg.device))
 
 
+def check_core_compat(cfg: InferenceConfig) -> None:
+    """The core plays ``compat: fixed``; the release's own predictor and renderer are built by the entry points
+    (animegamer.official.game), never here."""
+    if cfg.compat != "fixed":
+        raise ValueError(f"compat={cfg.compat}: the release's own predictor and renderer play through app.py, "
+                         "inference_MLLM.py, inference_Decoder.py or python -m animegamer.official.play")
+
+
 def load_mllm_predictor(cfg: InferenceConfig, device: str, offload: bool) -> MLLMPredictor:
     from animegamer.models.mllm import AnimeGamerMLLM
+
+    check_core_compat(cfg)
 
     model = AnimeGamerMLLM.from_config(cfg.mllm, device="cpu" if offload else device)
     if cfg.mllm_checkpoint:
@@ -239,7 +247,6 @@ def load_mllm_predictor(cfg: InferenceConfig, device: str, offload: bool) -> MLL
         model,
         history_turns=cfg.history_turns,
         max_instruction_tokens=cfg.mllm.max_instruction_tokens,
-        compat=cfg.compat,
     )
     return MLLMPredictor(runner, device, offload)
 
@@ -248,13 +255,13 @@ def load_renderer(cfg: InferenceConfig, device: str, offload: bool) -> DecoderRe
     from animegamer.models.decoder import AnimationShotDecoder
     from animegamer.models.trained import load_decoder
 
+    check_core_compat(cfg)
     target = "cpu" if offload else device
     if cfg.decoder_checkpoint:
         decoder = load_decoder(cfg.decoder_checkpoint, cfg.decoder, device=target)
     else:
         print("warning: decoder_checkpoint is empty: the decoder runs without trained LoRA", file=sys.stderr)
         decoder = AnimationShotDecoder.from_config(cfg.decoder, device=target).eval()
-    decoder.use_compat(cfg.compat)  # a converted official decoder samples with the release's sampler if released
     if cfg.decoder.vae_slicing and hasattr(decoder.vae, "enable_slicing"):
         decoder.vae.enable_slicing()
     if cfg.decoder.vae_tiling and hasattr(decoder.vae, "enable_tiling"):
@@ -273,15 +280,18 @@ def load_renderer(cfg: InferenceConfig, device: str, offload: bool) -> DecoderRe
     return DecoderRenderer(decoder, sampling, device, offload, sampler)
 
 
-def build_session(cfg: InferenceConfig, render: bool = True, output_dir: str | Path | None = None) -> GameSession:
+def build_session(cfg: InferenceConfig, render: bool = True, output_dir: str | Path | None = None, *,
+                  predictor_loader: Callable = load_mllm_predictor,
+                  renderer_loader: Callable = load_renderer) -> GameSession:
     """The predictor and (if ``render``) the renderer of ``cfg``, in a fresh :class:`GameSession`.
-    A missing checkpoint raises FileNotFoundError before any model loads."""
+    A missing checkpoint raises FileNotFoundError before any model loads. The loaders (``(cfg, device, offload)``
+    -> predictor / renderer) are the core's unless an entry point picks others (animegamer.official.game)."""
     check_checkpoints(cfg, decoder=render)
     device = resolve_device(cfg.device)
     offload = cfg.offload == "sequential" and device != "cpu"
     torch.manual_seed(cfg.seed)
-    predictor = load_mllm_predictor(cfg, device, offload)
-    renderer = load_renderer(cfg, device, offload) if render else None
+    predictor = predictor_loader(cfg, device, offload)
+    renderer = renderer_loader(cfg, device, offload) if render else None
     return GameSession(
         predictor,
         renderer,

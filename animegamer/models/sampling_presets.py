@@ -52,7 +52,7 @@ def checkpoint_decoder_dir(checkpoint: str | Path) -> Path:
 
 def check_render_options(cfg, device: str) -> None:
     """The rendering options of an inference config that cannot work, before any model loads: one-line
-    FileNotFoundError / ValueError (``distilled`` without a stage (d) checkpoint or with the release's sampler,
+    FileNotFoundError / ValueError (``distilled`` without a stage (d) checkpoint,
     ``magcache`` without its ratios or with ratios for another step count, FP8 off a capable GPU or with
     offloading)."""
     from animegamer.models.fewstep import SAMPLER_FILE
@@ -70,9 +70,6 @@ def check_render_options(cfg, device: str) -> None:
     if cfg.sampling.preset == "distilled":
         if cfg.fast:
             raise ValueError("fast=true and sampling.preset=distilled are two different samplers: pick one")
-        if cfg.compat == "released":
-            raise ValueError("sampling.preset=distilled samples with the stage (d) student; compat=released samples "
-                             "with the release's own sampler: use compat=fixed")
         if not cfg.decoder_checkpoint:
             raise ValueError("sampling.preset=distilled needs a stage (d) decoder_checkpoint")
         decoder_dir = checkpoint_decoder_dir(cfg.decoder_checkpoint)

@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> dict:
     played: dict[str, torch.Tensor] = {}  # --own: clip id -> the MLLM's shot in its film's closed-loop play
     runner = predictor.runner  # --own plays as a game's runner does, reading (as teacher-forced) at most K turns
     closed_loop = MLLMRunner(runner.model, min(args.history, runner.history_turns), runner.max_instruction_tokens,
-                             runner.compat)
+                             predict=runner.predict)
 
     def own_shot(record) -> torch.Tensor:
         if record.clip_id not in played:
