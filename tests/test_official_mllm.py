@@ -178,6 +178,15 @@ def test_slot_attention_is_recorded_and_adopted(converted, tmp_path):
     (tmp_path / "again" / "mllm_layout.json").write_text(json.dumps({**layout, "slot_attention": "sideways"}))
     with pytest.raises(ValueError, match="slot_attention 'sideways'"):
         fresh.load_trained(tmp_path / "again")
+    # a checkpoint converted before the layout named its slot attention said "official": true
+    legacy = {k: v for k, v in layout.items() if k != "slot_attention"}
+    (tmp_path / "again" / "mllm_layout.json").write_text(json.dumps({**legacy, "official": True}))
+    older = AnimeGamerMLLM.from_config(converted["cfg"])
+    older.load_trained(tmp_path / "again")
+    assert older.slot_attention == "bidirectional"
+    (tmp_path / "again" / "mllm_layout.json").write_text(json.dumps(legacy))
+    older.load_trained(tmp_path / "again")
+    assert older.slot_attention == "causal"
 
 
 def test_release_history_state_tokens(converted):

@@ -410,7 +410,8 @@ class AnimeGamerMLLM(nn.Module):
         if set(extras) != expected:
             raise ValueError(f"{path}: {TRAINED_FILE} holds {sorted(set(extras) ^ expected)[:4]} unexpectedly")
         self.load_state_dict(extras, strict=False)
-        slot_attention = saved.get("slot_attention", "causal")
+        # converted before the layout named its slot attention, a release checkpoint said "official": true
+        slot_attention = saved.get("slot_attention", "bidirectional" if saved.get("official") else "causal")
         if slot_attention not in SLOT_ATTENTION:
             raise ValueError(f"{path}: slot_attention {slot_attention!r} is not one of {list(SLOT_ATTENTION)}")
         self.slot_attention = slot_attention
