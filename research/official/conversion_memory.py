@@ -28,10 +28,10 @@ from animegamer.official.release_files import random_agent_state
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokenizer", required=True, help="a tokenizer directory at the release's ids")
-    parser.add_argument("--hidden-size", type=int, default=2048)
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--lora-rank", type=int, default=32)
-    parser.add_argument("--shot-dim", type=int, default=1920)
+    parser.add_argument("--hidden-size", type=int, default=2048, help="the random Mistral's hidden size")
+    parser.add_argument("--layers", type=int, default=8, help="the random Mistral's decoder layers")
+    parser.add_argument("--lora-rank", type=int, default=32, help="rank of the release-shaped LoRA")
+    parser.add_argument("--shot-dim", type=int, default=1920, help="width of a shot token (the resamplers' outside)")
     parser.add_argument("--shard-mb", type=int, default=2048, help="output shard size (the conversion's working set)")
     args = parser.parse_args(argv)
     from transformers import AutoTokenizer

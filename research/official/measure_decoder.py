@@ -18,15 +18,18 @@ from pathlib import Path
 import torch
 import yaml
 from diffusers import CogVideoXDDIMScheduler, CogVideoXDPMScheduler
-from measure_mllm import DEFAULT_REF, rel  # research/official/measure_mllm.py, beside this script
 from safetensors.torch import load_file
 
+from animegamer.cli import load_script
 from animegamer.config import DecoderConfig
 from animegamer.models.trained import load_decoder
 from animegamer.official.decoder import convert_decoder
 from animegamer.official.game import cast_transformer, release_sampler_settings
 from animegamer.official.sampler import NO_QUIRKS, RELEASED, denoise, denoiser_table, sample_released, sampler_schedule
 from animegamer.tiny import COGVIDEOX_2B_SCHEDULER
+
+_MLLM_TOOL = load_script(Path(__file__).with_name("measure_mllm.py"))  # the sibling tool: its reference set and norm
+DEFAULT_REF, rel = _MLLM_TOOL.DEFAULT_REF, _MLLM_TOOL.rel
 
 
 def main(argv: list[str] | None = None) -> None:
