@@ -57,7 +57,7 @@ def logged_losses(run_dir: Path) -> list[float]:
         return [float(r["value"]) for r in csv.DictReader(fh) if r["name"] == "loss"]
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -68,7 +68,7 @@ def launch_two_processes(script: str, argv: list[str], **env: str) -> subprocess
     env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1", **env}
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "--main_process_port", str(_free_port()), str(ROOT / "scripts" / f"{script}.py"), *argv]
+           "--main_process_port", str(free_port()), str(ROOT / "scripts" / f"{script}.py"), *argv]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
 
 
@@ -91,7 +91,7 @@ def launch_engine(engine: str, script: str, argv: list[str], num_processes: int 
            **engine_env, **env}
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
            str(ROOT / "configs" / "accelerate" / name), "--num_processes", str(num_processes),
-           "--mixed_precision", "no", "--main_process_port", str(_free_port()),
+           "--mixed_precision", "no", "--main_process_port", str(free_port()),
            str(ROOT / "scripts" / f"{script}.py"), *argv]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
 
