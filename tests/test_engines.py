@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from animegamer.models.decoder import AnimationShotDecoder
+from animegamer.models.shot_encoder import ActionAwareEncoder
 from animegamer.models.weights import load_state_dict_file
 from tests.stage_scripts import free_port, launch_engine, load_script
 from tests.test_stage_a import TINY_CONFIG as STAGE_A_CONFIG
@@ -155,6 +157,7 @@ def test_fsdp_on_cpu_processes_is_refused_by_every_process(run, tmp_path):  # no
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_fsdp2_saves_gather_full_weights_and_resume_continues_exactly(tiny_cogvideox_dir, tmp_path):
     """torch's FSDP2 (``fully_shard``) on a 2-process gloo group, where accelerate's FSDP plugin cannot start: the
     stages' save path writes the full trained parts (equal to an unsharded copy trained on the same global batch,
@@ -172,3 +175,27 @@ def test_fsdp2_saves_gather_full_weights_and_resume_continues_exactly(tiny_cogvi
     assert any(not torch.equal(step_1[k], step_2[k]) for k in plain)
     assert_close(step_2, plain, "fsdp2 vs unsharded")
     assert_close(trained_weights(tmp_path / "resumed_step_2"), step_2, "resumed fsdp2", atol=0, rtol=0)
+
+
+@pytest.mark.gpu
+def test_stage_a_trains_under_accelerates_fsdp2_on_one_gpu(data, tmp_path):  # noqa: F811
+    """The shipped FSDP2 config end to end through accelerate (one process: its plugin needs a GPU): a 2-step run
+    writes full trained parts (the shapes of an unsharded model's) and its checkpoint resumes."""
+    out = tmp_path / "fsdp"
+    argv = [*stage_argv("a", {"data": data}, tmp_path, out), *STEPS]
+    result = launch_engine("ddp", "train_stage_a", argv, num_processes=1, config_file="fsdp_decoder.yaml")
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert json.loads((out / "run_info.json").read_text())["distributed_type"] == "DistributedType.FSDP"
+    step_1, step_2 = (trained_weights(out / "checkpoints" / f"step_000000{s}") for s in (1, 2))
+    plain = load_script("train_stage_a")
+    reference = plain.EncoderDecoder(
+        ActionAwareEncoder.from_config(data["cfg"].encoder),
+        AnimationShotDecoder.from_config(data["cfg"].decoder, with_vae=False),
+    )
+    shapes = {name: tuple(p.shape) for name, p in reference.named_parameters() if p.requires_grad}
+    assert len(step_2) == len(shapes) and sorted(tuple(v.shape) for v in step_2.values()) == sorted(shapes.values())
+    assert any(not torch.equal(step_1[k], step_2[k]) for k in step_2)
+    resumed = launch_engine("ddp", "train_stage_a", [*argv, "train.max_steps=3", "--resume", "latest"],
+                            num_processes=1, config_file="fsdp_decoder.yaml")
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert (out / "checkpoints" / "step_0000003").is_dir()
