@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> Path:
         try:
             load_weights(model, resume.path)
         except (FileNotFoundError, ValueError, RuntimeError) as exc:
-            fail(f"{resume.path}: could not be loaded ({exc})")
+            fail(f"{resume.path}: could not be loaded ({(str(exc).strip().splitlines() or [type(exc).__name__])[0]})")
     model = model.to(accelerator.device).train()  # before the optimizer: AdamW is fused on CUDA
     optimizer = build_optimizer([{"params": list(encoder.parameters())}, {"params": decoder.trainable_parameters()}],
                                 train)

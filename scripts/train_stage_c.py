@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> Path:
         try:
             decoder.load_trained(resume.path / DECODER_DIR)
         except (FileNotFoundError, ValueError, RuntimeError) as exc:
-            fail(f"{resume.path}: could not be loaded ({exc})")
+            fail(f"{resume.path}: could not be loaded ({(str(exc).strip().splitlines() or [type(exc).__name__])[0]})")
     decoder.to(accelerator.device)  # before the optimizer: AdamW is fused on CUDA
     optimizer = build_optimizer(decoder.trainable_parameters(), train)
     lr_scheduler = build_scheduler(optimizer, train)
