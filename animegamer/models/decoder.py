@@ -197,10 +197,11 @@ class AnimationShotDecoder(nn.Module):
             linear.weight.copy_(weight)
             linear.bias.copy_(bias)
 
-    def save_trained(self, out_dir: str | Path) -> None:
+    def save_trained(self, out_dir: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:
         """Write the trained parts (LoRA, motion embedding) and the settings they need; the files are listed in
-        :mod:`animegamer.models.decoder_parts`."""
-        save_parts(self, out_dir)
+        :mod:`animegamer.models.decoder_parts`. ``state_dict``: the trained tensors gathered where this module holds
+        only shards (ZeRO-3, FSDP2), keyed as in ``self.state_dict()``; by default the module's own."""
+        save_parts(self, out_dir, state_dict)
 
     def load_trained(self, in_dir: str | Path) -> None:
         """Load what :meth:`save_trained` wrote; the LoRA/motion settings must match this decoder's, and

@@ -30,17 +30,23 @@ DECODER_CONFIG = "decoder_config.json"
 NULL_SHOT_WEIGHTS = "null_shot_embeds.safetensors"  # optional learned unconditional tokens (N, H)
 
 
-def save_parts(decoder, out_dir: str | Path) -> None:
-    """Write ``decoder``'s trained parts and the settings they need into ``out_dir``."""
+def save_parts(decoder, out_dir: str | Path, state_dict: dict | None = None) -> None:
+    """Write ``decoder``'s trained parts and the settings they need into ``out_dir``. ``state_dict``: the trained
+    tensors keyed as in ``decoder.state_dict()``, gathered where the module holds only shards (ZeRO-3, FSDP2);
+    by default the module's own parameters."""
     from peft.utils import get_peft_model_state_dict
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if decoder.lora_rank > 0:
         decoder.lora_config().save_pretrained(str(out))
-        save_state_dict_file(get_peft_model_state_dict(decoder.transformer), out / ADAPTER_WEIGHTS)
+        transformer = None if state_dict is None else _under(state_dict, "transformer.")
+        save_state_dict_file(get_peft_model_state_dict(decoder.transformer, state_dict=transformer),
+                             out / ADAPTER_WEIGHTS)
     if decoder.motion_scope:
-        save_state_dict_file(decoder.transformer.ofs_embedding.state_dict(), out / MOTION_WEIGHTS)
+        motion = (decoder.transformer.ofs_embedding.state_dict() if state_dict is None
+                  else _under(state_dict, "transformer.ofs_embedding."))
+        save_state_dict_file(motion, out / MOTION_WEIGHTS)
     settings = {
         "lora_rank": decoder.lora_rank,
         "lora_alpha": decoder.lora_alpha,
@@ -56,6 +62,10 @@ def save_parts(decoder, out_dir: str | Path) -> None:
     if decoder.null_shot is not None:
         save_state_dict_file({"null_shot_embeds": decoder.null_shot}, out / NULL_SHOT_WEIGHTS)
     atomic_write_json(out / DECODER_CONFIG, settings)
+
+
+def _under(state: dict, prefix: str) -> dict:
+    return {name[len(prefix):]: value for name, value in state.items() if name.startswith(prefix)}
 
 
 def load_parts(decoder, in_dir: str | Path) -> None:

@@ -32,6 +32,15 @@ def segment_boundaries(teacher_steps: int, student_steps: int) -> list[int]:
     return [round(k * teacher_steps / student_steps) for k in range(student_steps + 1)]
 
 
+def segment_of(seed: int, micro_batch: int, num_segments: int) -> int:
+    """The segment micro-batch ``micro_batch`` (counted over the run, optimizer steps x accumulation) distils: the
+    same on every process and a pure function of (seed, micro_batch), like the batch order. Every process then
+    calls the student as often as the others, which ZeRO-3 and FSDP2 need (each call gathers the sharded
+    parameters together), and a resume draws what the killed run would have drawn."""
+    generator = torch.Generator().manual_seed(seed * 100_003 + micro_batch)
+    return int(torch.randint(num_segments, (), generator=generator))
+
+
 def student_timesteps(teacher_timesteps: list[int], boundaries: list[int]) -> list[int]:
     """The student's K timesteps: the teacher's timestep at the start of every segment."""
     return [int(teacher_timesteps[b]) for b in boundaries[:-1]]
