@@ -22,10 +22,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from animegamer.cli import load_script
 from animegamer.models.decoder import AnimationShotDecoder
 from animegamer.models.shot_encoder import ActionAwareEncoder
 from animegamer.models.weights import load_state_dict_file
-from tests.stage_scripts import free_port, launch_engine, load_script
+from tests.stage_scripts import free_port, launch_engine
 from tests.test_stage_a import TINY_CONFIG as STAGE_A_CONFIG
 from tests.test_stage_a import data  # noqa: F401  (fixture)
 from tests.test_stage_b import stage_b_overrides
@@ -140,7 +141,7 @@ def test_a_launch_accelerate_cannot_see_stops_before_writing(stage, tmp_path, mo
     monkeypatch.setenv("WORLD_SIZE", "2")
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:
-        load_script(SCRIPTS[stage]).main(["--config", str(config), f"output_dir={out}"])
+        load_script(f"scripts/{SCRIPTS[stage]}.py").main(["--config", str(config), f"output_dir={out}"])
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == 2 and err.startswith("error: the launcher started 2 processes") and "\n" not in err
     assert not out.exists()
@@ -187,7 +188,7 @@ def test_stage_a_trains_under_accelerates_fsdp2_on_one_gpu(data, tmp_path):  # n
     assert result.returncode == 0, result.stderr[-4000:]
     assert json.loads((out / "run_info.json").read_text())["distributed_type"] == "DistributedType.FSDP"
     step_1, step_2 = (trained_weights(out / "checkpoints" / f"step_000000{s}") for s in (1, 2))
-    plain = load_script("train_stage_a")
+    plain = load_script("scripts/train_stage_a.py")
     reference = plain.EncoderDecoder(
         ActionAwareEncoder.from_config(data["cfg"].encoder),
         AnimationShotDecoder.from_config(data["cfg"].decoder, with_vae=False),
