@@ -41,6 +41,13 @@ import yaml
 from animegamer.bench.models import ARCHITECTURES
 from animegamer.bench.timing import PeakMemory, measure, synchronize
 from animegamer.config import InferenceConfig, load_config
+from animegamer.inference.mllm_runner import predict_turn
+from animegamer.models.mllm import AnimeGamerMLLM
+from animegamer.models.sampling import DTYPES
+from animegamer.models.trained import load_decoder
+from animegamer.official.agent import predict_released, release_render_level
+from animegamer.official.convert import INFERENCE_FILE
+from animegamer.official.game import ReleasedSampler, cast_transformer, release_sampler_settings
 from animegamer.official.release_files import (
     build_release_tokenizer,
     random_agent_state,
@@ -48,6 +55,7 @@ from animegamer.official.release_files import (
     write_random_checkpoint,
 )
 from animegamer.official.sat_layout import SatDecoderSpec
+from animegamer.tiny import COGVIDEOX_2B_SCHEDULER
 
 INSTRUCTION = "Character: Qiqi; Motion: gently lie down; Background: night bedroom."
 MODES = ("released", "fixed")
@@ -113,8 +121,6 @@ def write_release(root: Path, preset: str, sizes: ReleaseSizes, seed: int) -> di
     """The release's files under ``root`` with random weights; returns their paths (the converter's arguments),
     sizes on disk and the seconds it took."""
     from diffusers import AutoencoderKLCogVideoX, CogVideoXDDIMScheduler
-
-    from animegamer.tiny import COGVIDEOX_2B_SCHEDULER
 
     began = time.perf_counter()
     spec = sizes.decoder
@@ -216,7 +222,6 @@ def _turn(mllm, decoder, predict, sample, released: bool, device, warmup: int, r
     """Time the MLLM turn ``predict`` and the denoising ``sample(shot, levels, generator) -> latents`` of one mode,
     with the LLM forward passes and transformer calls of one untimed turn; ``latents`` (not JSON) is what the VAE
     decodes. ``released``: the level renders as the release parsed it."""
-    from animegamer.official.agent import release_render_level
 
     llm_calls, dit_calls = CallCounter(mllm.decoder), CallCounter(decoder.transformer)
     try:
@@ -259,13 +264,6 @@ def bench_official(preset: str, device, work: Path, steps: int, dtype: str, warm
     """Build, convert and time (see the module docstring); ``work`` holds the release files and the conversion.
     ``dtype``: the frozen weights of both models in ``fixed`` and of the agent in ``released`` (whose decoder runs
     in the release's fp16). Returns the ``official`` section of benchmark.json."""
-    from animegamer.inference.mllm_runner import predict_turn
-    from animegamer.models.mllm import AnimeGamerMLLM
-    from animegamer.models.sampling import DTYPES
-    from animegamer.models.trained import load_decoder
-    from animegamer.official.agent import predict_released
-    from animegamer.official.convert import INFERENCE_FILE
-    from animegamer.official.game import ReleasedSampler, cast_transformer, release_sampler_settings
 
     device = torch.device(device)
     sizes = release_sizes(preset, steps)

@@ -24,6 +24,8 @@ from typing import Any
 import yaml
 
 from animegamer.io import atomic_write_json, atomic_write_text
+from animegamer.official.decoder import convert_decoder
+from animegamer.official.mllm import convert_agent
 from animegamer.official.release_io import ReleaseFileError
 from animegamer.training.checkpoint import replace_dir
 
@@ -107,7 +109,6 @@ def convert_release(
     try:
         agent = decoder = None
         if agent_bin is not None:
-            from animegamer.official.mllm import convert_agent
 
             agent = convert_agent(
                 agent_bin,
@@ -119,7 +120,6 @@ def convert_release(
                 base_config=mistral_config,
             )
         if decoder_dir is not None:
-            from animegamer.official.decoder import convert_decoder
 
             decoder = convert_decoder(decoder_dir, work, model_yaml=decoder_yaml, base_dir=cogvideox_dir)
         agent, decoder = _repoint(agent, work, out), _repoint(decoder, work, out)

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from animegamer.official.sat_layout import PREFIX, SatDecoderSpec, expected_shapes
+from animegamer.tiny import corpus_lines
 
 LLM = "llm.base_model.model."
 RELEASE_FRAME_TOKENS = 256  # <frame_00000> … <frame_00255> open the release tokenizer's added tokens
@@ -33,8 +34,6 @@ def build_release_tokenizer(out_dir: str | Path, base_vocab: int) -> Path:
     tokens at the release's ids."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
-
-    from animegamer.tiny import corpus_lines
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Metaspace()

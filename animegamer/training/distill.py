@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
+from animegamer.data.tensor_store import TensorStore
 from animegamer.models.fewstep import alpha_at, ddim_step, v_to_x0
 
 
@@ -124,8 +125,6 @@ class ConditionDataset(Dataset):
         return len(self.items)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        from animegamer.data.tensor_store import TensorStore
-
         if self._store is None:
             self._store = TensorStore(self.store_dir)
         clip_id, level = self.items[index]
