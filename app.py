@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from animegamer.cli import fail, no_bars_in_logs, parse_config
 from animegamer.config import InferenceConfig
-from animegamer.inference.session import build_game, check_play_settings
+from animegamer.inference.session import check_play_settings
 from animegamer.inference.vocabulary import load_vocabulary
 from animegamer.inference.web import APP_CSS, build_app
+from animegamer.official.game import build_game
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -45,9 +45,9 @@ from animegamer.inference.contact_sheet import (
 )
 from animegamer.inference.mllm_runner import load_results
 from animegamer.inference.preflight import check_device, check_output_dir
-from animegamer.inference.session import build_game, check_checkpoints
+from animegamer.inference.session import check_checkpoints
 from animegamer.inference.turn import Turn, clip_stem
-from animegamer.official.agent import release_render_level
+from animegamer.official.game import build_game, render_levels
 from animegamer.states import CharacterState, StateValues
 
 SHEET_TURNS = 64  # turns per contact sheet
@@ -85,15 +85,12 @@ def main(argv: list[str] | None = None) -> dict[str, Path]:
         fail(str(exc))
     if not turns:
         fail(f"{out}/game.json lists no turns")
-    levels = [state["values"]["motion_level"] for state, _ in turns]
-    if cfg.compat == "released":  # the release renders the level as it parsed it, through its own table
-        try:
-            levels = [release_render_level(state["release_values"], cfg.decoder.num_motion_levels)
-                      if "release_values" in state else level for (state, _), level in zip(turns, levels, strict=True)]
-        except ValueError as exc:
-            fail(f"{out}: {exc}")
+    try:  # compat released: the level the release parsed, through its own table
+        levels = render_levels(cfg, [state for state, _ in turns])
+    except ValueError as exc:
+        fail(f"{out}: {exc}")
     try:
-        animegamer = build_game(cfg, mllm=False)
+        animegamer = build_game(cfg, mllm=False)  # the core's renderer, or the release's under compat: released
     except (FileNotFoundError, ValueError) as exc:
         fail(str(exc))
     fps = animegamer.renderer.fps

@@ -38,9 +38,10 @@ from animegamer.cli import fail, no_bars_in_logs, parse_config
 from animegamer.config import InferenceConfig
 from animegamer.inference.mllm_runner import InstructionError, ResultsWriter, validate_instruction
 from animegamer.inference.preflight import check_device, check_output_dir
-from animegamer.inference.session import build_game, check_checkpoints
+from animegamer.inference.session import check_checkpoints
 from animegamer.io import resolve_checkpoint
 from animegamer.models.mllm import load_tokenizer
+from animegamer.official.game import build_game
 from animegamer.states import TagError, read_game_file
 
 
@@ -84,7 +85,8 @@ def main(argv: list[str] | None = None) -> None:
         fail(str(exc))
     checkpoint = resolve_checkpoint(cfg.mllm_checkpoint) if cfg.mllm_checkpoint else None  # checked just above
 
-    # 2. the game, MLLM only (every inference option of cfg honoured: device, offload, merge_lora, seed, K)
+    # 2. the game, MLLM only (every inference option of cfg honoured: device, offload, merge_lora, seed, K;
+    # compat released: the release's own turn)
     try:
         game = build_game(cfg, render=False)
     except (FileNotFoundError, ValueError) as exc:

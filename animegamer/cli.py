@@ -11,6 +11,7 @@ from types import ModuleType
 from typing import Any, NoReturn
 
 from animegamer.config import ConfigError, config_help, load_config
+from animegamer.data.manifest import read_manifest
 from animegamer.io import atomic_write_json
 
 # an override example per config kind, shown in --help (tests load each one against its schema)
@@ -129,7 +130,6 @@ def add_split_flags(parser: argparse.ArgumentParser, count: int, what: str, coun
 def split_clips(manifest_path: str, split: str, count: int) -> tuple[Any, list]:
     """The manifest and up to ``count`` evenly spread tagged clips of its ``split`` films
     (:meth:`Manifest.sample_split`); an unreadable manifest or an empty split exits with one readable line (code 2)."""
-    from animegamer.data.manifest import read_manifest
 
     try:
         manifest = read_manifest(manifest_path)

@@ -1,69 +1,30 @@
-"""The one-line description of every config key, read from the ``# comment`` beside its field in the
-schemas (:mod:`animegamer.config.parts`, :mod:`animegamer.config.runs`).
-
-The dataclasses in :mod:`animegamer.config` document each field with a trailing comment; that comment is the
-single source of the text ``--help`` shows, so the two cannot drift apart. A field's description is:
-
-- its trailing comment (every line of a field that spans several lines),
-- continued by the comment lines right below it when the trailing comment ends mid-sentence (``,`` ``|`` ``(``...),
-- otherwise a comment block right above a field describes that field and the uncommented fields right below it
-  (up to a blank line).
+"""The one-line description of every config key, for ``--help``: the ``help`` each field of the schemas
+(:mod:`animegamer.config.parts`, :mod:`animegamer.config.runs`) is made with (``knob(default, help=...)``), so the
+text lives beside the field it describes. A field typed ``Literal[...]`` lists its choices after the text when the
+text does not name them all.
 """
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import functools
-import inspect
-import io
-import tokenize
-
-_CONTINUES = (",", "|", "(", "{", "[", ";", ":", "-", "+", "=")
+import typing
 
 
-def _comments(source: str) -> dict[int, tuple[str, bool]]:
-    """Line number (1-based) -> (comment text, whether the line holds nothing but the comment)."""
-    found = {}
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type == tokenize.COMMENT:
-            alone = not tok.line[: tok.start[1]].strip()
-            found[tok.start[0]] = (tok.string.lstrip("#").strip(), alone)
-    return found
+def _choices(hint: object) -> tuple[str, ...]:
+    return tuple(str(c) for c in typing.get_args(hint)) if typing.get_origin(hint) is typing.Literal else ()
 
 
 @functools.cache
 def field_descriptions(schema: type) -> dict[str, str]:
-    """Field name -> description for the dataclass ``schema`` ('' for a field without a comment)."""
-    try:
-        source = inspect.getsource(schema)
-    except (OSError, TypeError):  # a class built at run time has no source
-        return {}
-    comments = _comments(source)
-    body = ast.parse(source).body[0].body  # the class statement's body
-    fields = [(n.target.id, n.lineno, n.end_lineno) for n in body
-              if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)]
-    descriptions: dict[str, str] = {}
-    leading: list[str] = []  # a comment block not yet attached
-    previous: str | None = None  # the field just above, while only its continuation comments follow it
-    shared = ""  # a leading block also describes the uncommented fields right below its first one
-    line, last_line = 1, len(source.splitlines())
-    for name, start, end in fields + [(None, last_line + 1, last_line)]:
-        for number in range(line, start):  # lines between two fields
-            text, alone = comments.get(number, ("", False))
-            if not alone:  # a blank or code line ends every block
-                leading, previous, shared = [], None, ""
-            elif previous and descriptions[previous].endswith(_CONTINUES):
-                descriptions[previous] += " " + text
-            else:
-                leading.append(text)
-                previous, shared = None, ""
-        if name is None:
-            break
-        trailing = [comments[n][0] for n in range(start, end + 1) if n in comments and not comments[n][1]]
-        descriptions[name] = " ".join(trailing) or " ".join(leading) or shared
-        shared = "" if trailing else descriptions[name]
-        leading, previous, line = [], name, end + 1
+    """Field name -> description for the dataclass ``schema`` ('' for a field without a help text)."""
+    hints = typing.get_type_hints(schema)
+    descriptions = {}
+    for f in dataclasses.fields(schema):
+        text, choices = f.metadata.get("help", ""), _choices(hints.get(f.name))
+        if choices and not all(c in text for c in choices):
+            text = f"{text} ({' | '.join(choices)})" if text else " | ".join(choices)
+        descriptions[f.name] = text
     return descriptions
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TextIO
 
@@ -223,13 +223,14 @@ def run(session: GameSession, lines: TextIO, out: TextIO, vocabulary: Vocabulary
     return session
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, build: Callable[[InferenceConfig], GameSession] = build_session) -> None:
+    """``build``: the game's builder (an entry point that plays other parts passes its own)."""
     cfg, _ = parse_config(InferenceConfig, __doc__, argv)
     no_bars_in_logs()
     try:
         check_play_settings(cfg)
         vocabulary = load_vocabulary(cfg.mllm_checkpoint)
-        session = build_session(cfg)
+        session = build(cfg)
     except (FileNotFoundError, ValueError) as exc:  # a setting, a weights path or a vocabulary file, before any model
         fail(str(exc))
     session.output_dir = new_game_dir(cfg.output_dir)

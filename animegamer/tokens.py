@@ -38,6 +38,10 @@ class Vocabulary:
     slot_format: str  # .format(i=slot index)
     field_tags: dict[str, str]  # state field -> tag name (without brackets)
     value_formats: dict[str, str]  # state field -> .format(v=value)
+    # the instruction is tokenized together with the turn tag (``<TURN>`` + text in one string), so a sentencepiece
+    # tokenizer starts it without a word-start piece (``Character``, not ``▁Character``): how the released
+    # checkpoint was trained
+    text_joins_turn_tag: bool = False
 
     def slot(self, i: int) -> str:
         return self.slot_format.format(i=i)
@@ -85,6 +89,7 @@ RELEASED = Vocabulary(
     slot_format="<frame_{i:05d}>",
     field_tags={"motion_level": "ML", "social": "SC", "entertainment": "ET", "stamina": "ST"},
     value_formats={name: "<Strength_{v}>" for name in STATE_FIELDS},
+    text_joins_turn_tag=True,
 )
 
 VOCABULARIES = {v.name: v for v in (PAPER, RELEASED)}
@@ -160,9 +165,8 @@ class TurnLayout:
         return int(self.tokenizer.convert_tokens_to_ids(token))
 
     def encode_text(self, text: str) -> list[int]:
-        """The instruction's ids as they follow ``<TURN>``: the release tokenizes ``<TURN>`` + text in one string, so
-        a sentencepiece tokenizer adds no word-start piece (``Character``, not ``▁Character``) after the tag."""
-        if self.vocab.name == RELEASED.name:
+        """The instruction's ids as they follow ``<TURN>`` (see :attr:`Vocabulary.text_joins_turn_tag`)."""
+        if self.vocab.text_joins_turn_tag:
             ids = list(self.tokenizer.encode(self.vocab.turn_open + text, add_special_tokens=False))
             if ids and ids[0] == self.turn_open_id:
                 return ids[1:]
@@ -177,24 +181,11 @@ class TurnLayout:
             out += [self.open_ids[f], self.value_id(f, getattr(values, f)), self.close_ids[f]]
         return out
 
-    def release_history_state_tokens(self) -> list[int]:
-        """A history turn's state tokens as the release's loop writes them (its quirk B5): every value is
-        ``<Strength_0>`` (it formats them from the current turn's still-empty entry) and ``</ST>`` comes twice."""
-        zero = self._ids(self.vocab.value_formats["motion_level"].format(v=0))
-        out = []
-        for f in STATE_FIELDS:
-            out += [self.open_ids[f], zero, self.close_ids[f]]
-        return [*out, self.close_ids[STATE_FIELDS[-1]]]
-
-    def build_sequence(
-        self, turns: list[TurnSpec], add_bos: bool = True, release_history_states: bool = False
-    ) -> SequenceLayout:
+    def build_sequence(self, turns: list[TurnSpec], add_bos: bool = True) -> SequenceLayout:
         """Lay out turns one after another. At most one turn is current and it must be the last.
 
         A current turn with values (training) ends with its state tokens and ``</TURN>``; without values
         (inference) the sequence stops after its first open tag (``<MS>``), ready for constrained decoding.
-        ``release_history_states``: history turns carry :meth:`release_history_state_tokens` instead of their values
-        (``compat: released``).
         """
         if not turns:
             raise ValueError("a sequence needs at least one turn")
@@ -216,10 +207,7 @@ class TurnLayout:
             ids += self.slot_ids
             ids += self.shot_close_ids
             positions: dict[str, int] = {}
-            if release_history_states and not turn.is_current:
-                ids += self.release_history_state_tokens()
-                ids.append(self.turn_close_id)
-            elif turn.values is None:
+            if turn.values is None:
                 if not turn.is_current:
                     raise ValueError(f"history turn {index} needs its state values")
                 ids.append(self.open_ids[STATE_FIELDS[0]])

@@ -2,12 +2,18 @@
 
     accelerate launch --config_file configs/accelerate/multi_gpu.yaml scripts/train_stage_a.py \\
         --config configs/stage_a.yaml
+    accelerate launch --config_file configs/accelerate/deepspeed_zero3.yaml scripts/train_stage_a.py \\
+        --config configs/stage_a.yaml                                                # or fsdp_decoder.yaml, ...
     python scripts/train_stage_a.py --config configs/tiny/stage_a.yaml              # tiny models on a laptop CPU
     python scripts/train_stage_a.py --config configs/stage_a.yaml --resume latest   # exact resume
 
 For the first ``warmup_steps`` optimizer steps only the encoder learns: the decoder's LoRA and motion embedding sit
 in an optimizer group whose learning rate is 0, so they stay bit-identical while the same DDP / DeepSpeed / FSDP
-wrapping serves both phases. After that encoder, LoRA and motion embedding train jointly.
+wrapping serves both phases. After that encoder, LoRA and motion embedding train jointly. The gradient norm is
+clipped over all trained parameters in both phases, as DeepSpeed clips inside its own step: every engine trains the
+same numbers.
+
+Engines (DDP, DeepSpeed ZeRO-2/3 with or without offload, FSDP2) and multi-node launches: docs/training_at_scale.md.
 
 One step: s_a = encoder(CLIP tokens of the first frame, T5 tokens of the motion text) (``shot_noise`` > 0: the
 decoder reads it with Gaussian noise of that fraction of its std added, to be robust to the MLLM's errors); with
@@ -52,9 +58,23 @@ from animegamer.models.trained import DECODER_DIR, ENCODER_DIR, save_encoder
 from animegamer.models.weights import load_state_dict_file
 from animegamer.training.batches import resumable_batches
 from animegamer.training.checkpoint import check_resume, save_checkpoint, skip_model_weights_in_state
+from animegamer.training.engines import (
+    check_world_size,
+    configure_deepspeed,
+    gather_trained_state,
+    optimizer_step,
+    seed_process,
+    sub_state,
+)
 from animegamer.training.losses import diffusion_loss
 from animegamer.training.optim import build_optimizer, lr_factor
 from animegamer.training.run import build_accelerator, parse_stage_config, restore, start_run
+
+
+def load_weights(model: EncoderDecoder, path: Path) -> None:
+    """A checkpoint's trained encoder and decoder parts into the bare model (before ``prepare``)."""
+    model.encoder.load_state_dict(load_state_dict_file(path / ENCODER_DIR / "model.safetensors"))
+    model.decoder.load_trained(path / DECODER_DIR)
 
 
 class EncoderDecoder(nn.Module):
@@ -95,6 +115,7 @@ def main(argv: list[str] | None = None) -> Path:
     train = cfg.train
 
     accelerator = build_accelerator(cfg.output_dir, train)
+    check_world_size(accelerator)
     skip_model_weights_in_state(accelerator)
     say = accelerator.print
 
@@ -145,28 +166,39 @@ def main(argv: list[str] | None = None) -> Path:
     decoder.copy_text_projection_to(encoder.text_proj)
     if train.compile:
         decoder.compile_blocks()
-    model = EncoderDecoder(encoder, decoder).to(accelerator.device).train()
-    encoder_params, decoder_params = list(encoder.parameters()), decoder.trainable_parameters()
-    optimizer = build_optimizer([{"params": encoder_params}, {"params": decoder_params}], train)
+    model = EncoderDecoder(encoder, decoder)
+    if resume is not None:  # before prepare: ZeRO-3 / FSDP2 then shard the restored values like any others
+        try:
+            load_weights(model, resume.path)
+        except (FileNotFoundError, ValueError, RuntimeError) as exc:
+            fail(f"{resume.path}: could not be loaded ({(str(exc).strip().splitlines() or [type(exc).__name__])[0]})")
+    model = model.to(accelerator.device).train()  # before the optimizer: AdamW is fused on CUDA
+    optimizer = build_optimizer([{"params": list(encoder.parameters())}, {"params": decoder.trainable_parameters()}],
+                                train)
     # The decoder group learns nothing during the encoder warm-up (lr factor 0), then follows the shared schedule.
     lr_scheduler = LambdaLR(
         optimizer,
         [lambda s: lr_factor(s, train), lambda s: 0.0 if s < cfg.warmup_steps else lr_factor(s, train)],
     )
+    configure_deepspeed(accelerator, train)
     model, optimizer, lr_scheduler = accelerator.prepare(model, optimizer, lr_scheduler)
     core = accelerator.unwrap_model(model)
+    trained = [p for p in model.parameters() if p.requires_grad]  # after prepare: the engine's own parameters
 
-    def save_weights(path: Path) -> None:
-        save_encoder(core.encoder, cfg.encoder, path / ENCODER_DIR)
-        core.decoder.save_trained(path / DECODER_DIR)
+    def checkpoint(at_step: int, logs: dict) -> Path:
+        # every process takes part in gathering; the main one writes
+        state = gather_trained_state(core, accelerator.is_main_process)
 
-    def load_weights(path: Path) -> None:
-        core.encoder.load_state_dict(load_state_dict_file(path / ENCODER_DIR / "model.safetensors"))
-        core.decoder.load_trained(path / DECODER_DIR)
+        def save_weights(path: Path) -> None:
+            save_encoder(core.encoder, cfg.encoder, path / ENCODER_DIR, sub_state(state, "encoder."))
+            core.decoder.save_trained(path / DECODER_DIR, sub_state(state, "decoder."))
 
-    # ---- resume: weights, optimizer, lr schedule and every process's RNG; the data order is a function of step
-    set_seed(cfg.seed + accelerator.process_index)  # noise, timesteps, dropout differ per process
-    step = restore(accelerator, resume, load_weights, train.allow_rng_reset)
+        return save_checkpoint(accelerator, cfg.output_dir, at_step, save_weights, logs, keep=train.keep_checkpoints)
+
+    # ---- resume: optimizer, lr schedule and every process's RNG (the weights: loaded above); the data order is a
+    # function of the step
+    seed_process(cfg.seed, accelerator)
+    step = restore(accelerator, resume, lambda _path: None, train.allow_rng_reset)
     out = start_run(accelerator, cfg, "stage_a", resume)
     batches = resumable_batches(dataset, accelerator, train, cfg.seed, step, cfg.data.num_workers)
 
@@ -182,12 +214,8 @@ def main(argv: list[str] | None = None) -> Path:
                 loss = compute_loss(model, core, batch, cfg)
                 accelerator.backward(loss)
             step_loss += loss.detach() / train.grad_accum
-        clipped = encoder_params + (decoder_params if joint else [])
-        grad_norm = accelerator.clip_grad_norm_(clipped, train.max_grad_norm)
         lrs = lr_scheduler.get_last_lr()  # the rates this step applies (encoder, decoder)
-        optimizer.step()
-        lr_scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        grad_norm = optimizer_step(accelerator, model, optimizer, lr_scheduler, trained, train.max_grad_norm)
         step += 1
 
         progress.update(1)
@@ -196,7 +224,7 @@ def main(argv: list[str] | None = None) -> Path:
             accelerator.log(
                 {
                     "loss": loss_value,
-                    "grad_norm": float("nan") if grad_norm is None else float(grad_norm),  # None under DeepSpeed
+                    "grad_norm": grad_norm,
                     "lr_encoder": lrs[0],
                     "lr_decoder": lrs[1],
                     "joint": int(joint),
@@ -205,16 +233,18 @@ def main(argv: list[str] | None = None) -> Path:
             )
             progress.set_postfix(loss=f"{loss_value:.4f}", phase="joint" if joint else "warm-up")
         if step % train.checkpoint_every == 0 or step == train.max_steps:
-            last_saved = save_checkpoint(
-                accelerator, cfg.output_dir, step, save_weights, {"loss": loss_value}, keep=train.keep_checkpoints
-            )
+            last_saved = checkpoint(step, {"loss": loss_value})
     progress.close()
 
-    # ---- shot targets for stage (b), from the final encoder
+    # ---- shot targets for stage (b), from the final encoder: gathered into a plain copy, since under ZeRO-3 / FSDP2
+    # the prepared one holds shards and would wait for the other processes at every call
+    final = sub_state(gather_trained_state(core, accelerator.is_main_process), "encoder.")
     if accelerator.is_main_process:
+        final_encoder = ActionAwareEncoder.from_config(cfg.encoder)
+        final_encoder.load_state_dict(final)
         source = {"checkpoint": str(last_saved or (resume and resume.path)), "step": step}
         targets = write_shot_targets(
-            core.encoder,
+            final_encoder.to(accelerator.device).eval(),
             cfg.data.features_dir,
             out / "shot_targets",
             source=source,

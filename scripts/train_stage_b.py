@@ -15,8 +15,9 @@ targets stay clean), as a game's history holds its own predicted shots, not the 
 Loss = CE(state value tokens) + mse_weight * MSE(s_a) + cosine_weight * (1 - cos(s_a)); the parts are logged
 separately (csv/tensorboard/wandb) and shown on the progress bar. Checkpoints (``output_dir/checkpoints/step_X``)
 hold the LoRA (peft adapter format), the new token rows and resamplers (safetensors), and the optimizer, scheduler
-and RNG state: ``--resume latest`` (``train.resume=latest``) continues exactly. Under DeepSpeed ZeRO-3 and FSDP
-the trained tensors are gathered with ``accelerator.get_state_dict`` before saving.
+and RNG state: ``--resume latest`` (``train.resume=latest``) continues exactly. Under DeepSpeed ZeRO-3 and FSDP2
+the trained tensors are gathered before saving (animegamer.training.engines); docs/training_at_scale.md has the
+engines and multi-node launches.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import time
 from pathlib import Path
 
 import torch
-from accelerate.utils import DistributedType, set_seed
+from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
 from animegamer.cli import fail
@@ -40,8 +41,15 @@ from animegamer.models.mllm import AnimeGamerMLLM, load_tokenizer
 from animegamer.tokens import TurnLayout, get_vocabulary
 from animegamer.training.batches import resumable_batches
 from animegamer.training.checkpoint import check_resume, save_checkpoint, skip_model_weights_in_state
+from animegamer.training.engines import (
+    check_world_size,
+    configure_deepspeed,
+    gather_trained_state,
+    optimizer_step,
+    seed_process,
+)
 from animegamer.training.optim import build_optimizer, build_scheduler
-from animegamer.training.run import build_accelerator, configure_deepspeed, parse_stage_config, restore, start_run
+from animegamer.training.run import build_accelerator, parse_stage_config, restore, start_run
 
 LOSS_PARTS = ("loss", "ce", "mse", "cos", "state_acc")
 
@@ -85,22 +93,14 @@ def perturb_history(batch: dict, history_noise: float) -> dict:
     return {**batch, "history_shots": shots + history_noise * shots.detach().std() * torch.randn_like(shots)}
 
 
-def gather_needed(accelerator) -> bool:
-    """Whether this process holds only shards of the trained parameters (ZeRO-3, FSDP)."""
-    if accelerator.distributed_type == DistributedType.FSDP:
-        return True
-    if accelerator.distributed_type == DistributedType.DEEPSPEED:
-        return accelerator.state.deepspeed_plugin.zero_stage == 3
-    return False
-
-
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_stage_config(StageBConfig, __doc__, argv)
     train = cfg.train
     out_dir = Path(cfg.output_dir)
     accelerator = build_accelerator(cfg.output_dir, train)
+    check_world_size(accelerator)
     skip_model_weights_in_state(accelerator)
-    set_seed(cfg.seed)
+    set_seed(cfg.seed)  # the same initialisation on every process
     # data and the resume checkpoint before the model (bad input fails in seconds, not after loading 7B) and before
     # anything of the run is written (a failed retry leaves a finished run's config.yaml and run_info.json alone)
     try:
@@ -118,12 +118,15 @@ def main(argv: list[str] | None = None) -> None:
             model.load_trained(resume.path)
         except (FileNotFoundError, ValueError) as exc:
             fail(str(exc))
+    model.to(accelerator.device)  # before the optimizer: AdamW is fused on CUDA
     optimizer = build_optimizer(model.trainable_parameters(), train)
     scheduler = build_scheduler(optimizer, train)
     configure_deepspeed(accelerator, train)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     unwrapped = accelerator.unwrap_model(model)
+    trained_params = [p for p in model.parameters() if p.requires_grad]  # after prepare: the engine's own
 
+    seed_process(cfg.seed, accelerator)  # LoRA dropout and history noise differ per process
     step = restore(accelerator, resume, lambda _path: None, train.allow_rng_reset)  # the weights: loaded above
     start_run(accelerator, cfg, "stage_b", resume)
 
@@ -143,14 +146,15 @@ def main(argv: list[str] | None = None) -> None:
     vocabulary = Vocabulary.from_shots((r.shot_tags() for r in trained if r.tags),
                                        openers=(r.shot_tags() for r in first.values() if r.tags))
 
-    def save(path: Path, state: dict | None) -> None:
-        unwrapped.save_trained(path, state_dict=state)
-        save_vocabulary(vocabulary, path)
-
     def checkpoint(at_step: int, logs: dict) -> None:
-        # every process takes part in gathering; only the main process writes
-        state = accelerator.get_state_dict(model) if gather_needed(accelerator) else None
-        save_checkpoint(accelerator, out_dir, at_step, lambda p: save(p, state), logs, keep=train.keep_checkpoints)
+        # every process takes part in gathering; the main one writes
+        state = gather_trained_state(unwrapped, accelerator.is_main_process)
+
+        def save_weights(path: Path) -> None:
+            unwrapped.save_trained(path, state_dict=state)
+            save_vocabulary(vocabulary, path)
+
+        save_checkpoint(accelerator, out_dir, at_step, save_weights, logs, keep=train.keep_checkpoints)
 
     model.train()
     progress = tqdm(total=train.max_steps, initial=step, desc="stage b", disable=not accelerator.is_main_process)
@@ -164,13 +168,9 @@ def main(argv: list[str] | None = None) -> None:
             with accelerator.accumulate(model):
                 out = model(batch)
                 accelerator.backward(out["loss"])
-                if accelerator.sync_gradients:
-                    if train.max_grad_norm > 0:
-                        accelerator.clip_grad_norm_(model.parameters(), train.max_grad_norm)
-                    optimizer.step()
-                    scheduler.step()
-                    optimizer.zero_grad(set_to_none=True)
             parts += torch.stack([out[k].detach().float() for k in LOSS_PARTS]) / train.grad_accum
+        lr = scheduler.get_last_lr()[0]  # the rate this step applies
+        grad_norm = optimizer_step(accelerator, model, optimizer, scheduler, trained_params, train.max_grad_norm)
         step += 1
         progress.update(1)
         local = dict(zip(LOSS_PARTS, parts.tolist(), strict=True))
@@ -180,7 +180,8 @@ def main(argv: list[str] | None = None) -> None:
             mean = accelerator.reduce(parts, reduction="mean")  # collective: every process logs together
             elapsed = time.perf_counter() - started
             logs = dict(zip(LOSS_PARTS, mean.tolist(), strict=True))
-            logs["lr"] = scheduler.get_last_lr()[0]
+            logs["lr"] = lr
+            logs["grad_norm"] = grad_norm
             logs["tokens_per_s"] = tokens * accelerator.num_processes / max(elapsed, 1e-9)
             accelerator.log(logs, step=step)
             tokens, started = 0, time.perf_counter()

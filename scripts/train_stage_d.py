@@ -13,9 +13,10 @@ levels come from ``data.manifest``. No clips are read: the teacher makes every t
 Method: segmented trajectory distillation with a guided teacher ODE target (the teacher-solved variant of phased
 consistency distillation, Wang et al. 2024, PCM; the student-rollout inputs follow CausVid / Self-Forcing). The
 teacher's sampler (``teacher.steps`` deterministic DDIM steps, its dynamic CFG schedule) is cut into K segments;
-one step draws a segment k, walks the student's own sampler from Gaussian noise to the segment's start (no
-gradient), lets the frozen teacher solve the guided ODE across the segment from that very point, and regresses the
-student's one-step jump onto it in clean-latent units (animegamer.training.distill). Why this one:
+one micro-batch draws a segment k (the same on every process, a pure function of the seed and the micro-batch),
+walks the student's own sampler from Gaussian noise to the segment's start (no gradient), lets the frozen teacher
+solve the guided ODE across the segment from that very point, and regresses the student's one-step jump onto it
+in clean-latent units (animegamer.training.distill). Why this one:
 
 - the target is the teacher's actual multi-step guided solution from the same point, not a bootstrap of the
   student (consistency distillation's EMA target) nor a learned critic (DMD2 trains a second "fake score" network
@@ -60,14 +61,22 @@ from animegamer.training.checkpoint import check_resume, save_checkpoint, skip_m
 from animegamer.training.distill import (
     ConditionDataset,
     segment_boundaries,
+    segment_of,
     student_rollout,
     student_timesteps,
     student_x0,
     target_x0,
     teacher_segment,
 )
+from animegamer.training.engines import (
+    check_world_size,
+    configure_deepspeed,
+    gather_trained_state,
+    optimizer_step,
+    seed_process,
+)
 from animegamer.training.optim import build_optimizer, build_scheduler
-from animegamer.training.run import build_accelerator, configure_deepspeed, parse_stage_config, restore, start_run
+from animegamer.training.run import build_accelerator, parse_stage_config, restore, start_run
 
 
 class Plan:
@@ -177,6 +186,7 @@ def main(argv: list[str] | None = None) -> Path:
         fail(f"student_steps={cfg.student_steps} must be in 1..teacher.steps ({cfg.teacher.steps})")
 
     accelerator = build_accelerator(cfg.output_dir, train)
+    check_world_size(accelerator)
     skip_model_weights_in_state(accelerator)
     say = accelerator.print
 
@@ -207,24 +217,33 @@ def main(argv: list[str] | None = None) -> Path:
     )
 
     # ---- only the student's LoRA + motion embedding are optimised; the teacher is never prepared
-    student.to(accelerator.device)
+    if resume is not None:  # before prepare: ZeRO-3 / FSDP2 then shard the restored values like any others
+        try:
+            student.load_trained(resume.path / DECODER_DIR)
+        except (FileNotFoundError, ValueError, RuntimeError) as exc:
+            fail(f"{resume.path}: could not be loaded ({(str(exc).strip().splitlines() or [type(exc).__name__])[0]})")
+    student.to(accelerator.device)  # before the optimizer: AdamW is fused on CUDA
     optimizer = build_optimizer(student.trainable_parameters(), train)
     lr_scheduler = build_scheduler(optimizer, train)
     configure_deepspeed(accelerator, train)
     model, optimizer, lr_scheduler = accelerator.prepare(student, optimizer, lr_scheduler)
     core = accelerator.unwrap_model(model)
-    trained = core.trainable_parameters()  # after prepare: FSDP may have replaced the parameter objects
+    trained = [p for p in model.parameters() if p.requires_grad]  # after prepare: the engine's own parameters
 
-    def save_weights(path: Path) -> None:
-        core.save_trained(path / DECODER_DIR)
-        plan.sampler.save(path / DECODER_DIR)
+    def checkpoint(at_step: int, logs: dict) -> Path:
+        # every process takes part in gathering; the main one writes
+        state = gather_trained_state(core, accelerator.is_main_process)
 
-    def load_weights(path: Path) -> None:
-        core.load_trained(path / DECODER_DIR)
+        def save_weights(path: Path) -> None:
+            core.save_trained(path / DECODER_DIR, state)
+            plan.sampler.save(path / DECODER_DIR)
 
-    # ---- resume: weights, optimizer, lr schedule and every process's RNG; the data order is a function of step
-    set_seed(cfg.seed + accelerator.process_index)  # noise and segments differ per process
-    step = restore(accelerator, resume, load_weights, train.allow_rng_reset)
+        return save_checkpoint(accelerator, cfg.output_dir, at_step, save_weights, logs, keep=train.keep_checkpoints)
+
+    # ---- resume: optimizer, lr schedule and every process's RNG (the weights: loaded above); the data order is a
+    # function of the step
+    seed_process(cfg.seed, accelerator)  # the noise differs per process; the segment is the same on all
+    step = restore(accelerator, resume, lambda _path: None, train.allow_rng_reset)  # the weights: loaded above
     out = start_run(accelerator, cfg, "stage_d", resume)
     batches = resumable_batches(dataset, accelerator, train, cfg.seed, step, cfg.data.num_workers)
 
@@ -237,20 +256,17 @@ def main(argv: list[str] | None = None) -> Path:
     segment_counts = torch.zeros(cfg.student_steps, device=accelerator.device)
     while step < train.max_steps:
         step_loss = torch.zeros((), device=accelerator.device)
-        for _ in range(train.grad_accum):
+        for micro in range(train.grad_accum):
             batch = {k: v.to(accelerator.device, non_blocking=True) for k, v in next(batches).items()}
-            segment = int(torch.randint(cfg.student_steps, ()))
+            segment = segment_of(cfg.seed, step * train.grad_accum + micro, cfg.student_steps)
             with accelerator.accumulate(model):
                 loss = compute_loss(model, teacher, batch, plan, segment)
                 accelerator.backward(loss)
             step_loss += loss.detach() / train.grad_accum
             segment_sums[segment] += loss.detach()
             segment_counts[segment] += 1
-        grad_norm = accelerator.clip_grad_norm_(trained, train.max_grad_norm)
         lr = lr_scheduler.get_last_lr()[0]  # the rate this step applies
-        optimizer.step()
-        lr_scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        grad_norm = optimizer_step(accelerator, model, optimizer, lr_scheduler, trained, train.max_grad_norm)
         step += 1
 
         progress.update(1)
@@ -265,17 +281,14 @@ def main(argv: list[str] | None = None) -> Path:
                 {
                     "loss": loss_value,
                     **per_segment,
-                    "grad_norm": float("nan") if grad_norm is None else float(grad_norm),  # None under DeepSpeed
+                    "grad_norm": grad_norm,
                     "lr": lr,
                 },
                 step=step,
             )
             progress.set_postfix(loss=f"{loss_value:.4f}")
         if step % train.checkpoint_every == 0 or step == train.max_steps:
-            save_checkpoint(
-                accelerator, cfg.output_dir, step, save_weights,
-                {"loss": loss_value, "sampler_timesteps": list(plan.sampler.timesteps)}, keep=train.keep_checkpoints,
-            )
+            checkpoint(step, {"loss": loss_value, "sampler_timesteps": list(plan.sampler.timesteps)})
     progress.close()
     accelerator.wait_for_everyone()
     accelerator.end_training()

@@ -1,7 +1,7 @@
 """The official reference set ($ANIMEGAMER_OFFICIAL_REF, else tests/data/official_ref) and the release tokenizer.
 
-The reference set ships no tokenizer; :func:`animegamer.official.synthetic.build_release_tokenizer` builds one with
-the release's added tokens at the release's ids (the base vocabulary size comes from the set's Mistral config).
+The reference set ships no tokenizer; :func:`animegamer.official.release_files.build_release_tokenizer` builds one
+with the release's added tokens at the release's ids (the base vocabulary size comes from the set's Mistral config).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
-from animegamer.official.synthetic import build_release_tokenizer, release_added_tokens
+from animegamer.official.release_files import build_release_tokenizer, release_added_tokens
 
 REPO = Path(__file__).resolve().parents[1]
 REF_DIR = Path(os.environ.get("ANIMEGAMER_OFFICIAL_REF", REPO / "tests" / "data" / "official_ref"))

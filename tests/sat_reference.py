@@ -1,6 +1,6 @@
 """A float64 forward of SAT decoder checkpoints written from the facts of tests/data/official_ref/README.md
 (independent of diffusers and of the converter), for generality tests. The random checkpoints themselves come from
-the package (animegamer.official.synthetic, which the benchmark's ``official`` part uses too)."""
+the package (animegamer.official.release_files, which the benchmark's ``official`` part uses too)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from animegamer.official.release_files import write_random_checkpoint
 from animegamer.official.sat_layout import SatDecoderSpec
-from animegamer.official.synthetic import write_random_checkpoint
 
 __all__ = ["sat_forward", "write_random_checkpoint"]
 

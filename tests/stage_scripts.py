@@ -46,15 +46,42 @@ def logged_losses(run_dir: Path) -> list[float]:
         return [float(r["value"]) for r in csv.DictReader(fh) if r["name"] == "loss"]
 
 
-def launch_two_processes(script: str, argv: list[str], **env: str) -> subprocess.CompletedProcess:
-    """``scripts/<script>.py argv`` under ``accelerate launch`` with 2 CPU processes (DDP over gloo)."""
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+        return sock.getsockname()[1]
+
+
+def launch_two_processes(script: str, argv: list[str], **env: str) -> subprocess.CompletedProcess:
+    """``scripts/<script>.py argv`` under ``accelerate launch`` with 2 CPU processes (DDP over gloo)."""
     env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1", **env}
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "--main_process_port", str(port), str(ROOT / "scripts" / f"{script}.py"), *argv]
+           "--main_process_port", str(free_port()), str(ROOT / "scripts" / f"{script}.py"), *argv]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+
+
+# the engines a stage trains under on 2 CPU processes: DDP over gloo, or a shipped accelerate config with only the
+# device count and precision changed on the command line (DeepSpeed on its CPU accelerator, which talks over gloo)
+ENGINES = {
+    "ddp": ("cpu_2proc.yaml", {"ACCELERATE_USE_CPU": "true"}),
+    "zero2": ("deepspeed_zero2.yaml", {"DS_ACCELERATOR": "cpu"}),
+    "zero3": ("deepspeed_zero3.yaml", {"DS_ACCELERATOR": "cpu"}),
+    "zero3_offload": ("deepspeed_zero3_offload.yaml", {"DS_ACCELERATOR": "cpu"}),
+}
+
+
+def launch_engine(engine: str, script: str, argv: list[str], num_processes: int = 2,
+                  config_file: str | None = None, **env: str) -> subprocess.CompletedProcess:
+    """``scripts/<script>.py argv`` under ``accelerate launch --config_file configs/accelerate/<engine's config>
+    --num_processes N --mixed_precision no`` on CPU processes."""
+    name, engine_env = ENGINES[engine] if config_file is None else (config_file, {})
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT),
+           **engine_env, **env}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+           str(ROOT / "configs" / "accelerate" / name), "--num_processes", str(num_processes),
+           "--mixed_precision", "no", "--main_process_port", str(free_port()),
+           str(ROOT / "scripts" / f"{script}.py"), *argv]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
 
 

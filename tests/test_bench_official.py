@@ -9,9 +9,10 @@ import pytest
 import torch
 import yaml
 
-from animegamer.bench.official import release_sizes, write_release
+from animegamer.bench.official import measure_conversion, release_sizes, write_release
 from animegamer.cli import load_script
 from animegamer.official.agent import RELEASE_MAX_NEW_TOKENS
+from animegamer.official.release_files import sat_model_yaml
 from animegamer.official.sat_layout import (
     MODEL_STATES,
     SatDecoderSpec,
@@ -19,7 +20,6 @@ from animegamer.official.sat_layout import (
     read_model_yaml,
     read_sat_checkpoint,
 )
-from animegamer.official.synthetic import measure_conversion, sat_model_yaml
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,5 +1,6 @@
-"""--help: config keys with their descriptions from the schemas' comments (animegamer/config/), examples that fit
-the command, the usage line as the user typed it; missing weights are one line that says what to do."""
+"""--help: config keys with their descriptions from the schemas' fields (knob(help=...) in animegamer/config/),
+examples that fit the command, the usage line as the user typed it; missing weights are one line that says what to
+do."""
 
 import argparse
 import inspect
@@ -7,49 +8,67 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
 from animegamer.cli import OVERRIDE_EXAMPLES, command_name, load_script, split_clips
 from animegamer.config import SCHEMAS, InferenceConfig, config_help, load_config
+from animegamer.config.parts import knob
 from animegamer.config_docs import config_keys_help, field_descriptions
 from animegamer.inference.session import check_checkpoints
 
 
 @dataclass
 class _Inner:
-    steps: int = 3  # how many steps
+    steps: int = knob(3, help="how many steps")
 
 
 @dataclass
 class _Documented:
-    plain: int = 1  # a trailing comment
-    listed: list[str] = field(  # a field over
-        default_factory=lambda: ["a"]  # several lines
-    )
-    choice: str = "x"  # x: the first, |
-    # y: the second
-    undocumented: float = 0.5
-
-    # a block above a field
-    # in two lines
-    led: bool = True
-    follower: bool = False
-
+    plain: int = knob(1, help="a help text")
+    listed: list[str] = knob(factory=lambda: ["a"], help="a mutable default")
+    choice: Literal["x", "y"] = knob("x", help="x: the first | y: the second")
+    bare_choice: Literal["x", "y"] = knob("y", help="says no choice")
+    untyped_choice: Literal["x", "y"] = "x"
+    undocumented: float = 0.5  # a comment is not help text
     inner: _Inner = field(default_factory=_Inner)
 
 
-def test_field_descriptions_read_trailing_continued_and_leading_comments():
+def test_field_descriptions_come_from_the_fields_help_and_literal_choices():
     assert field_descriptions(_Documented) == {
-        "plain": "a trailing comment",
-        "listed": "a field over several lines",
-        "choice": "x: the first, | y: the second",
+        "plain": "a help text",
+        "listed": "a mutable default",
+        "choice": "x: the first | y: the second",  # names every choice: as written
+        "bare_choice": "says no choice (x | y)",
+        "untyped_choice": "x | y",
         "undocumented": "",
-        "led": "a block above a field in two lines",
-        "follower": "a block above a field in two lines",  # uncommented right below: the block covers it too
         "inner": "",
     }
     assert ("inner.steps=3", "how many steps") in config_keys_help(_Documented)
+    assert ("listed=['a']", "a mutable default") in config_keys_help(_Documented)
+
+
+@pytest.mark.parametrize("kind", sorted(SCHEMAS))
+def test_help_lists_every_config_key_with_its_fields_help(kind):
+    """--help (config_help) names every leaf key of the schema; each key's text is its field's help."""
+    import dataclasses
+
+    def leaves(schema, prefix=""):
+        for f in dataclasses.fields(schema):
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            if dataclasses.is_dataclass(default):
+                yield from leaves(type(default), f"{prefix}{f.name}.")
+            else:
+                yield f"{prefix}{f.name}", f.metadata.get("help", "")
+
+    rows = dict((key.split("=", 1)[0], text) for key, text in config_keys_help(SCHEMAS[kind]))
+    expected = dict(leaves(SCHEMAS[kind]))
+    assert rows.keys() == expected.keys()
+    for key, text in expected.items():
+        assert text in rows[key], key
+    described = sum(bool(text) for text in rows.values())
+    assert described >= 0.6 * len(rows), f"{kind}: {described} of {len(rows)} keys described"
 
 
 def test_config_help_shows_inference_descriptions():

@@ -2,6 +2,7 @@ from pathlib import Path
 
 import pytest
 
+from animegamer.cli import load_script
 from animegamer.config import SCHEMAS, ConfigError, StageAConfig, config_help, load_config, to_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -110,3 +111,287 @@ def test_a_base_that_is_not_a_config_is_refused_without_quoting_it(tmp_path, con
     message = str(exc.value)
     assert str(secret) in message and "\n" not in message
     assert "hunter2" not in message and "root:x" not in message and "daemon" not in message
+
+
+# ---- the resolved shipped configs: a refactor of the schemas or the YAMLs must not move any value ----------------
+
+SNAPSHOT = ROOT / "tests" / "data" / "resolved_configs.json"
+_OUT = "<output_dir>"  # the spriteworld chains' output_dir, which a test moves to a temporary folder
+
+
+def resolve_shipped_configs(tmp: Path) -> dict[str, dict]:
+    """Every config under configs/ resolved through ``load_config`` (as the entry points read it), and every step
+    YAML of each SpriteWorld chain (``kind: spriteworld_run``) as scripts/spriteworld/train.py resolves it, with its
+    per-step overrides applied (``<file>::<step>``, the overrides themselves left out of ``<file>``); the chains'
+    output_dir is ``<output_dir>``."""
+    import dataclasses
+    import json
+
+    resolve_configs = load_script("scripts/spriteworld/train.py").resolve_configs
+    resolved: dict[str, dict] = {}
+    for path in ALL_CONFIGS:
+        name = path.relative_to(ROOT).as_posix()
+        cfg = load_config(path)
+        resolved[name] = dataclasses.asdict(cfg)
+        if cfg.kind != "spriteworld_run":
+            continue
+        del resolved[name]["overrides"]  # how they are written; what they resolve to is each step's entry
+        out = tmp / path.stem
+        cfg = load_config(path, [f"output_dir={out}"])
+        cfg.configs = str(ROOT / cfg.configs)
+        for step, step_path in resolve_configs(cfg).items():
+            values = json.loads(json.dumps(dataclasses.asdict(load_config(step_path))).replace(str(out), _OUT))
+            resolved[f"{name}::{step}"] = values
+    return resolved
+
+
+def test_resolved_shipped_configs_match_the_snapshot(tmp_path):
+    """The snapshot is rewritten only on purpose, by ``python tests/test_config.py``, in a commit that says why."""
+    import json
+
+    expected = json.loads(SNAPSHOT.read_text())
+    resolved = resolve_shipped_configs(tmp_path)
+    assert sorted(resolved) == sorted(expected)
+    for name, values in resolved.items():
+        assert values == expected[name], name
+
+
+if __name__ == "__main__":  # rewrite the snapshot
+    import json
+    import sys
+    import tempfile
+
+    sys.path.insert(0, str(ROOT))
+    from animegamer.io import atomic_write_text
+
+    with tempfile.TemporaryDirectory() as tmp:
+        atomic_write_text(SNAPSHOT, json.dumps(resolve_shipped_configs(Path(tmp)), indent=1, sort_keys=True) + "\n")
+    print(f"wrote {SNAPSHOT}")
+
+
+def _resolve_chain(config: str, out: Path, overrides: list[str] = ()) -> dict[str, dict]:
+    """The step configs of a SpriteWorld chain as scripts/spriteworld/train.py resolves them, with the chain's
+    output_dir moved back to its default (outputs/spriteworld), so they compare with a recorded run's."""
+    import dataclasses
+    import json
+
+    cfg = load_config(ROOT / config, [f"output_dir={out}", *overrides])
+    cfg.configs = str(ROOT / cfg.configs)
+    steps = load_script("scripts/spriteworld/train.py").resolve_configs(cfg)
+    text = {name: json.dumps(dataclasses.asdict(load_config(path))) for name, path in steps.items()}
+    return {name: json.loads(values.replace(str(out), "outputs/spriteworld")) for name, values in text.items()}
+
+
+def test_run_yaml_resolves_to_the_shipped_checkpoints_configs(tmp_path):
+    """The recipe is what trained checkpoints/spriteworld/: every step config it resolves to equals the one the
+    shipped run recorded (checkpoints/spriteworld/configs/)."""
+    import dataclasses
+
+    resolved = _resolve_chain("configs/spriteworld/run.yaml", tmp_path / "spriteworld")
+    for name, values in resolved.items():
+        recorded = dataclasses.asdict(load_config(ROOT / "checkpoints/spriteworld/configs" / f"{name}.yaml"))
+        assert values == recorded, name
+    assert resolved["stage_b"]["mse_weight"] == 8.0 and resolved["stage_b"]["history_noise"] == 0.1
+    assert resolved["stage_b"]["data"]["history_turns"] == resolved["inference"]["history_turns"] == 3
+
+
+def test_seed_yaml_differs_from_run_yaml_only_in_the_seed(tmp_path):
+    run = _resolve_chain("configs/spriteworld/run.yaml", tmp_path / "spriteworld")
+    seed = _resolve_chain("configs/spriteworld/seed.yaml", tmp_path / "spriteworld")
+    assert run.keys() == seed.keys()
+    assert {name for name in run if run[name] != seed[name]} == {"stage_b"}
+    assert (run["stage_b"]["seed"], seed["stage_b"]["seed"]) == (42, 7)
+    assert {**seed["stage_b"], "seed": 42} == run["stage_b"]
+    top = [load_config(ROOT / "configs/spriteworld" / name) for name in ("run.yaml", "seed.yaml")]
+    assert top[1].overrides == {**top[0].overrides, "stage_b": {"seed": 7}}
+    assert [dataclasses_without(cfg, "overrides") for cfg in top][0] == dataclasses_without(top[1], "overrides")
+
+
+def dataclasses_without(cfg, key: str) -> dict:
+    import dataclasses
+
+    return {k: v for k, v in dataclasses.asdict(cfg).items() if k != key}
+
+
+def test_chain_overrides_are_mappings_or_key_values_and_bad_keys_exit_2(tmp_path, capsys):
+    mapping = _resolve_chain("configs/spriteworld/mini.yaml", tmp_path / "a", ["overrides.stage_b.mse_weight=2.0"])
+    listed = _resolve_chain("configs/spriteworld/mini.yaml", tmp_path / "b",
+                            ["overrides.inference=[sampling.steps=5,history_turns=1]"])
+    assert mapping["stage_b"]["mse_weight"] == 2.0 and mapping["stage_b"]["train"]["max_steps"] == 6
+    assert listed["inference"]["sampling"]["steps"] == 5 and listed["inference"]["history_turns"] == 1
+    with pytest.raises(ConfigError, match="overrides.stage_c"):  # a list cannot replace the file's mapping
+        load_config(ROOT / "configs/spriteworld/mini.yaml", ["overrides.stage_c=[train.max_steps=5]"])
+    with pytest.raises(SystemExit) as err:
+        _resolve_chain("configs/spriteworld/mini.yaml", tmp_path / "c", ["overrides.stage_b.nope=1"])
+    assert err.value.code == 2 and "overrides.stage_b" in capsys.readouterr().err
+
+
+def test_loss_weights_have_one_default():
+    """The stage (b) loss weights' defaults live in StageBConfig only; code takes them from there."""
+    import re
+
+    written = re.compile(r"\b(mse_weight|cosine_weight)\s*:\s*float\s*=\s*(knob\()?[-\d.]")
+    places = [f"{path.relative_to(ROOT)}:{n}" for folder in ("animegamer", "scripts") for path in
+              sorted((ROOT / folder).rglob("*.py")) for n, line in enumerate(path.read_text().splitlines(), 1)
+              if written.search(line)]
+    assert [p.split(":")[0] for p in places] == ["animegamer/config/runs.py"] * 2, places
+    assert "mse_weight" not in (ROOT / "configs/ablations/cosine_loss.yaml").read_text()  # its base says it
+
+
+def _documented_data_command(path: Path) -> list[str] | None:
+    """The ``key=value`` overrides of the ``scripts/spriteworld/make.py --config configs/spriteworld/data.yaml``
+    command a config's header gives for the data it reads, or None when it gives none."""
+    for line in path.read_text().splitlines():
+        if line.startswith("#") and "scripts/spriteworld/make.py --config configs/spriteworld/data.yaml" in line:
+            return line.split("data.yaml", 1)[1].split()
+    return None
+
+
+def test_the_tiny_chain_reads_the_clips_its_header_makes():
+    """The data command in configs/tiny/'s headers makes clips of the frame count (and size) the tiny stages read:
+    a stage asking for more frames than the clips have fails ("too short: 9 frames, need 17")."""
+    checked = []
+    for path in sorted((ROOT / "configs" / "tiny").glob("*.yaml")):
+        command = _documented_data_command(path)
+        if command is None:
+            continue
+        data = load_config(ROOT / "configs/spriteworld/data.yaml", command)
+        assert data.output_dir == "outputs/tiny/data", path
+        for name in ("stage_a", "stage_c", "stage_d"):
+            stage = load_config(ROOT / "configs" / "tiny" / f"{name}.yaml")
+            assert stage.data.manifest.startswith(data.output_dir + "/"), name
+            if name != "stage_d":  # stage (d) reads the manifest's levels only; its clips are the teacher's
+                assert (stage.data.num_frames, stage.data.height, stage.data.width, stage.data.fps) == (
+                    data.num_frames, data.height, data.width, data.fps), name
+            else:
+                assert (stage.teacher.num_frames, stage.teacher.height, stage.teacher.width) == (
+                    data.num_frames, data.height, data.width)
+        evaluation = load_config(ROOT / "configs" / "tiny" / "eval.yaml")
+        assert evaluation.inference.sampling.num_frames == data.num_frames
+        checked.append(path.name)
+    assert checked == ["ablations.yaml", "eval.yaml", "stage_a.yaml"]
+
+
+def test_choices_belong_to_the_field_not_its_name():
+    """A field's choices are its Literal type: a new field that shares a name (preset, dtype, device) with a field
+    of another schema takes its own values, not the other's."""
+    from dataclasses import dataclass
+
+    from animegamer.config import BenchmarkConfig, InferenceConfig
+
+    @dataclass
+    class Fresh:
+        kind: str = "fresh"
+        preset: str = "my_own"
+        dtype: str = "int4"
+        device: str = "tpu"
+        history_turns: int = -1
+
+    cfg = load_config(None, ["preset=other"], schema=Fresh)
+    assert (cfg.preset, cfg.dtype, cfg.device, cfg.history_turns) == ("other", "int4", "tpu", -1)
+    assert load_config(None, ["preset=full"], schema=BenchmarkConfig).preset == "full"
+    with pytest.raises(ConfigError, match=r"^override 'preset=standard': preset='standard' is not one of \['full'"):
+        load_config(None, ["preset=standard"], schema=BenchmarkConfig)
+    with pytest.raises(ConfigError, match=r"sampling.preset='full' is not one of \['standard', 'fast', 'distilled'\]"):
+        load_config(None, ["sampling.preset=full"], schema=InferenceConfig)
+    with pytest.raises(ConfigError, match="mllm.dtype='int4' is not one of"):
+        load_config(None, ["mllm.dtype=int4"], schema=InferenceConfig)
+    with pytest.raises(ConfigError, match="device='tpu' is not a device"):
+        load_config(None, ["device=tpu"], schema=InferenceConfig)
+    assert load_config(None, ["device=cuda:1"], schema=InferenceConfig).device == "cuda:1"
+    with pytest.raises(ConfigError, match="history_turns=-1 must be >= 0"):
+        load_config(None, ["history_turns=-1"], schema=BenchmarkConfig)
+
+
+def test_choices_are_literal_types():
+    """Every field whose help lists choices (``a | b``) is a Literal of them, in the order the help gives."""
+    import dataclasses
+    import typing
+
+    from animegamer.config import InferenceConfig, PrepareDataConfig, StageBConfig
+
+    def literals(schema, prefix=""):
+        hints = typing.get_type_hints(schema)
+        for f in dataclasses.fields(schema):
+            hint = hints[f.name]
+            if dataclasses.is_dataclass(hint):
+                yield from literals(hint, f"{prefix}{f.name}.")
+            elif typing.get_origin(hint) is typing.Literal:
+                yield f"{prefix}{f.name}", typing.get_args(hint)
+
+    found = dict(literals(InferenceConfig)) | dict(literals(StageBConfig)) | dict(literals(PrepareDataConfig))
+    assert found["encoder.fusion"] == ("concat", "add", "cross_attn")
+    assert found["sampling.preset"] == ("standard", "fast", "distilled")
+    assert found["mllm.dtype"] == found["decoder.dtype"] == ("fp32", "bf16", "fp16")
+    assert found["train.mixed_precision"] == ("no", "bf16", "fp16") and found["data.feature_dtype"][0] == "fp32"
+    assert found["flow"] == ("dis", "raft") and found["compat"] == ("released", "fixed")
+
+
+# ---- the MLLM's shape and K come from what its checkpoint records --------------------------------------------
+
+def test_full_size_configs_play_the_k_they_train_and_evaluate_with():
+    from animegamer.config import EvalConfig, InferenceConfig
+
+    trained = load_config(ROOT / "configs/stage_b.yaml").data.history_turns
+    assert load_config(ROOT / "configs/stage_c.yaml").data.history_turns == trained == 3
+    assert load_config(ROOT / "configs/inference.yaml").history_turns == trained
+    assert load_config(ROOT / "configs/eval.yaml").inference.history_turns == trained
+    assert InferenceConfig().history_turns == EvalConfig().inference.history_turns == -1  # as trained, until loaded
+
+
+def test_shipped_inference_reads_the_mllm_shape_and_k_from_the_checkpoint_record():
+    import yaml
+
+    from animegamer.config.recorded import MLLM_SHAPE
+
+    record = load_config(ROOT / "checkpoints/spriteworld/configs/stage_b.yaml")
+    for name in ("inference.yaml", "eval.yaml"):
+        written = yaml.safe_load((ROOT / "configs/spriteworld" / name).read_text())
+        assert not set((written.get("inference") or written)["mllm"]) & set(MLLM_SHAPE), name  # not restated
+        cfg = load_config(ROOT / "configs/spriteworld" / name)
+        inference = cfg if cfg.kind == "inference" else cfg.inference
+        assert {k: getattr(inference.mllm, k) for k in MLLM_SHAPE} == {k: getattr(record.mllm, k) for k in MLLM_SHAPE}
+        assert inference.mllm.num_slots == 48 and inference.history_turns == record.data.history_turns == 3
+
+
+def _stage_b_run(tmp_path: Path, history_turns: int, num_slots: int) -> Path:
+    """A stage (b) run directory as training leaves it: config.yaml, checkpoints/step_N and checkpoints/latest."""
+    from animegamer.config import StageBConfig
+
+    run = tmp_path / "stage_b"
+    cfg = StageBConfig(output_dir=str(run))
+    cfg.data.history_turns, cfg.mllm.num_slots, cfg.mllm.lora_rank = history_turns, num_slots, 4
+    (run / "checkpoints" / "step_0000010").mkdir(parents=True)
+    (run / "checkpoints" / "latest").write_text("step_0000010\n")
+    (run / "config.yaml").write_text(to_yaml(cfg))
+    return run
+
+
+def test_k_is_the_trained_k_unless_the_config_sets_it(tmp_path):
+    run = _stage_b_run(tmp_path, history_turns=2, num_slots=8)
+    for checkpoint in (run, run / "checkpoints" / "latest", run / "checkpoints" / "step_0000010"):
+        cfg = load_config(ROOT / "configs/inference.yaml", [f"mllm_checkpoint={checkpoint}"])
+        assert (cfg.history_turns, cfg.mllm.num_slots, cfg.mllm.lora_rank) == (2, 8, 4), checkpoint
+        assert cfg.mllm.pretrained == "checkpoints/Mistral-7B-v0.1"  # where the base weights are is this run's
+    chosen = load_config(ROOT / "configs/inference.yaml", [f"mllm_checkpoint={run}", "history_turns=1"])
+    assert (chosen.history_turns, chosen.mllm.num_slots) == (1, 8)
+    bare = load_config(ROOT / "configs/inference.yaml", [f"mllm_checkpoint={tmp_path / 'elsewhere'}"])
+    assert (bare.history_turns, bare.mllm.num_slots) == (3, 226)  # no record: DataConfig's K, the YAML's shape
+    with pytest.raises(ConfigError, match="history_turns=-2 must be >= -1"):
+        load_config(ROOT / "configs/inference.yaml", ["history_turns=-2"])
+
+
+def test_start_up_says_which_k_and_why(tmp_path):
+    from animegamer.config.recorded import history_turns_note
+
+    run = _stage_b_run(tmp_path, history_turns=2, num_slots=8)
+    cfg = load_config(ROOT / "configs/inference.yaml", [f"mllm_checkpoint={run}"])
+    assert history_turns_note(cfg) == f"K = 2 history turns, as the MLLM was trained ({run / 'config.yaml'})"
+    cfg = load_config(ROOT / "configs/inference.yaml", [f"mllm_checkpoint={run}", "history_turns=1"])
+    note = history_turns_note(cfg)
+    assert note.startswith("K = 1 history turns, set by the config: the MLLM was trained with K = 2 "), note
+    cfg = load_config(ROOT / "configs/spriteworld/eval.yaml").inference
+    assert history_turns_note(cfg) == ("K = 3 history turns, as the MLLM was trained "
+                                       "(checkpoints/spriteworld/configs/stage_b.yaml)")
+    cfg = load_config(ROOT / "configs/tiny/inference.yaml", ["mllm_checkpoint="])
+    assert history_turns_note(cfg) == "K = 1 history turns (no stage (b) record with mllm_checkpoint='')"

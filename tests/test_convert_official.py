@@ -124,6 +124,37 @@ def test_released_compat_plays(converted, tmp_path, monkeypatch):
     assert levels == [expected] and (results / "turn_000.mp4").is_file()
 
 
+def test_the_release_plays_only_through_its_door(converted, tmp_path):
+    """compat=released: the core's game refuses it in one line; animegamer.official.game builds the release's own
+    predictor (the core's runner with its turn, history_turns = max_window - 1) and renderer (its sampler and fp16
+    transformer), and a turn plays and renders to the VAE's frame count of the converted latent frames."""
+    from animegamer.config import InferenceConfig, load_config
+    from animegamer.inference import session
+    from animegamer.official import game
+    from animegamer.official.agent import predict_released
+
+    overrides = ["device=cpu", "compat=released", "mllm.dtype=fp32", "sampling.steps=2", f"output_dir={tmp_path}"]
+    cfg = load_config(converted / "inference.yaml", overrides, schema=InferenceConfig)
+    with pytest.raises(ValueError, match="compat=released: the release's own predictor"):
+        session.build_session(cfg)
+    for bad in ("sampling.preset=distilled", "sampling.cache=first_block"):
+        with pytest.raises(ValueError, match="compat=released"):
+            game.check_released_options(load_config(converted / "inference.yaml", [*overrides, bad],
+                                                    schema=InferenceConfig))
+    played = game.build_session(cfg)
+    parts = played.game
+    assert parts.predictor.predict is predict_released and played.history_turns == cfg.history_turns == 0
+    assert isinstance(parts.renderer.sampler, game.ReleasedSampler)
+    assert parts.renderer.decoder.dtype == torch.float16
+    turn = played.play(GAME.splitlines()[0])
+    latent_frames = json.loads((converted / "conversion.json").read_text())["decoder"]["sizes"]["latent_frames"]
+    frames = parts.renderer.render(turn.shot_embeds, turn.values.motion_level, 0)
+    assert frames.shape == (game.vae_frames(latent_frames), cfg.sampling.height, cfg.sampling.width, 3)
+    fixed = game.build_session(load_config(converted / "inference.yaml", overrides[:1] + overrides[2:],
+                                           schema=InferenceConfig), render=False)
+    assert fixed.game.predictor.predict is not predict_released
+
+
 def _fails(args, capsys, match):
     with pytest.raises(SystemExit) as exit_info:
         convert_official.main(args)

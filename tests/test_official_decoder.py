@@ -22,7 +22,9 @@ from safetensors.torch import load_file
 
 from animegamer.config import DecoderConfig, SamplingConfig
 from animegamer.models.trained import load_decoder
+from animegamer.models.vae import DTYPES
 from animegamer.official.decoder import convert_decoder
+from animegamer.official.game import ReleasedSampler, cast_transformer, release_sampler_settings, vae_frames
 from animegamer.official.release_io import ReleaseFileError
 from animegamer.official.sampler import (
     RELEASED,
@@ -83,11 +85,13 @@ def decoder(converted):
     return load_decoder(summary["decoder_checkpoint"], cfg, with_vae=False)
 
 
-def _settings(decoder) -> dict:
-    return decoder.release_sampler
+@pytest.fixture(scope="module")
+def settings(converted) -> dict:
+    """The release sampler's settings the converted decoder records."""
+    return release_sampler_settings(converted[1]["decoder_checkpoint"])
 
 
-def _forward_case(decoder, ref, case):
+def _forward_case(decoder, settings, ref, case):
     """Our CFG forward of one reference case; returns what the reference records."""
     meta, t = ref
     tag = case["tag"]
@@ -107,14 +111,14 @@ def _forward_case(decoder, ref, case):
         flow = torch.full((2,), case["flow_value"])
         with torch.no_grad():
             dit_out = decoder(model_in, torch.full((2,), float(case["timestep_idx"])), shots2, motion_value=flow)
-            table = denoiser_table(_settings(decoder))
+            table = denoiser_table(settings)
             rows = denoise(decoder, x, case["timestep_idx"], case["alpha_cumprod_sqrt"], shots2, flow, table, RELEASED)
     finally:
         for h in hooks:
             h.remove()
-    steps = len(t["schedule50.timesteps"]) if "schedule50.timesteps" in t else _settings(decoder)["steps"]
-    w = dynamic_cfg_scale(case["timestep_idx"], steps, _settings(decoder)["guidance_scale"],
-                          _settings(decoder)["guidance_exponent"])
+    steps = len(t["schedule50.timesteps"]) if "schedule50.timesteps" in t else settings["steps"]
+    w = dynamic_cfg_scale(case["timestep_idx"], steps, settings["guidance_scale"],
+                          settings["guidance_exponent"])
     uncond, cond = rows.chunk(2)
     embed = captured["embed"] - tr.patch_embed.pos_embedding[:, : captured["embed"].shape[1]]
     return {"embed_tokens": embed, "time_flow_emb": captured["emb"], "dit_out": dit_out, "denoised": rows,
@@ -137,12 +141,12 @@ def test_conversion_writes_both_parts(converted, ref):
 
 
 @pytest.mark.parametrize("index", [0, 1])
-def test_forward_cases_match_the_official_code(decoder, ref, index):
+def test_forward_cases_match_the_official_code(decoder, settings, ref, index):
     meta, t = ref
     if index >= len(meta["forward_cases"]):
         pytest.skip("this reference set has fewer forward cases")
     case = meta["forward_cases"][index]
-    ours = _forward_case(decoder, ref, case)
+    ours = _forward_case(decoder, settings, ref, case)
     tag = case["tag"]
     cond_tokens = ours["embed_tokens"].shape[1] - t[f"fwd_{tag}.embed_tokens"].shape[1]
     assert cond_tokens == 0
@@ -150,7 +154,7 @@ def test_forward_cases_match_the_official_code(decoder, ref, index):
     for key in ("embed_tokens", "time_flow_emb", "dit_out", "denoised", "cfg_denoised"):
         assert rel(ours[key], t[f"fwd_{tag}.{key}"]) < 1e-5, key
     assert ours["w"] == pytest.approx(case["dynamic_cfg_scale"], rel=1e-7)
-    table = denoiser_table(_settings(decoder))
+    table = denoiser_table(settings)
     assert float(snap_to_table(case["alpha_cumprod_sqrt"], table)) == pytest.approx(
         case["alpha_quantised_by_denoiser"], abs=1e-7
     )
@@ -165,9 +169,8 @@ def _sample_run(ref):
     return steps, f"sample_{steps}step"
 
 
-def test_schedules_match_the_official_discretization(decoder, ref):
+def test_schedules_match_the_official_discretization(settings, ref):
     meta, t = ref
-    settings = _settings(decoder)
     found = sorted(int(m.group(1)) for k in t for m in [re.match(r"schedule(\d+)\.alpha_cumprod_sqrt$", k)] if m)
     assert found
     for n in found:
@@ -190,14 +193,13 @@ def test_schedules_match_the_official_discretization(decoder, ref):
         assert q == pytest.approx(run["alpha_quantised_by_denoiser_per_step"][i], abs=1e-7)
 
 
-def test_release_sampler_reproduces_the_official_run(decoder, ref):
+def test_release_sampler_reproduces_the_official_run(decoder, settings, ref):
     meta, t = ref
     steps, prefix = _sample_run(ref)
     run = meta[prefix]
     init = t[f"{prefix}.init_noise"]
     noises = t[f"{prefix}.step_noises"]
     trace, draws = {}, iter(noises)
-    settings = _settings(decoder)
     samples = sample_released(
         decoder, t["s_a"], torch.tensor([float(run["flow_value"])]), tuple(init.shape[1:]), settings, steps,
         settings["guidance_scale"], settings["guidance_exponent"], noises=draws, init_noise=init, trace=trace,
@@ -224,6 +226,13 @@ def _clip_sampling(summary, **kw) -> SamplingConfig:
     return SamplingConfig(**{**base, **kw})
 
 
+def _released(decoder, summary, sampling):
+    """The converted decoder as the release runs it: its whole transformer in the release's dtype, its sampler."""
+    settings = release_sampler_settings(summary["decoder_checkpoint"])
+    cast_transformer(decoder, DTYPES[settings["dtype"]])
+    return ReleasedSampler(decoder, sampling, settings)
+
+
 def test_released_compat_samples_with_the_release_sampler(fresh_decoder, converted, ref):
     _, summary = converted
     meta, t = ref
@@ -232,57 +241,71 @@ def test_released_compat_samples_with_the_release_sampler(fresh_decoder, convert
     sampling = _clip_sampling(summary)
     level = torch.tensor([4])
     fixed = decoder.sample(t["s_a"], level, sampling, decode=False)
-    decoder.use_compat("released")
+    sampler = _released(decoder, summary, sampling)
     assert decoder.dtype == torch.float16  # the release's fp16 decoder
+    assert {p.dtype for p in decoder.transformer.parameters()} == {torch.float16}  # LoRA and motion embedding too
     steps_seen = []
-    released = decoder.sample(t["s_a"], level, sampling, decode=False, on_step=lambda *a: steps_seen.append(a))
+    released = sampler.latents(t["s_a"], level, torch.Generator().manual_seed(7),
+                               on_step=lambda *a: steps_seen.append(a))
     assert steps_seen == [(i, sampling.steps) for i in range(1, sampling.steps + 1)]  # the games' progress line
-    settings = decoder.release_sampler
     expected = sample_released(
-        decoder, t["s_a"], torch.tensor([15.0]), tuple(released.shape[1:]), settings, sampling.steps,
+        decoder, t["s_a"], torch.tensor([15.0]), tuple(released.shape[1:]), sampler.settings, sampling.steps,
         sampling.guidance_scale, sampling.dynamic_cfg_exponent, generator=torch.Generator().manual_seed(7),
     )
     assert torch.equal(released, expected)  # the level went through the table, the seed through the generator
     assert torch.isfinite(released).all() and rel(fixed, released) > 1e-2  # two different samplers
-    frames = decoder.sample(t["s_a"], level, sampling)
-    assert frames.shape == (1, sampling.num_frames, sampling.height, sampling.width, 3)
-    with pytest.raises(ValueError, match="compat"):
-        decoder.use_compat("official")
+    # a batch with one generator per clip: each clip as it samples alone (the release draws a batch from one)
+    pair = sampler.latents(torch.cat([t["s_a"], t["s_a"]]), torch.tensor([4, 2]),
+                           [torch.Generator().manual_seed(7), torch.Generator().manual_seed(8)])
+    assert torch.equal(pair[:1], released)
+    with pytest.raises(ValueError, match="motion levels"):
+        sampler.latents(t["s_a"], torch.tensor([0]), torch.Generator())
 
 
-def test_compat_switch_back_restores_the_loaded_weights_exactly(fresh_decoder, converted, ref):
+def test_released_clip_has_the_frames_of_the_sets_latent_count(fresh_decoder, converted, ref):
+    """Sizes from the set: its latent frame count (the release's sampling_num_frames) is what the converted decoder
+    samples, and a clip decodes to what CogVideoX's causal VAE makes of that many latent frames."""
     _, summary = converted
-    s_a, decoder = ref[1]["s_a"], fresh_decoder
-    sampling = _clip_sampling(summary)
-    before = {n: p.detach().clone() for n, p in decoder.transformer.named_parameters()}
-    fixed = decoder.sample(s_a, torch.tensor([3]), sampling, decode=False)
-    decoder.use_compat("released")
-    assert {p.dtype for p in decoder.transformer.parameters()} == {torch.float16}  # the release's whole-model fp16
-    decoder.use_compat("fixed")
-    after = dict(decoder.transformer.named_parameters())
-    assert all(after[n].dtype == p.dtype and torch.equal(after[n], p) for n, p in before.items())
-    assert {p.dtype for p in decoder.trainable_parameters()} == {torch.float32}
-    assert torch.equal(decoder.sample(s_a, torch.tensor([3]), sampling, decode=False), fixed)
-    decoder.use_compat("released")
-    decoder.merge_lora()  # as load_renderer does after use_compat: the switch back keeps it merged, in fp32
-    decoder.use_compat("fixed")
-    assert decoder.dtype == torch.float32
-    assert rel(decoder.sample(s_a, torch.tensor([3]), sampling, decode=False), fixed) < 1e-5
+    meta, t = ref
+    latent_frames = meta["derived"]["latent_frames"]
+    assert latent_frames == meta["tiny_inference_yaml"]["args"]["sampling_num_frames"]
+    _, prefix = _sample_run(ref)
+    assert t[f"{prefix}.init_noise"].shape[1] == latent_frames
+    assert summary["sizes"]["latent_frames"] == latent_frames
+    sampling = _clip_sampling(summary, steps=2)
+    sampler = _released(fresh_decoder, summary, sampling)
+    latents = sampler.latents(t["s_a"], torch.tensor([3]), torch.Generator().manual_seed(1))
+    assert latents.shape[1] == latent_frames
+    frames = fresh_decoder.decode_latents(latents)
+    assert frames.shape == (1, vae_frames(latent_frames), sampling.height, sampling.width, 3)
 
 
-def test_compat_switch_keeps_only_what_fp16_loses_of_bf16_weights(converted):
+@pytest.mark.parametrize("latent_frames", [1, 2, 3, 4, 5])
+def test_vae_frames_is_what_the_causal_vae_decodes(fresh_decoder, latent_frames):
+    """The frame count rule against the real (tiny) CogVideoX VAE: an odd count keeps its first frame single."""
+    latents = torch.zeros(1, latent_frames, fresh_decoder.vae.config.latent_channels, 2, 2)
+    assert fresh_decoder.decode_latents(latents).shape[1] == vae_frames(latent_frames)
+    assert [vae_frames(f) for f in (1, 2, 3, 5)] == [1, 8, 9, 17]  # 17 frames <- 5 latent frames: the release's
+
+
+def test_core_decoder_keeps_no_release_state(converted, tmp_path):
+    """The converted decoder's sampler settings stay in its checkpoint: the core decoder neither holds nor samples
+    with them, and the release's renderer needs them (a decoder of our own is refused in one line)."""
     _, summary = converted
-    cfg = DecoderConfig(**summary["decoder_config"], dtype="bf16", gradient_checkpointing=False)
-    decoder = load_decoder(summary["decoder_checkpoint"], cfg)
-    before = {n: t.detach().clone() for n, t in decoder._float_tensors()}
-    decoder.use_compat("released")
-    kept = [values for _, _, values in decoder._lost_to_release.values()]
-    frozen = sum(t.numel() for n, t in before.items() if t.dtype == torch.bfloat16)
-    trained = sum(p.numel() for p in decoder.trainable_parameters())
-    assert sum(t.numel() for t in kept) < trained + frozen // 100  # the fp32 trained parts, few bf16 elements
-    decoder.use_compat("fixed")
-    after = dict(decoder._float_tensors())
-    assert all(after[n].dtype == t.dtype and torch.equal(after[n], t) for n, t in before.items())
+    cfg = DecoderConfig(**summary["decoder_config"], dtype="fp32", gradient_checkpointing=False)
+    decoder = load_decoder(summary["decoder_checkpoint"], cfg, with_vae=False)
+    assert not [name for name in vars(decoder) if "release" in name or "compat" in name]
+    assert not hasattr(decoder, "use_compat")
+    settings = release_sampler_settings(summary["decoder_checkpoint"])
+    assert settings["dtype"] == "fp16"  # the release's inference.yaml: fp16 True
+    assert {"num_idx", "shift_scale", "linear_start", "linear_end", "steps", "guidance_scale"} <= set(settings)
+    own = tmp_path / "decoder"
+    shutil.copytree(Path(summary["decoder_checkpoint"]) / "decoder", own)
+    saved = json.loads((own / "decoder_config.json").read_text())
+    del saved["release_sampler"]
+    (own / "decoder_config.json").write_text(json.dumps(saved))  # as save_trained writes a decoder of our own
+    with pytest.raises(ValueError, match="no release_sampler settings"):
+        release_sampler_settings(own)
 
 
 def test_merged_lora_samples_like_unmerged(fresh_decoder, converted, ref):
@@ -371,8 +394,8 @@ def test_position_table_stored_in_half_precision_passes_a_wrong_one_is_refused(t
     """A half-precision release stores the sin-cos table rounded (max abs error 2.4e-4 in fp16 at 2B's sizes);
     that is the table, while one of another grid order is not."""
     from animegamer.official.decoder import check_position_table
+    from animegamer.official.release_files import position_table
     from animegamer.official.sat_layout import read_model_yaml
-    from animegamer.official.synthetic import position_table
 
     (tmp_path / "model.yaml").write_text(yaml.safe_dump(ref[0]["tiny_model_yaml"]))
     spec = read_model_yaml(tmp_path / "model.yaml")

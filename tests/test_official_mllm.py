@@ -1,8 +1,9 @@
 """Parity of the converted official agent with the official code's outputs (tests/data/official_ref, or the set named
 by $ANIMEGAMER_OFFICIAL_REF): every size, the window, the turn count and the LoRA settings come from the set itself.
 
-Per turn N the official loop's history is the previous ``max_window - 1`` turns with their stored s_a (turn N uses
-turn N-1's ``s_a``); captions are the reference ids between ``<TURN>`` and ``<img>`` (the set has no tokenizer).
+Per turn the official loop's history is what its window rule gives for the set's ``max_window``
+(:func:`animegamer.official.agent.release_window`: the previous ``max_window - 1`` turns) with their stored ``s_a``;
+captions are the reference ids between ``<TURN>`` and ``<img>`` (the set has no tokenizer).
 """
 
 from __future__ import annotations
@@ -67,19 +68,19 @@ def converted(release_inputs, tmp_path_factory):
 def reference_turns(model):
     """Per turn: (N, reference tensors of the turn, history list, caption ids of the current turn)."""
     meta, ref = mllm_reference()
-    window = meta["max_window"] - 1
     turn_open, img = model.layout.turn_open_id, model.layout.shot_open_ids[0]
-    past: list[agent.ReleaseHistory] = []
-    for entry in meta["turns"]:
+    played: list[agent.ReleaseHistory] = []
+    for index, entry in enumerate(meta["turns"]):
         n = entry["turn"]
+        assert n == index + 1
         ids = ref[f"turn{n}.input_ids"][0].tolist()
         starts = [i for i, token in enumerate(ids) if token == turn_open]
         captions = [ids[s + 1 : ids.index(img, s)] for s in starts]
-        history = past[-window:] if window > 0 else []
+        history = [played[k] for k in agent.release_window(index, meta["max_window"]).history]
         assert len(captions) == len(history) + 1
         history = [agent.ReleaseHistory(h.instruction, h.shot_embeds, captions[i]) for i, h in enumerate(history)]
         yield n, {k.split(".", 1)[1]: v for k, v in ref.items() if k.startswith(f"turn{n}.")}, history, captions[-1]
-        past.append(agent.ReleaseHistory(entry["instruction"], ref[f"turn{n}.s_a"][0]))
+        played.append(agent.ReleaseHistory(entry["instruction"], ref[f"turn{n}.s_a"][0]))
 
 
 def test_conversion_layout(converted):
@@ -88,7 +89,7 @@ def test_conversion_layout(converted):
     assert info["lora"]["r"] == meta["tiny_llm_yaml"]["peft_config"]["r"]
     assert info["lora"]["lora_alpha"] == meta["tiny_llm_yaml"]["peft_config"]["lora_alpha"]
     assert info["base_vocab"] + info["num_new_tokens"] == meta["tokenizer_len"] == len(model.tokenizer)
-    assert model.official and model.resampler_gelu == "erf"
+    assert model.slot_attention == "bidirectional" and model.resampler_gelu == "erf"
     assert sorted(p.name for p in (converted["out"] / "mllm").iterdir()) == sorted(
         ["adapter_config.json", "adapter_model.safetensors", "mllm_layout.json", "mllm_trained.safetensors"]
     )
@@ -103,13 +104,16 @@ def test_conversion_layout(converted):
 
 def test_layout_ids_equal_reference(converted):
     model = converted["model"]
+    meta, _ = mllm_reference()
     for n, ref, history, caption in reference_turns(model):
         seq = agent.release_sequence(model, history, "", caption)
         assert seq.input_ids == ref["input_ids"][0].tolist(), f"turn {n}"
         assert seq.slot_positions[-1] == ref["ids_gen_mask"][0].nonzero().squeeze(-1).tolist()
-        if history:
-            assert seq.slot_positions[0] == ref["ids_cmp_mask"][0].nonzero().squeeze(-1).tolist()
-        assert len(history) == int(ref["gen_turn_id"])
+        # every history turn's slots, in order, are the official ids_cmp_mask (226 per history turn)
+        history_slots = [p for slots in seq.slot_positions[:-1] for p in slots]
+        assert history_slots == ref["ids_cmp_mask"][0].nonzero().squeeze(-1).tolist(), f"turn {n}"
+        assert agent.release_window(n - 1, meta["max_window"]).gen_turn_id == int(ref["gen_turn_id"])
+        assert seq.input_ids.count(model.layout.close_ids["stamina"]) == 2 * len(history)  # B5: </ST> twice
 
 
 def test_logits_hidden_and_shot_match(converted):
@@ -156,6 +160,87 @@ def test_chain_to_decoder(converted):
     ours = agent.shot_pass(converted["model"], seq, shots, last_positions=True)["shot_embeds"]
     assert rel(ours.bfloat16().float(), decoder_s_a) < 1e-3
     assert float((ours.bfloat16().float() == decoder_s_a).float().mean()) > 0.99
+
+
+def test_slot_attention_is_recorded_and_adopted(converted, tmp_path):
+    """The converted layout says its slots attend as one block; a re-saved checkpoint keeps it, a model of our own
+    loading it adopts it, and an unknown value is refused."""
+    model = converted["model"]
+    converted_layout = json.loads((converted["out"] / "mllm" / "mllm_layout.json").read_text())
+    assert converted_layout["slot_attention"] == "bidirectional"
+    model.save_trained(tmp_path / "again")
+    layout = json.loads((tmp_path / "again" / "mllm_layout.json").read_text())
+    assert layout["slot_attention"] == "bidirectional" and "official" not in layout
+    fresh = AnimeGamerMLLM.from_config(converted["cfg"])
+    assert fresh.slot_attention == "causal"
+    fresh.load_trained(tmp_path / "again")
+    assert fresh.slot_attention == "bidirectional"
+    (tmp_path / "again" / "mllm_layout.json").write_text(json.dumps({**layout, "slot_attention": "sideways"}))
+    with pytest.raises(ValueError, match="slot_attention 'sideways'"):
+        fresh.load_trained(tmp_path / "again")
+    # a checkpoint converted before the layout named its slot attention said "official": true
+    legacy = {k: v for k, v in layout.items() if k != "slot_attention"}
+    (tmp_path / "again" / "mllm_layout.json").write_text(json.dumps({**legacy, "official": True}))
+    older = AnimeGamerMLLM.from_config(converted["cfg"])
+    older.load_trained(tmp_path / "again")
+    assert older.slot_attention == "bidirectional"
+    (tmp_path / "again" / "mllm_layout.json").write_text(json.dumps(legacy))
+    older.load_trained(tmp_path / "again")
+    assert older.slot_attention == "causal"
+
+
+def test_release_history_state_tokens(converted):
+    """B5: a history turn's states are <Strength_0> everywhere and </ST> comes twice (ids of the release tokenizer)."""
+    layout = converted["model"].layout
+    assert agent.release_history_state_tokens(layout) == [
+        32274, 32267, 32275, 32276, 32267, 32277, 32278, 32267, 32279, 32280, 32267, 32281, 32281
+    ]
+    seq = agent.release_sequence(converted["model"], [agent.ReleaseHistory("a", torch.zeros(1), [5, 6])], "b", [7])
+    assert seq.input_ids[:5] == [1, 32282, 5, 6, 32256] and seq.input_ids[-1] == 32274
+    assert seq.input_ids.count(32281) == 2 and seq.current_turn == 1 and len(seq.slot_positions) == 2
+
+
+@pytest.mark.parametrize("max_window", [1, 2, 3, 5])
+def test_release_window_rule(max_window):
+    """B6 for any max_window: the official loop's history is the previous max_window - 1 turns; its s_a window
+    holds them, the current (zero) slot and, before turn max_window, the zero slots of turns not played yet."""
+    for index in range(12):
+        window = agent.release_window(index, max_window)
+        expected = list(range(index))[-(max_window - 1) :] if max_window > 1 else []
+        assert window.history == expected
+        assert window.gen_turn_id == len(window.history) == min(index, max_window - 1)
+        start, end = window.slots
+        if index == 0:
+            assert (start, end) == (0, 1)
+        else:
+            assert end - start == max_window and list(range(start, start + len(window.history))) == window.history
+    with pytest.raises(ValueError, match="max_window"):
+        agent.release_window(0, 0)
+
+
+@pytest.mark.parametrize("max_window", [1, 2, 3])
+def test_the_game_plays_the_release_window(converted, max_window):
+    """The released turn inside the core's play_turn with history_turns = max_window - 1 sees exactly the turns the
+    release's loop puts in its prompt, oldest first (the reference set's own window is one of these)."""
+    from animegamer.inference.mllm_runner import MLLMPredictor
+    from animegamer.inference.turn import AnimeGamer
+
+    seen = []
+
+    def released_spy(model, history, instruction):
+        seen.append([h.instruction for h in history])
+        return agent.predict_released(model, history, instruction)
+
+    game = AnimeGamer(MLLMPredictor(converted["model"], predict=released_spy), None, history_turns=max_window - 1)
+    texts = [f"Character: Qiqi; Motion: {m}; Background: {b}." for m, b in
+             [("fly", "day sky"), ("run", "park"), ("fly", "park"), ("run", "day sky")]]
+    turns = []
+    for text in texts:
+        turns.append(game.play_turn(turns, text))
+    assert seen == [[texts[k] for k in agent.release_window(i, max_window).history] for i in range(len(texts))]
+    model = converted["model"]
+    assert all(t.release_values is not None for t in turns)
+    assert all(t.shot_embeds.shape == (model.num_slots, model.shot_dim) for t in turns)
 
 
 def test_release_parse():
@@ -256,10 +341,17 @@ def test_fast_path_on_converted_weights(converted):
         mllm=converted["cfg"], mllm_checkpoint=converted["info"]["mllm_dir"], merge_lora=True, history_turns=1
     )
     fast = load_mllm_predictor(cfg, "cpu", offload=True)
-    assert fast.model.official
+    assert fast.model.slot_attention == "bidirectional"
     turn = fast.predict_turn(history, instruction)
     assert turn.values == plain.values and rel(turn.shot_embeds, plain.shot_embeds) < 1e-5
     assert all(abs(sum(p.values()) - 1) < 1e-5 for p in turn.value_probs.values())
+    # slot_attention bidirectional: the shot comes from the slot-block pass, not from the causal prefill
+    from animegamer.inference.mllm_runner import prefill_turn, slot_block_shots
+
+    with torch.no_grad():
+        prefilled = prefill_turn(converted["model"], [], instruction)
+        block = slot_block_shots(converted["model"], prefilled.sequence, [])
+    assert torch.equal(first.shot_embeds, block.float().cpu()) and rel(prefilled.shot_embeds, block) > 1e-2
     # fixed mode reads the frame slots (B1 fixed), so its shot differs from the released reading of the same prompt
     seq = agent.release_sequence(converted["model"], [], "", None)
     assert seq.slot_positions[-1][-1] < len(seq) - 1

@@ -92,13 +92,3 @@ def test_released_vocabulary_matches_the_release_tokenizer(tmp_path):
     assert layout.shot_open_ids == [32256, 32260] and layout.shot_close_ids == [32261, 32257]
     assert layout.value_ids["stamina"] == [32266, 32267, 32268] and layout.value_ids["motion_level"][0] == 32268
     assert [layout.open_ids["motion_level"], layout.turn_open_id, layout.turn_close_id] == [32274, 32282, 32283]
-    # the release's history states (B5): <Strength_0> everywhere and </ST> twice
-    assert layout.release_history_state_tokens() == [
-        32274, 32267, 32275, 32276, 32267, 32277, 32278, 32267, 32279, 32280, 32267, 32281, 32281
-    ]
-    seq = layout.build_sequence(
-        [TurnSpec("a", None, text_ids=[5, 6]), TurnSpec("b", None, is_current=True, text_ids=[7])],
-        release_history_states=True,
-    )
-    assert seq.input_ids[:5] == [tok.bos_token_id, 32282, 5, 6, 32256]
-    assert seq.input_ids[-1] == 32274 and seq.input_ids.count(32281) == 2

@@ -22,9 +22,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from animegamer.config import DecoderConfig, EncoderConfig, MLLMConfig
+from animegamer.config import DecoderConfig, EncoderConfig, MLLMConfig, StageBConfig
+from animegamer.models.decoder import AnimationShotDecoder
+from animegamer.models.mllm import AnimeGamerMLLM, load_tokenizer
+from animegamer.models.shot_encoder import ActionAwareEncoder
 from animegamer.models.vae import DTYPES
-from animegamer.tiny import COGVIDEOX_2B_SCHEDULER
+from animegamer.tiny import COGVIDEOX_2B_SCHEDULER, train_sentencepiece
 
 
 @dataclass(frozen=True)
@@ -190,8 +193,6 @@ def build_tokenizer(out_dir: str | Path, vocab_size: int) -> Path:
 
     from transformers import LlamaTokenizer
 
-    from animegamer.tiny import train_sentencepiece
-
     out_dir = Path(out_dir)
     spm_dir = out_dir / "_spm"
     train_sentencepiece(
@@ -217,8 +218,6 @@ def build_decoder(arch: Architecture, cfg: DecoderConfig, device: torch.device |
     """
     from diffusers import AutoencoderKLCogVideoX, CogVideoXTransformer3DModel
 
-    from animegamer.models.decoder import AnimationShotDecoder
-
     torch.manual_seed(seed)
     with building_on(device, DTYPES[cfg.dtype]):
         # .to(device) also moves any buffer a constructor built on an explicit device (no-op otherwise)
@@ -236,14 +235,12 @@ def build_mllm(
     device: torch.device | str,
     tokenizer_dir: str | Path,
     seed: int = 0,
-    mse_weight: float = 0.5,
-    cosine_weight: float = 0.0,
+    mse_weight: float = StageBConfig.mse_weight,
+    cosine_weight: float = StageBConfig.cosine_weight,
 ):
     """:class:`AnimeGamerMLLM` around a random Mistral of ``arch``, built on ``device`` (base weights in
     ``cfg.dtype``, attention ``cfg.attn_implementation``); LoRA, slots and checkpointing follow ``cfg``."""
     from transformers import MistralConfig, MistralForCausalLM
-
-    from animegamer.models.mllm import AnimeGamerMLLM, load_tokenizer
 
     tokenizer, base_vocab = load_tokenizer(str(tokenizer_dir), cfg.vocabulary, cfg.num_slots)
     if base_vocab > arch.mistral["vocab_size"]:
@@ -263,7 +260,6 @@ def build_mllm(
 
 def build_encoder(arch: Architecture, cfg: EncoderConfig, device: torch.device | str, seed: int = 0):
     """:class:`ActionAwareEncoder` with ``cfg``'s variant (projector, fusion, mixing) at ``arch``'s widths."""
-    from animegamer.models.shot_encoder import ActionAwareEncoder
 
     torch.manual_seed(seed)
     with building_on(device):

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -39,13 +41,21 @@ import yaml
 from animegamer.bench.models import ARCHITECTURES
 from animegamer.bench.timing import PeakMemory, measure, synchronize
 from animegamer.config import InferenceConfig, load_config
-from animegamer.official.sat_layout import SatDecoderSpec
-from animegamer.official.synthetic import (
+from animegamer.inference.mllm_runner import predict_turn
+from animegamer.models.mllm import AnimeGamerMLLM
+from animegamer.models.trained import load_decoder
+from animegamer.models.vae import DTYPES
+from animegamer.official.agent import predict_released, release_render_level
+from animegamer.official.convert import INFERENCE_FILE
+from animegamer.official.game import ReleasedSampler, cast_transformer, release_sampler_settings
+from animegamer.official.release_files import (
     build_release_tokenizer,
     random_agent_state,
     sat_model_yaml,
     write_random_checkpoint,
 )
+from animegamer.official.sat_layout import SatDecoderSpec
+from animegamer.tiny import COGVIDEOX_2B_SCHEDULER
 
 INSTRUCTION = "Character: Qiqi; Motion: gently lie down; Background: night bedroom."
 MODES = ("released", "fixed")
@@ -112,8 +122,6 @@ def write_release(root: Path, preset: str, sizes: ReleaseSizes, seed: int) -> di
     sizes on disk and the seconds it took."""
     from diffusers import AutoencoderKLCogVideoX, CogVideoXDDIMScheduler
 
-    from animegamer.tiny import COGVIDEOX_2B_SCHEDULER
-
     began = time.perf_counter()
     spec = sizes.decoder
     (root / "VDM_Decoder").mkdir(parents=True)
@@ -156,6 +164,41 @@ def write_release(root: Path, preset: str, sizes: ReleaseSizes, seed: int) -> di
     }
 
 
+_CHILD = """
+import importlib, json, sys, threading, time
+peak = {"rss": 0, "anon": 0, "file": 0}
+def poll():
+    while True:
+        fields = dict(line.split(":", 1) for line in open("/proc/self/status") if line.startswith("Rss"))
+        kb = {k: int(v.split()[0]) for k, v in fields.items()}
+        peak["rss"] = max(peak["rss"], kb["RssAnon"] + kb["RssFile"] + kb.get("RssShmem", 0))
+        peak["anon"], peak["file"] = max(peak["anon"], kb["RssAnon"]), max(peak["file"], kb["RssFile"])
+        time.sleep(0.02)
+args = json.loads(sys.argv[1])
+module, name = args["function"].split(":")
+function = getattr(importlib.import_module(module), name)
+threading.Thread(target=poll, daemon=True).start()
+start = time.perf_counter()
+function(**args["kwargs"])
+seconds = time.perf_counter() - start
+time.sleep(0.1)
+print(json.dumps({"seconds": seconds, **{k + "_mb": v / 1024 for k, v in peak.items()}}))
+"""
+
+
+def measure_conversion(function: str, kwargs: dict) -> dict[str, float]:
+    """Run ``function`` ("module:name", e.g. "animegamer.official.convert:convert_release") with JSON ``kwargs`` in
+    a child process, so that its peak memory is its own and not the caller's: returns seconds and the child's peak
+    RSS (``rss_mb``), anonymous (``anon_mb``, what the conversion holds) and file-backed (``file_mb``: libraries and
+    the memory-mapped input, page cache the kernel can drop). Raises RuntimeError with the child's last error line."""
+    payload = json.dumps({"function": function, "kwargs": kwargs})
+    result = subprocess.run([sys.executable, "-c", _CHILD, payload], capture_output=True, text=True)
+    if result.returncode != 0:
+        lines = result.stderr.strip().splitlines() or ["(no output)"]
+        raise RuntimeError(f"the conversion failed: {lines[-1]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
 class CallCounter:
     """Forward calls of a module and the batch rows they ran (a pre-hook; ``hidden_states`` or the first input)."""
 
@@ -175,18 +218,17 @@ class CallCounter:
         self._handle.remove()
 
 
-def _turn(mllm, decoder, sampling, compat: str, device, warmup: int, repeats: int, seed: int) -> dict:
-    """Time the MLLM turn and the denoising of ``compat`` (models already switched to it), with the LLM forward
-    passes and transformer calls of one untimed turn; ``latents`` (not JSON) is what the VAE decodes."""
-    from animegamer.inference.mllm_runner import predict_turn
-    from animegamer.official.agent import release_render_level
+def _turn(mllm, decoder, predict, sample, released: bool, device, warmup: int, repeats: int, seed: int) -> dict:
+    """Time the MLLM turn ``predict`` and the denoising ``sample(shot, levels, generator) -> latents`` of one mode,
+    with the LLM forward passes and transformer calls of one untimed turn; ``latents`` (not JSON) is what the VAE
+    decodes. ``released``: the level renders as the release parsed it."""
 
     llm_calls, dit_calls = CallCounter(mllm.decoder), CallCounter(decoder.transformer)
     try:
         with PeakMemory(device) as memory:
-            prediction = predict_turn(mllm, [], INSTRUCTION, compat)
+            prediction = predict(mllm, [], INSTRUCTION)
             llm = {"llm_forward_passes": llm_calls.calls}
-            if compat == "released":
+            if released:
                 level = release_render_level(prediction.release_values, decoder.num_motion_levels)
             else:
                 level = prediction.values.motion_level
@@ -194,11 +236,11 @@ def _turn(mllm, decoder, sampling, compat: str, device, warmup: int, repeats: in
             levels = torch.tensor([level], device=device)
 
             def denoise():
-                return decoder.sample(shot, levels, sampling, torch.Generator().manual_seed(seed), decode=False)
+                return sample(shot, levels, torch.Generator().manual_seed(seed))
 
             latents = denoise()
             calls = {"transformer_calls": dit_calls.calls, "transformer_rows": dit_calls.rows}
-            mllm_t = measure(lambda: predict_turn(mllm, [], INSTRUCTION, compat), device, warmup, repeats)
+            mllm_t = measure(lambda: predict(mllm, [], INSTRUCTION), device, warmup, repeats)
             denoise_t = measure(denoise, device, warmup, repeats)
             synchronize(device)
     finally:
@@ -222,10 +264,6 @@ def bench_official(preset: str, device, work: Path, steps: int, dtype: str, warm
     """Build, convert and time (see the module docstring); ``work`` holds the release files and the conversion.
     ``dtype``: the frozen weights of both models in ``fixed`` and of the agent in ``released`` (whose decoder runs
     in the release's fp16). Returns the ``official`` section of benchmark.json."""
-    from animegamer.models.mllm import AnimeGamerMLLM
-    from animegamer.models.trained import load_decoder
-    from animegamer.official.convert import INFERENCE_FILE
-    from animegamer.official.synthetic import measure_conversion
 
     device = torch.device(device)
     sizes = release_sizes(preset, steps)
@@ -241,19 +279,26 @@ def bench_official(preset: str, device, work: Path, steps: int, dtype: str, warm
     mllm = AnimeGamerMLLM.from_config(cfg.mllm, device=device)
     mllm.load_trained(cfg.mllm_checkpoint)
     mllm.eval()
-    decoder = load_decoder(cfg.decoder_checkpoint, cfg.decoder, device=device)
     sampling = cfg.sampling
+    settings = release_sampler_settings(cfg.decoder_checkpoint)
     modes = {}
-    # released first: the release runs both LoRAs unmerged and nothing compiled
-    decoder.use_compat("released")
-    modes["released"] = _turn(mllm, decoder, sampling, "released", device, warmup, repeats, seed)
-    decoder.use_compat("fixed")
+    # released first: the release runs both LoRAs unmerged, nothing compiled, its whole transformer in fp16
+    decoder = load_decoder(cfg.decoder_checkpoint, cfg.decoder, device=device)
+    cast_transformer(decoder, DTYPES[settings.get("dtype", "fp32")])
+    modes["released"] = _turn(mllm, decoder, predict_released, ReleasedSampler(decoder, sampling, settings).latents,
+                              True, device, warmup, repeats, seed)
+    del decoder
+    decoder = load_decoder(cfg.decoder_checkpoint, cfg.decoder, device=device)
     mllm.merge_lora()
     decoder.merge_lora()
     if compile_blocks:
         decoder.compile_blocks()
-    modes["fixed"] = _turn(mllm, decoder, sampling, "fixed", device, warmup, repeats, seed)
-    # the VAE decode is the same call in both modes (use_compat switches the transformer only): timed once, so
+
+    def sample_fixed(shot, levels, generator):
+        return decoder.sample(shot, levels, sampling, generator, decode=False)
+
+    modes["fixed"] = _turn(mllm, decoder, predict_turn, sample_fixed, False, device, warmup, repeats, seed)
+    # the VAE decode is the same call in both modes (the release's dtype is the transformer's only): timed once, so
     # that the ratio holds only what differs
     latents = modes["fixed"].pop("latents")
     modes["released"].pop("latents")
@@ -280,7 +325,7 @@ def bench_official(preset: str, device, work: Path, steps: int, dtype: str, warm
             "num_frames": sampling.num_frames,
             "guidance_scale": sampling.guidance_scale,
             "dtype": dtype,
-            "released_decoder_dtype": decoder.release_sampler.get("dtype", "fp32"),
+            "released_decoder_dtype": settings.get("dtype", "fp32"),
             "history_turns": 0,
             "compile": compile_blocks,
         },

@@ -25,6 +25,7 @@ from animegamer.bench.models import Architecture, tokenwise_linear_params
 from animegamer.bench.timing import PeakMemory, count_flops, measure, mllm_training_flops
 from animegamer.bench.turn import INSTRUCTIONS
 from animegamer.config import StageAConfig, StageBConfig, TrainConfig
+from animegamer.data.stage_b import StageBCollator, move_batch
 from animegamer.states import StateValues
 from animegamer.tokens import TurnSpec
 from animegamer.training.optim import build_optimizer
@@ -140,7 +141,6 @@ def bench_stage_a(model, cfg: StageAConfig, compute_loss: Callable, arch: Archit
 def stage_b_batch(model, cfg: StageBConfig, device, seed: int = 0) -> tuple[dict, list[int]]:
     """A collated stage (b) batch of ``train.batch_size`` windows of ``data.history_turns`` + 1 turns, and the
     real length of every row (the dataset's layout and the script's collator)."""
-    from animegamer.data.stage_b import StageBCollator, move_batch
 
     layout, slots, dim = model.layout, model.num_slots, model.shot_dim
     g = torch.Generator().manual_seed(seed)

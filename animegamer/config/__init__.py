@@ -41,7 +41,7 @@ from animegamer.config.runs import (
     StageCConfig,
     StageDConfig,
 )
-from animegamer.config_docs import config_help  # --help text from the schemas' field comments
+from animegamer.config_docs import config_help  # --help text from the schemas' knob(help=...)
 
 __all__ = [
     "MISSING",

@@ -11,6 +11,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from animegamer.config.recorded import apply_training_record
 from animegamer.config.runs import (
     AblationsConfig,
     BenchmarkConfig,
@@ -50,35 +51,9 @@ SCHEMAS: dict[str, type] = {
     "ablations": AblationsConfig,
 }
 
-_CHOICES: dict[str, tuple[str, ...]] = {
-    "projector": ("mlp", "linear"),
-    "fusion": ("concat", "add", "cross_attn"),
-    "frame": ("first", "random"),
-    "dtype": ("fp32", "bf16", "fp16"),
-    "vocabulary": ("paper", "released"),
-    "mixed_precision": ("no", "bf16", "fp16"),
-    "lr_scheduler": ("constant", "cosine", "linear"),
-    "report_to": ("tensorboard", "wandb", "csv", "none"),
-    "scheduler": ("dpm", "ddim"),
-    "offload": ("none", "sequential"),
-    "split": ("train", "test", "all"),
-    "split_by": ("film", "time"),
-    "reader": ("pyav", "decord"),
-    "flow": ("dis", "raft"),
-    "blocking": ("fixed", "anchored", "free"),
-    "flow_preset": ("ultrafast", "fast", "medium"),
-    "preset": ("full", "tiny"),
-    "compat": ("released", "fixed"),
-    "cache": ("none", "first_block", "taylorseer", "pab", "faster", "magcache"),  # sampling.cache.CACHE_METHODS
-    "SamplingConfig.preset": ("standard", "fast", "distilled"),  # "Class.field": a name other fields also use
-    "resampler_gelu": ("tanh", "erf"),
-    "StageCConfig.history": ("teacher", "own"),
-}
-
-
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")  # a config key as the dataclasses spell them
-_DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")  # every config's ``device``
-_NON_NEGATIVE = ("history_turns", "shot_noise", "history_noise")  # checked wherever a config has them
+_DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")  # a field made by parts.device_field
+_CHOICE_ERROR = re.compile(r"Invalid value '(.*)', expected one of (\[.*\])")  # OmegaConf's check of a Literal
 
 
 def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> DictConfig:
@@ -112,25 +87,28 @@ def _check_key_names(node: Any, path: Path, where: str = "") -> None:
         _check_key_names(value, path, f"{where}.{key}" if where else str(key))
 
 
-def _check_choices(obj: Any, where: str) -> None:
+def _check_values(obj: Any, where: str) -> None:
+    """The checks a field's metadata asks for (parts.device_field, parts.non_negative); OmegaConf has checked the
+    types and the ``Literal`` choices already."""
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
         if dataclasses.is_dataclass(value):
-            _check_choices(value, f"{where}{f.name}.")
-        elif (names := _CHOICES.get(f"{type(obj).__name__}.{f.name}", _CHOICES.get(f.name))) and value not in names:
-            raise ConfigError(f"{where}{f.name}={value!r} is not one of {list(names)}")
-        elif f.name == "device" and not _DEVICE.fullmatch(value):
+            _check_values(value, f"{where}{f.name}.")
+        elif f.metadata.get("device") and not _DEVICE.fullmatch(value):
             raise ConfigError(f"{where}{f.name}={value!r} is not a device (auto, cpu, cuda, cuda:N or mps)")
-        elif f.name in _NON_NEGATIVE and value < 0:
-            raise ConfigError(f"{where}{f.name}={value} must be >= 0")
+        elif "min" in f.metadata and value < f.metadata["min"]:
+            raise ConfigError(f"{where}{f.name}={value} must be >= {f.metadata['min']}")
 
 
-def load_config(path: str | Path | None, overrides: list[str] | None = None, schema: type | None = None) -> Any:
+def load_config(path: str | Path | None, overrides: list[str] | None = None, schema: type | None = None,
+                training_record: bool = True) -> Any:
     """Load a YAML run config, apply ``key=value`` overrides and return the typed dataclass.
 
     The schema is ``schema`` if given, else the one named by the file's ``kind``. Unknown keys,
-    wrong types and values outside a field's choices raise :class:`ConfigError` with one message
-    naming the key.
+    wrong types, values outside a field's ``Literal`` choices and values its metadata rules out (a device,
+    a count >= 0) raise :class:`ConfigError` with one message naming the key. With ``training_record``, every
+    inference config in it takes the MLLM shape (and, at ``history_turns=-1``, the K) recorded with its
+    ``mllm_checkpoint`` (:func:`animegamer.config.recorded.apply_training_record`).
     """
     overrides = list(overrides or [])
     source = str(path) if path is not None else "<defaults>"
@@ -156,6 +134,8 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None, sch
             merged = OmegaConf.merge(merged, OmegaConf.from_dotlist([item]))
         except OmegaConfBaseException as exc:
             raise ConfigError(f"override {item!r}: {_describe(exc)}") from exc
+        except TypeError as exc:  # a list onto a mapping (or back): OmegaConf cannot merge the two
+            raise ConfigError(f"override {item!r}: {exc} (set the mapping's keys one by one)") from exc
     try:
         cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as exc:
@@ -163,28 +143,38 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None, sch
     expected = getattr(schema(), "kind", None)
     if expected is not None and cfg.kind != expected:
         raise ConfigError(f"{source}: kind={cfg.kind!r} but this entry point expects kind={expected!r}")
-    _check_choices(cfg, "")
-    _fold_fast(cfg, "")
+    if training_record:
+        for inference in inference_configs(cfg):
+            apply_training_record(inference)
+    _check_values(cfg, "")
+    for inference in inference_configs(cfg):
+        name = next((f.name for f in dataclasses.fields(cfg) if getattr(cfg, f.name) is inference), "")
+        _fold_fast(inference, f"{name}." if name else "")
     return cfg
 
 
-def _fold_fast(obj: Any, where: str) -> None:
+def _fold_fast(cfg: InferenceConfig, where: str) -> None:
     """``fast: true`` is the one-word spelling of ``sampling.preset: fast``: folded in here, once, for every
-    inference config (also inside eval and ablation configs), so nothing downstream reads ``fast``."""
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        if dataclasses.is_dataclass(value):
-            _fold_fast(value, f"{where}{f.name}.")
-    if isinstance(obj, InferenceConfig) and obj.fast:
-        if obj.sampling.preset == "distilled":
+    inference config (also an eval config's), so nothing downstream reads ``fast``."""
+    if cfg.fast:
+        if cfg.sampling.preset == "distilled":
             raise ConfigError(f"{where}fast=true and {where}sampling.preset=distilled are two different samplers: "
                               "pick one")
-        obj.sampling.preset, obj.fast = "fast", False
+        cfg.sampling.preset, cfg.fast = "fast", False
+
+
+def inference_configs(cfg: Any) -> list[InferenceConfig]:
+    """``cfg`` itself if it is an inference config, else the inference configs among its fields (eval's)."""
+    if isinstance(cfg, InferenceConfig):
+        return [cfg]
+    return [value for f in dataclasses.fields(cfg) if isinstance(value := getattr(cfg, f.name), InferenceConfig)]
 
 
 def _describe(exc: OmegaConfBaseException) -> str:
     key = getattr(exc, "full_key", None)
     msg = (getattr(exc, "msg", None) or str(exc)).splitlines()[0]  # OmegaConf appends full_key/object_type lines
+    if key and (choice := _CHOICE_ERROR.fullmatch(msg)):
+        return f"{key}={choice.group(1)!r} is not one of {choice.group(2)}"
     if key:
         return f"key '{_clip(str(key))}': {_clip(msg, 200)}"
     return _clip(msg, 200)

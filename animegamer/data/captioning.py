@@ -32,6 +32,7 @@ from animegamer.config import CaptionConfig
 from animegamer.data.characters import CharacterRegistry
 from animegamer.data.manifest import ClipRecord
 from animegamer.data.video import read_video
+from animegamer.llm import LLMError, make_backend
 from animegamer.states import NUM_MOTION_LEVELS, TAG_ORDER, ShotTags, TagError, parse_tags
 
 _CHARACTERS_RE = re.compile(r"<C>(.*?)</C>", re.S)
@@ -152,8 +153,6 @@ class Captioner:
 
     @classmethod
     def from_config(cls, cfg: CaptionConfig, registry: CharacterRegistry | None = None) -> Captioner:
-        from animegamer.llm import make_backend
-
         if not cfg.backend:
             raise ValueError(
                 "captioner.backend is empty: set e.g. captioner.backend.type=openai "
@@ -236,7 +235,6 @@ def caption_records(
     each clip (``result`` None and ``error`` set when the backend failed; such a clip stays uncaptioned and is
     tried again on the next run). Returns counts ``{"ok", "invalid", "failed"}``.
     """
-    from animegamer.llm import LLMError
 
     todo = [r for r in records if not r.caption_status and r.motion_level is not None]
     counts = {"ok": 0, "invalid": 0, "failed": 0}

@@ -32,6 +32,9 @@ from animegamer.data.manifest import ClipRecord, Manifest, read_manifest
 from animegamer.data.tensor_store import TensorStore
 from animegamer.data.video import VideoReadError, read_video
 from animegamer.io import atomic_write_json
+from animegamer.models.clip_image import CLIPImageFeatures
+from animegamer.models.t5_text import T5TextFeatures
+from animegamer.models.vae import load_vae, vae_encode
 
 META_FILE = "features_meta.json"
 SKIPPED_FILE = "skipped.json"
@@ -138,10 +141,6 @@ class FeatureExtractor:
     """VAE latents, CLIP tokens and T5 tokens of one clip, with the frozen models of a stage (a) config."""
 
     def __init__(self, cfg: StageAConfig, device: str | torch.device = "cpu"):
-        from animegamer.models.clip_image import CLIPImageFeatures
-        from animegamer.models.t5_text import T5TextFeatures
-        from animegamer.models.vae import load_vae
-
         on_gpu = torch.device(device).type == "cuda"
         text_dtype = torch.bfloat16 if on_gpu else torch.float32  # T5-XXL is 19 GB in fp32
         self.cfg, self.device = cfg, torch.device(device)
@@ -153,7 +152,6 @@ class FeatureExtractor:
     @torch.no_grad()
     def __call__(self, frames: torch.Tensor, motion_text: str) -> dict[str, torch.Tensor]:
         """frames (T, H, W, 3) uint8 at the configured size -> the stored fields of one clip."""
-        from animegamer.models.vae import vae_encode
 
         latents = vae_encode(self.vae, frames[None])[0]  # (F, C, h, w)
         picks = clip_frame_indices(len(frames), self.cfg.data.clip_frames)

@@ -37,63 +37,24 @@ from typing import Any
 
 import numpy as np
 
-from animegamer.data.cuts import CutCheck, DecodeLog, checked_clips, decode_packets, detect_scenes, plan_clips
+from animegamer.data.cuts import (
+    Box,
+    CutCheck,
+    CutSettings,
+    DecodeLog,
+    checked_clips,
+    decode_packets,
+    detect_scenes,
+    plan_clips,
+)
 from animegamer.data.manifest import ClipRecord
+from animegamer.data.motion import scorer_for
 from animegamer.data.video import VideoReadError, probe_video, write_mp4
 
 FILM_EXTENSIONS = (".mp4", ".mkv", ".webm", ".avi", ".mov", ".m4v")
 BORDER_SAMPLES = 16  # frames sampled over the film for border detection
 FILM_RECORD = "film.json"  # per-film result beside its clips; marks the film as finished
 CLIPS_DIR = "clips"  # output_dir/clips/<film_id>/: every clip the pipeline writes
-
-
-@dataclass(frozen=True)
-class CutSettings:
-    """Everything that decides which clips a film yields; a change re-cuts finished films."""
-
-    height: int = 480
-    width: int = 720
-    fps: int = 8
-    clip_seconds: float = 2.0
-    scene_threshold: float = 27.0  # ContentDetector threshold
-    min_scene_seconds: float = 2.0  # shorter scenes yield no clip
-    crop_black_borders: bool = True
-    black_threshold: int = 16  # mean row/column luma (0..255) below this is border
-    reader: str = "pyav"  # decoder for the clip pass: pyav | decord
-    cut_check_threshold: float = 0.35  # colour-histogram change (0..1) between clip frames that is a cut; 0: off
-    max_decode_errors: int = 10  # a film with more decoder errors (rejected packets, corrupt frames) is skipped
-
-    @property
-    def frames_per_clip(self) -> int:
-        return int(round(self.clip_seconds * self.fps)) + 1
-
-    @classmethod
-    def from_config(cls, cfg: Any) -> CutSettings:
-        return cls(**{name: getattr(cfg, name) for name in cls.__dataclass_fields__})
-
-
-@dataclass(frozen=True)
-class Box:
-    """A crop box in pixels, [x0, x1) x [y0, y1)."""
-
-    x0: int
-    y0: int
-    x1: int
-    y1: int
-
-    @property
-    def width(self) -> int:
-        return self.x1 - self.x0
-
-    @property
-    def height(self) -> int:
-        return self.y1 - self.y0
-
-    def crop(self, frame: np.ndarray) -> np.ndarray:
-        return frame[self.y0 : self.y1, self.x0 : self.x1]
-
-    def to_list(self) -> list[int]:
-        return [self.x0, self.y0, self.x1, self.y1]
 
 
 @dataclass
@@ -385,7 +346,6 @@ class FilmJob:
 def process_film(job: FilmJob) -> FilmResult:
     """Worker entry: cut one film and score every clip's motion. Never raises for a bad film: the result
     carries ``error`` (naming the path) and the film's partial clips are removed."""
-    from animegamer.data.motion import scorer_for
 
     started = time.perf_counter()
     try:

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from animegamer.models.weights import load_state_dict_file
+
 DIS_PRESETS = ("ultrafast", "fast", "medium")
 
 
@@ -123,8 +125,6 @@ class RAFTFlow:
     def __init__(self, weights: str | Path, device: str = "cpu", batch_pairs: int = 4):
         import torch
         from torchvision.models.optical_flow import raft_large, raft_small
-
-        from animegamer.models.weights import load_state_dict_file
 
         state = load_state_dict_file(weights)
         for build in (raft_large, raft_small):

@@ -14,9 +14,10 @@ it: :meth:`animegamer.inference.turn.AnimeGamer.play_turn`):
 
 The two steps are also callable apart (:func:`prefill_turn`, :func:`decode_states`); the benchmark times them.
 
-Converted official weights (``model.official``, scripts/convert_official.py) read their shot from a second pass in
-which the current turn's frame tokens attend to each other, as the release trained them; ``compat: released``
-replays the release's whole turn instead, its quirks included (animegamer/official/agent.py lists both modes).
+A model whose checkpoint records ``slot_attention: bidirectional`` (converted release weights, trained so) reads its
+shot from a second pass in which the current turn's slots attend to each other (:func:`slot_block_shots`). Another
+turn function (``MLLMPredictor(..., predict=...)``) plays the same game: the release's own turn, its quirks included,
+lives in animegamer/official/agent.py.
 
 Results directory written by ``inference_MLLM.py`` (:class:`ResultsWriter`), read by ``inference_Decoder.py``
 (:func:`load_results`)::
@@ -32,8 +33,8 @@ Results directory written by ``inference_MLLM.py`` (:class:`ResultsWriter`), rea
                                                 "character_state": {stamina, social, entertainment},  (after the turn)
                                                 "prompt_tokens": int,
                                                 "value_probs": {field: {value: probability}},
-                                                "release_values": [ML, SC, ET, ST]}  (compat released only:
-                                                the values as the release parsed them, 0s on a failed parse)
+                                                "release_values": [ML, SC, ET, ST]}  (the release's own turn
+                                                only: the values as it parsed them, 0s on a failed parse)
 
 A turn costs the same to write whether it is the first or the ten-thousandth: its two files are written atomically,
 then one line is appended to ``turns.jsonl`` and flushed to disk; ``game.json`` is written only at the start
@@ -48,7 +49,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -151,39 +152,57 @@ def decode_states(model, prefilled: PrefilledTurn) -> tuple[dict[str, int], dict
     return chosen, probs
 
 
+def slot_block_mask(length: int, slots: list[int], device) -> torch.Tensor:
+    """(1, 1, T, T) boolean attention mask: causal, plus the square block of ``slots`` (the current turn's, in one
+    run) fully visible to itself."""
+    mask = torch.ones(length, length, dtype=torch.bool, device=device).tril()
+    mask[slots[0] : slots[-1] + 1, slots[0] : slots[-1] + 1] = True
+    return mask[None, None]
+
+
 @torch.no_grad()
-def predict_turn(model, history: list[HistoryTurn], instruction: str, compat: str = "fixed") -> TurnPrediction:
-    """Predict the next turn from ``history`` (used as given: window it first) and the instruction.
+def slot_block_pass(model, seq: SequenceLayout, history_shots: torch.Tensor | None) -> torch.Tensor:
+    """Final hidden states (T, hidden) of a pass over ``seq`` under :func:`slot_block_mask`, history slots carrying
+    ``history_shots`` (M, N, shot_dim) or plain token embeddings when None."""
+    device = model.device
+    input_ids = torch.tensor([seq.input_ids], device=device)  # (1, T)
+    if history_shots is not None and len(history_shots):
+        positions = torch.tensor(seq.slot_positions[:-1], device=device)  # (M, N)
+        embeds = model.embed(input_ids, positions, history_shots.to(device))
+    else:
+        embeds = model.embed(input_ids)
+    mask = slot_block_mask(len(seq), seq.slot_positions[-1], device)
+    hidden, _ = model.transformer(embeds, attention_mask=mask)  # (1, T, hidden)
+    return hidden[0]
 
-    ``compat`` matters for converted official weights only: ``released`` replays the release's turn
-    (:func:`animegamer.official.agent.released_turn`), ``fixed`` is this path with the frame-block shot pass.
+
+@torch.no_grad()
+def slot_block_shots(model, seq: SequenceLayout, history: list[HistoryTurn]) -> torch.Tensor:
+    """The shot (N, shot_dim) of a ``slot_attention: bidirectional`` model: read at the current slots of
+    :func:`slot_block_pass`.
+
+    A second pass over the prompt, on purpose: the state tags come after the slot block, so their keys/values
+    depend on the mask from the block on, and the states are decoded from the causal prefill's cache. Decoding
+    them from this pass's cache instead was measured on the tiny converted reference set (0, 1, 2 history turns):
+    the first-field open tag's hidden state moved by 0.53 / 0.10 / 0.10 relative, value probabilities by up to
+    0.25, and with no history the chosen values changed. Only the causal prefix before the current slots could be
+    shared (53% / 69% of the prompt with 1 / 2 history turns, same hidden state to 3e-7 relative).
     """
-    from animegamer.official import agent
+    shots = torch.stack([h.shot_embeds for h in history]) if history else None  # (M, N, shot_dim)
+    return model.predict_shots(slot_block_pass(model, seq, shots)[seq.slot_positions[-1]])
 
-    official = getattr(model, "official", False)
+
+@torch.no_grad()
+def predict_turn(model, history: list[HistoryTurn], instruction: str) -> TurnPrediction:
+    """Predict the next turn from ``history`` (used as given: window it first) and the instruction."""
     was_training = model.training
     model.eval()
     try:
-        if official and compat == "released":
-            past = [agent.ReleaseHistory(h.instruction, h.shot_embeds) for h in history]
-            turn = agent.released_turn(model, past, instruction)
-            return TurnPrediction(
-                turn.shot_embeds.float().cpu(), turn.values, turn.prompt_tokens, release_values=turn.release_values
-            )
         prefilled = prefill_turn(model, history, instruction)
         chosen, probs = decode_states(model, prefilled)
         shot_embeds = prefilled.shot_embeds
-        if official:
-            # A second pass over the prompt, on purpose: the release reads s_a from a pass whose current frame
-            # block is bidirectional (agent.frame_block_mask, B2), and the state tags come after that block, so
-            # their keys/values depend on the mask from the block on. Decoding the states from the shot pass's
-            # cache instead was measured on the tiny converted reference set (0, 1, 2 history turns): the
-            # first-field open tag's hidden state moved by 0.53 / 0.10 / 0.10 relative, value probabilities by up
-            # to 0.25, and with no history the chosen values changed. Only the causal prefix before the current
-            # frame block could be shared (53% / 69% of the prompt with 1 / 2 history turns, same hidden state to
-            # 3e-7 relative).
-            shots = torch.stack([h.shot_embeds for h in history]) if history else None  # (M, N, shot_dim)
-            shot_embeds = agent.shot_pass(model, prefilled.sequence, shots, last_positions=False)["shot_embeds"]
+        if model.slot_attention == "bidirectional":
+            shot_embeds = slot_block_shots(model, prefilled.sequence, history)
     finally:
         model.train(was_training)
     return TurnPrediction(
@@ -194,17 +213,20 @@ def predict_turn(model, history: list[HistoryTurn], instruction: str, compat: st
     )
 
 
+# one turn of a model: (model, history as given, instruction) -> prediction
+TurnFunction = Callable[[Any, list[HistoryTurn], str], TurnPrediction]
+
+
 class MLLMPredictor:
     """The core's :class:`animegamer.inference.turn.StatePredictor`: the MLLM in eval mode, moved to ``device`` only
-    while it predicts when ``offload``."""
+    while it predicts when ``offload``; ``predict`` is the turn function (:func:`predict_turn`; the release's own:
+    animegamer.official.agent.predict_released)."""
 
     def __init__(self, model, device: str | None = None, offload: bool = False, max_instruction_tokens: int = 96,
-                 compat: str = "fixed"):
-        if compat not in ("released", "fixed"):
-            raise ValueError(f"compat must be released or fixed, got {compat!r}")
+                 *, predict: TurnFunction = predict_turn):
         self.model = model.eval()
         self.device = device if device is not None else str(model.device)
-        self.offload, self.max_instruction_tokens, self.compat = offload, max_instruction_tokens, compat
+        self.offload, self.max_instruction_tokens, self.predict = offload, max_instruction_tokens, predict
 
     @property
     def shot_shape(self) -> tuple[int, int]:
@@ -218,7 +240,7 @@ class MLLMPredictor:
 
     def predict_turn(self, history: Sequence[HistoryTurn], instruction: str) -> TurnPrediction:
         with on_device(self.model, self.device, self.offload):
-            return predict_turn(self.model, list(history), instruction, self.compat)
+            return self.predict(self.model, list(history), instruction)
 
 
 # ---------------------------------------------------------------------- results directory

@@ -68,14 +68,12 @@ class DecoderRenderer:
                     seeds: Sequence[int]) -> list[np.ndarray]:
         """Several clips in one batch (the evaluation's way to fill a CPU): each drawn from its own seed's
         generator, as :meth:`latents` draws it alone, so a clip differs from its single render by float rounding
-        only. A cache method decides its skips for the whole batch and the release's sampler draws from one
-        generator: with either, the clips render one at a time."""
+        only. A cache method decides its skips for the whole batch: with one, the clips render one at a time."""
         if not len(shots) == len(motion_levels) == len(seeds):
             raise ValueError(f"{len(shots)} shots, {len(motion_levels)} levels and {len(seeds)} seeds")
         if not shots:
             return []
-        released = self.decoder.compat == "released" and self.decoder.release_sampler is not None
-        if self.sampler.cache is not None or released:
+        if self.sampler.cache is not None:
             return [self.render(*clip) for clip in zip(shots, motion_levels, seeds, strict=True)]
         generators = [torch.Generator().manual_seed(seed) for seed in seeds]
         with on_device(self.decoder, self.device, self.offload):

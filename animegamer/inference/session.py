@@ -16,11 +16,14 @@ Every weights path and rendering option is checked before any model loads (:func
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from animegamer.config import InferenceConfig
+from animegamer.config.recorded import history_turns_note
 from animegamer.inference.game import GameSession, check_game_settings
 from animegamer.inference.mllm_runner import MLLMPredictor
 from animegamer.inference.preflight import check_device, check_output_dir
@@ -98,7 +101,7 @@ def check_checkpoints(cfg: InferenceConfig, mllm: bool = True, decoder: bool = T
 
 def check_render_options(cfg: InferenceConfig, device: str) -> None:
     """The rendering options of an inference config that cannot work, before any model loads: one-line
-    FileNotFoundError / ValueError (``distilled`` without a stage (d) checkpoint or with the release's sampler,
+    FileNotFoundError / ValueError (``distilled`` without a stage (d) checkpoint,
     ``magcache`` without its ratios or with ratios for another step count, FP8 off a capable GPU or with
     offloading)."""
     if cfg.sampling.cache == "magcache":
@@ -110,9 +113,6 @@ def check_render_options(cfg: InferenceConfig, device: str) -> None:
                        None if cfg.sampling.preset == "distilled" else effective_sampling(cfg.sampling).steps)
 
     if cfg.sampling.preset == "distilled":
-        if cfg.compat == "released":
-            raise ValueError("sampling.preset=distilled samples with the stage (d) student; compat=released samples "
-                             "with the release's own sampler: use compat=fixed")
         if not cfg.decoder_checkpoint:
             raise ValueError("sampling.preset=distilled needs a stage (d) decoder_checkpoint")
         decoder_dir = checkpoint_decoder_dir(cfg.decoder_checkpoint)
@@ -128,7 +128,17 @@ def check_render_options(cfg: InferenceConfig, device: str) -> None:
             raise ValueError(problem)
 
 
+def check_core_compat(cfg: InferenceConfig) -> None:
+    """The core plays ``compat: fixed``; the release's own predictor and renderer are built by the entry points
+    (animegamer.official.game), never here."""
+    if cfg.compat != "fixed":
+        raise ValueError(f"compat={cfg.compat}: the release's own predictor and renderer play through app.py, "
+                         "inference_MLLM.py, inference_Decoder.py or python -m animegamer.official.play")
+
+
 def load_mllm_predictor(cfg: InferenceConfig, device: str, offload: bool) -> MLLMPredictor:
+    """The core's MLLM (``compat: fixed``) from ``cfg``: trained parts loaded, LoRA merged if asked."""
+    check_core_compat(cfg)
     model = AnimeGamerMLLM.from_config(cfg.mllm, device="cpu" if offload else device)
     if cfg.mllm_checkpoint:
         model.load_trained(resolve_checkpoint(cfg.mllm_checkpoint))
@@ -137,18 +147,19 @@ def load_mllm_predictor(cfg: InferenceConfig, device: str, offload: bool) -> MLL
               "resamplers; predictions are meaningless", file=sys.stderr)
     if cfg.merge_lora:
         model.merge_lora()
-    return MLLMPredictor(model, device, offload, max_instruction_tokens=cfg.mllm.max_instruction_tokens,
-                         compat=cfg.compat)
+    print(history_turns_note(cfg), file=sys.stderr)  # which K and why (config.recorded)
+    return MLLMPredictor(model, device, offload, max_instruction_tokens=cfg.mllm.max_instruction_tokens)
 
 
 def load_renderer(cfg: InferenceConfig, device: str, offload: bool) -> DecoderRenderer:
+    """The core's decoder renderer (``compat: fixed``) from ``cfg``: every decoder and sampling option applied."""
+    check_core_compat(cfg)
     target = "cpu" if offload else device
     if cfg.decoder_checkpoint:
         decoder = load_decoder(cfg.decoder_checkpoint, cfg.decoder, device=target)
     else:
         print("warning: decoder_checkpoint is empty: the decoder runs without trained LoRA", file=sys.stderr)
         decoder = AnimationShotDecoder.from_config(cfg.decoder, device=target).eval()
-    decoder.use_compat(cfg.compat)  # a converted official decoder samples with the release's sampler if released
     if cfg.decoder.vae_slicing and hasattr(decoder.vae, "enable_slicing"):
         decoder.vae.enable_slicing()
     if cfg.decoder.vae_tiling and hasattr(decoder.vae, "enable_tiling"):
@@ -166,21 +177,28 @@ def load_renderer(cfg: InferenceConfig, device: str, offload: bool) -> DecoderRe
     return DecoderRenderer(decoder, cfg.sampling, device, offload, sampler)
 
 
-def build_game(cfg: InferenceConfig, mllm: bool = True, render: bool = True) -> AnimeGamer:
+# (cfg, device, offload) -> a predictor or a renderer: the core's loaders, or those an entry point picks
+# (animegamer.official.game: the release's own under compat: released)
+Loader = Callable[[InferenceConfig, str, bool], Any]
+
+
+def build_game(cfg: InferenceConfig, mllm: bool = True, render: bool = True, *,
+               predictor_loader: Loader = load_mllm_predictor, renderer_loader: Loader = load_renderer) -> AnimeGamer:
     """The :class:`AnimeGamer` of ``cfg``: its MLLM (unless ``mllm`` is false: render recorded predictions only)
-    and its decoder (unless ``render`` is false: predict only). A missing checkpoint or an impossible rendering
-    option, or a device this machine does not have, raises FileNotFoundError / ValueError before any model
-    loads."""
+    and its decoder (unless ``render`` is false: predict only), from the core's loaders unless others are given.
+    A missing checkpoint or an impossible rendering option, or a device this machine does not have, raises
+    FileNotFoundError / ValueError before any model loads."""
     check_checkpoints(cfg, mllm=mllm, decoder=render)
     device = check_device(cfg.device)
     offload = cfg.offload == "sequential" and device != "cpu"
     torch.manual_seed(cfg.seed)  # untrained parts (an empty checkpoint) initialise the same way every run
-    predictor = load_mllm_predictor(cfg, device, offload) if mllm else None
-    renderer = load_renderer(cfg, device, offload) if render else None
+    predictor = predictor_loader(cfg, device, offload) if mllm else None
+    renderer = renderer_loader(cfg, device, offload) if render else None
     return AnimeGamer(predictor, renderer, history_turns=cfg.history_turns, seed=cfg.seed)
 
 
-def build_session(cfg: InferenceConfig, render: bool = True, output_dir: str | Path | None = None) -> GameSession:
+def build_session(cfg: InferenceConfig, render: bool = True, output_dir: str | Path | None = None,
+                  **loaders: Loader) -> GameSession:
     """:func:`build_game` in a fresh :class:`GameSession` writing to ``output_dir`` (default ``cfg.output_dir``)."""
-    return GameSession(build_game(cfg, render=render), output_dir=output_dir if output_dir is not None
-                       else cfg.output_dir)
+    return GameSession(build_game(cfg, render=render, **loaders),
+                       output_dir=output_dir if output_dir is not None else cfg.output_dir)

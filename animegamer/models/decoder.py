@@ -26,14 +26,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from animegamer.config import DecoderConfig, SamplingConfig
-from animegamer.models.decoder_parts import cast_keeping_lost, load_parts, restore_cast, save_parts
+from animegamer.models.decoder_parts import load_parts, save_parts
 from animegamer.models.vae import DTYPES, load_vae, require_dir, vae_decode, vae_encode
 from animegamer.sampling.schedule import Generators, build_scheduler, guidance_scales, initial_noise, scheduler_step
 
@@ -113,14 +112,11 @@ class AnimationShotDecoder(nn.Module):
         self.vae = vae
         self.scheduler_config = dict(scheduler_config)
         self.noise_scheduler = build_scheduler("ddim", self.scheduler_config)  # add_noise / velocity for training
-        # Settings a converted official checkpoint carries (animegamer.official.decoder); None for our own:
+        # Settings a checkpoint may carry (a converted release carries them: animegamer.official.decoder); else None:
         # the value the motion embedding sees per level (the release's flow values), LayerNorm eps diffusers'
-        # config cannot express, the release sampler's settings, and its unconditional shot tokens.
+        # config cannot express, and learned unconditional shot tokens.
         self.motion_values: list[float] | None = None
         self.layernorm_eps: dict[str, float] = {}
-        self.release_sampler: dict | None = None
-        self.compat = "fixed"  # released: sample() runs the release's own sampler (animegamer.official.sampler)
-        self._lost_to_release: dict | None = None  # use_compat: what the cast to the release's dtype lost
         self.register_buffer("null_shot", None, persistent=False)
 
     # ------------------------------------------------------------------ building and saving
@@ -191,10 +187,11 @@ class AnimationShotDecoder(nn.Module):
             linear.weight.copy_(weight)
             linear.bias.copy_(bias)
 
-    def save_trained(self, out_dir: str | Path) -> None:
+    def save_trained(self, out_dir: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:
         """Write the trained parts (LoRA, motion embedding) and the settings they need; the files are listed in
-        :mod:`animegamer.models.decoder_parts`."""
-        save_parts(self, out_dir)
+        :mod:`animegamer.models.decoder_parts`. ``state_dict``: the trained tensors gathered where this module holds
+        only shards (ZeRO-3, FSDP2), keyed as in ``self.state_dict()``; by default the module's own."""
+        save_parts(self, out_dir, state_dict)
 
     def load_trained(self, in_dir: str | Path) -> None:
         """Load what :meth:`save_trained` wrote; the LoRA/motion settings must match this decoder's, and
@@ -202,48 +199,6 @@ class AnimationShotDecoder(nn.Module):
         load_parts(self, in_dir)
 
     # ------------------------------------------------------------------ inference fast path
-
-    def use_compat(self, compat: str) -> None:
-        """``released``: for a converted official checkpoint (one that carries ``release_sampler``), sample() runs
-        the release's own sampler (animegamer.official.sampler, its quirks included) with the whole transformer in
-        the release's dtype (fp16), LoRA and motion embedding included, as the release casts its whole model (SAT's
-        ``fp16: True``); our own checkpoints are unaffected. ``fixed``: our sampling path, in the loaded dtypes.
-
-        Switching is exact both ways: what the cast loses is kept on the CPU (:func:`cast_keeping_lost`: for
-        bf16 frozen weights a few elements, for fp32 ones and the fp32 trained parts whole tensors) and put back by
-        ``fixed``. A merged LoRA stays merged across the switch.
-        """
-        if compat not in ("released", "fixed"):
-            raise ValueError(f"compat={compat!r} is not one of ['fixed', 'released']")
-        self.compat = compat
-        if self.release_sampler is None:
-            return
-        if compat == "released" and self._lost_to_release is None:
-            with self._lora_unmerged():
-                dtype = DTYPES[self.release_sampler.get("dtype", "fp32")]
-                self._lost_to_release = cast_keeping_lost(self._float_tensors(), dtype)
-        elif compat == "fixed" and self._lost_to_release is not None:
-            with self._lora_unmerged():
-                restore_cast(self._float_tensors(), self._lost_to_release)
-            self._lost_to_release = None
-
-    def _float_tensors(self):
-        """(name, tensor) of the transformer's floating parameters and buffers (what ``.to(dtype)`` casts)."""
-        tensors = [*self.transformer.named_parameters(), *self.transformer.named_buffers()]
-        return [(name, t) for name, t in tensors if t.is_floating_point()]
-
-    @contextmanager
-    def _lora_unmerged(self):
-        """Unmerge the merged LoRA layers for the block and merge them again after it, so that the base weights
-        kept or restored by :meth:`use_compat` are always the unmerged ones."""
-        from peft.tuners.tuners_utils import BaseTunerLayer
-
-        merged = [m for m in self.transformer.modules() if isinstance(m, BaseTunerLayer) and m.merged]
-        for module in merged:
-            module.unmerge()
-        yield
-        for module in merged:
-            module.merge()
 
     def merge_lora(self) -> None:
         """Fold the LoRA into the base weights (inference): the same outputs up to the weights' rounding, and no
@@ -304,7 +259,7 @@ class AnimationShotDecoder(nn.Module):
 
     def null_shot_embeds(self, batch_size: int, device=None, dtype=torch.float32) -> torch.Tensor:
         """The unconditional shot representation used by CFG and condition dropout (B, N, H): zeros, or for a
-        converted official checkpoint the release's own unconditional tokens (its fusion of zero T5 and CLIP)."""
+        checkpoint's own unconditional tokens (a converted release's: its fusion of zero T5 and CLIP)."""
         device = device or self.device
         if self.null_shot is not None:
             return self.null_shot.to(device=device, dtype=dtype).expand(batch_size, -1, -1)
@@ -441,8 +396,7 @@ class AnimationShotDecoder(nn.Module):
         The denoising loop, written out: start from Gaussian latents; at each step run the conditional and the
         unconditional (null s_a) branch in one batch while guidance is on, combine them with that step's scale,
         and let the scheduler step (DPM-Solver++ keeps the previous x0 prediction for its second order). The
-        unconditional branch keeps the levels, or gets the null level with ``motion_guidance``. A converted
-        official decoder under ``use_compat("released")`` runs the release's sampler instead.
+        unconditional branch keeps the levels, or gets the null level with ``motion_guidance``.
         """
         from tqdm.auto import tqdm
 
@@ -452,26 +406,6 @@ class AnimationShotDecoder(nn.Module):
             raise ValueError(f"motion levels must be in 1..{self.num_motion_levels}, got {motion_level.tolist()}")
         if generator is None:
             generator = torch.Generator().manual_seed(sampling.seed)
-        if self.compat == "released" and self.release_sampler is not None:
-            from animegamer.official.sampler import sample_released
-
-            if motion_level is None:
-                raise ValueError("the release's sampler needs the motion level (its flow value)")
-            if isinstance(generator, list):
-                raise ValueError("the release's sampler draws a batch's noise from one generator, not a list")
-            latents = sample_released(
-                self,
-                shot_embeds,
-                self.motion_inputs(motion_level.to(device)),
-                self.latent_shape(sampling.num_frames, sampling.height, sampling.width),
-                self.release_sampler,
-                sampling.steps,
-                sampling.guidance_scale,
-                sampling.dynamic_cfg_exponent,
-                generator=generator,
-                on_step=on_step,
-            )
-            return self.decode_latents(latents) if decode else latents
         scheduler, scales, latents = self.start_sampling(batch, sampling, generator)
         timesteps = scheduler.timesteps
         cond = shot_embeds.to(device)

@@ -4,16 +4,14 @@
       adapter_config.json, adapter_model.safetensors   the LoRA on the transformer's attention (peft layout)
       motion_embedding.safetensors                    the motion level embedding (``ofs_embedding``)
       decoder_config.json                             the settings the parts need to be loaded back
-      null_shot_embeds.safetensors                    converted release only: its unconditional tokens (N, H)
+      null_shot_embeds.safetensors                    optional: learned unconditional tokens (N, H)
 
-Only trained parameters are written; the frozen CogVideoX weights come from ``decoder.pretrained``. A checkpoint
-converted from the official release (animegamer.official.decoder) also records, in ``decoder_config.json``, the
-value its motion embedding sees per level (``motion_values``), LayerNorm eps diffusers' config cannot express
-(``layernorm_eps``) and its sampler's settings (``release_sampler``); loading adopts them, and their absence means
-this project's own behaviour.
-
-:func:`cast_keeping_lost` and :func:`restore_cast` keep what a cast to the release's dtype loses, so that the
-decoder's ``use_compat`` can switch to the release's fp16 and back exactly.
+Only trained parameters are written; the frozen CogVideoX weights come from ``decoder.pretrained``. A checkpoint may
+also record, in ``decoder_config.json``, the value its motion embedding sees per level (``motion_values``) and
+LayerNorm eps diffusers' config cannot express (``layernorm_eps``), and carry unconditional tokens of its own: a
+checkpoint converted from the official release does (animegamer.official.decoder). Loading adopts them; their
+absence means this project's own behaviour. Keys this module does not know (the release sampler's settings of a
+converted checkpoint, read by animegamer.official) are left alone.
 """
 
 from __future__ import annotations
@@ -21,7 +19,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
 from torch import nn
 
 from animegamer.io import atomic_write_json
@@ -30,20 +27,26 @@ from animegamer.models.weights import load_state_dict_file, save_state_dict_file
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 MOTION_WEIGHTS = "motion_embedding.safetensors"
 DECODER_CONFIG = "decoder_config.json"
-NULL_SHOT_WEIGHTS = "null_shot_embeds.safetensors"  # converted release: its unconditional tokens (N, H)
+NULL_SHOT_WEIGHTS = "null_shot_embeds.safetensors"  # optional learned unconditional tokens (N, H)
 
 
-def save_parts(decoder, out_dir: str | Path) -> None:
-    """Write ``decoder``'s trained parts and the settings they need into ``out_dir``."""
+def save_parts(decoder, out_dir: str | Path, state_dict: dict | None = None) -> None:
+    """Write ``decoder``'s trained parts and the settings they need into ``out_dir``. ``state_dict``: the trained
+    tensors keyed as in ``decoder.state_dict()``, gathered where the module holds only shards (ZeRO-3, FSDP2);
+    by default the module's own parameters."""
     from peft.utils import get_peft_model_state_dict
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if decoder.lora_rank > 0:
         decoder.lora_config().save_pretrained(str(out))
-        save_state_dict_file(get_peft_model_state_dict(decoder.transformer), out / ADAPTER_WEIGHTS)
+        transformer = None if state_dict is None else _under(state_dict, "transformer.")
+        save_state_dict_file(get_peft_model_state_dict(decoder.transformer, state_dict=transformer),
+                             out / ADAPTER_WEIGHTS)
     if decoder.motion_scope:
-        save_state_dict_file(decoder.transformer.ofs_embedding.state_dict(), out / MOTION_WEIGHTS)
+        motion = (decoder.transformer.ofs_embedding.state_dict() if state_dict is None
+                  else _under(state_dict, "transformer.ofs_embedding."))
+        save_state_dict_file(motion, out / MOTION_WEIGHTS)
     settings = {
         "lora_rank": decoder.lora_rank,
         "lora_alpha": decoder.lora_alpha,
@@ -56,11 +59,13 @@ def save_parts(decoder, out_dir: str | Path) -> None:
         settings["motion_values"] = decoder.motion_values
     if decoder.layernorm_eps:
         settings["layernorm_eps"] = decoder.layernorm_eps
-    if decoder.release_sampler is not None:
-        settings["release_sampler"] = decoder.release_sampler
     if decoder.null_shot is not None:
         save_state_dict_file({"null_shot_embeds": decoder.null_shot}, out / NULL_SHOT_WEIGHTS)
     atomic_write_json(out / DECODER_CONFIG, settings)
+
+
+def _under(state: dict, prefix: str) -> dict:
+    return {name[len(prefix):]: value for name, value in state.items() if name.startswith(prefix)}
 
 
 def load_parts(decoder, in_dir: str | Path) -> None:
@@ -90,11 +95,11 @@ def load_parts(decoder, in_dir: str | Path) -> None:
     if decoder.motion_scope:
         decoder.transformer.ofs_embedding.load_state_dict(load_state_dict_file(src / MOTION_WEIGHTS))
     decoder.motion_guidance = bool(saved.get("motion_guidance", False))
-    _load_release_settings(decoder, src, saved)
+    _load_checkpoint_settings(decoder, src, saved)
 
 
-def _load_release_settings(decoder, src: Path, saved: dict) -> None:
-    """Adopt what a converted official checkpoint records (absent keys: our own decoder's behaviour)."""
+def _load_checkpoint_settings(decoder, src: Path, saved: dict) -> None:
+    """Adopt the settings a checkpoint records (a converted release's; absent keys: our own decoder's behaviour)."""
     values = saved.get("motion_values")
     if values is not None and len(values) != decoder.num_motion_levels:
         raise ValueError(f"{src}: motion_values has {len(values)} entries for {decoder.num_motion_levels} levels")
@@ -105,7 +110,6 @@ def _load_release_settings(decoder, src: Path, saved: dict) -> None:
         if not isinstance(modules.get(name), nn.LayerNorm):
             raise ValueError(f"{src}: layernorm_eps names {name!r}, not a LayerNorm of the transformer")
         modules[name].eps = eps
-    decoder.release_sampler = saved.get("release_sampler")
     null = None
     if (src / NULL_SHOT_WEIGHTS).is_file():
         null = load_state_dict_file(src / NULL_SHOT_WEIGHTS)["null_shot_embeds"]
@@ -114,40 +118,3 @@ def _load_release_settings(decoder, src: Path, saved: dict) -> None:
             raise ValueError(f"{src / NULL_SHOT_WEIGHTS}: shape {tuple(null.shape)}, the decoder needs {expected}")
         null = null.float().to(decoder.device)
     decoder.null_shot = null
-
-
-# (original dtype, flat indices of the changed elements or None for the whole tensor, their original values): CPU
-Lost = tuple[torch.dtype, torch.Tensor | None, torch.Tensor]
-
-
-def cast_keeping_lost(tensors: list[tuple[str, torch.Tensor]], dtype: torch.dtype) -> dict[str, Lost]:
-    """Cast ``tensors`` (name, parameter or buffer) in place to ``dtype``; return, per tensor the cast changed, what
-    casting back would not give again, on the CPU: the elements whose round trip differs (bf16 weights lose only
-    their few values below fp16's subnormal step), or the whole original when most of them do (float32)."""
-    lost: dict[str, Lost] = {}
-    for name, tensor in tensors:
-        if tensor.dtype == dtype:
-            continue
-        cast = tensor.data.to(dtype)
-        changed = cast.to(tensor.dtype).ne(tensor.data).reshape(-1)  # (numel,)
-        if 3 * int(changed.sum()) > changed.numel():
-            lost[name] = (tensor.dtype, None, tensor.data.to("cpu", copy=True))
-        else:
-            index = changed.nonzero().squeeze(-1)
-            lost[name] = (tensor.dtype, index.cpu(), tensor.data.reshape(-1)[index].cpu())
-        tensor.data = cast
-    return lost
-
-
-def restore_cast(tensors: list[tuple[str, torch.Tensor]], lost: dict[str, Lost]) -> None:
-    """Undo :func:`cast_keeping_lost` exactly: each tensor back in its dtype, its lost elements put back."""
-    for name, tensor in tensors:
-        if name not in lost:
-            continue
-        dtype, index, values = lost[name]
-        if index is None:
-            tensor.data = values.to(tensor.device)
-            continue
-        data = tensor.data.to(dtype).contiguous()
-        data.view(-1)[index.to(data.device)] = values.to(data.device)
-        tensor.data = data

@@ -20,7 +20,8 @@ instead of a resized base matrix, so only they train and only they are saved; lo
 
     adapter_config.json, adapter_model.safetensors   the LoRA, in peft's adapter format
     mllm_trained.safetensors                          new_token_embed, new_token_head, input/output resamplers
-    mllm_layout.json                                  vocabulary, num_slots, base_vocab, widths (checked on load)
+    mllm_layout.json                                  vocabulary, num_slots, base_vocab, widths (checked on load);
+                                                      slot_attention (adopted on load, absent: causal)
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from animegamer.config import MLLMConfig
+from animegamer.config import MLLMConfig, StageBConfig
 from animegamer.io import atomic_write_json, resolve_checkpoint
 from animegamer.models.resampler import ShotResampler
 from animegamer.models.weights import load_state_dict_file, save_state_dict_file
@@ -45,6 +46,7 @@ TRAINED_FILE = "mllm_trained.safetensors"
 LAYOUT_FILE = "mllm_layout.json"
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 LAYOUT_DEFAULTS = {"resampler_gelu": "tanh"}  # layout keys that checkpoints written before them lack
+SLOT_ATTENTION = ("causal", "bidirectional")  # mllm_layout.json's slot_attention (absent: causal)
 
 
 def load_tokenizer(pretrained: str, vocabulary: str = "paper", num_slots: int = 226) -> tuple[Any, int]:
@@ -109,8 +111,8 @@ class AnimeGamerMLLM(nn.Module):
         lora_dropout: float = 0.05,
         lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
         gradient_checkpointing: bool = False,
-        mse_weight: float = 0.5,
-        cosine_weight: float = 0.0,
+        mse_weight: float = StageBConfig.mse_weight,
+        cosine_weight: float = StageBConfig.cosine_weight,
     ):
         """``llm``: a ``MistralForCausalLM`` without adapters; ``tokenizer`` from :func:`load_tokenizer`."""
         from peft import LoraConfig, get_peft_model
@@ -124,7 +126,9 @@ class AnimeGamerMLLM(nn.Module):
         num_new = len(tokenizer) - base_vocab
         hidden = llm.config.hidden_size
         self.hidden_size = hidden
-        self.official = False  # set by load_trained for converted official weights
+        # how the current turn's slots attend to each other: "causal" (this project's training) or "bidirectional"
+        # (one block that sees itself whole, as the released weights were trained); a checkpoint records it
+        self.slot_attention = "causal"
 
         llm.requires_grad_(False)
         if gradient_checkpointing:
@@ -163,8 +167,8 @@ class AnimeGamerMLLM(nn.Module):
 
     @classmethod
     def from_config(
-        cls, cfg: MLLMConfig, device: str | torch.device | None = None, mse_weight: float = 0.5,
-        cosine_weight: float = 0.0,
+        cls, cfg: MLLMConfig, device: str | torch.device | None = None, mse_weight: float = StageBConfig.mse_weight,
+        cosine_weight: float = StageBConfig.cosine_weight,
     ) -> AnimeGamerMLLM:
         """Load the base model and tokenizer from ``cfg.pretrained`` and add fresh (seeded by the caller) parts."""
         from transformers import MistralForCausalLM
@@ -181,7 +185,7 @@ class AnimeGamerMLLM(nn.Module):
     @classmethod
     def from_modules(
         cls, cfg: MLLMConfig, llm: nn.Module, tokenizer, base_vocab: int, shot_dim: int | None = None,
-        mse_weight: float = 0.5, cosine_weight: float = 0.0,
+        mse_weight: float = StageBConfig.mse_weight, cosine_weight: float = StageBConfig.cosine_weight,
     ) -> AnimeGamerMLLM:
         """Wrap an already-built causal LM + tokenizer with the settings of ``cfg`` (``shot_dim`` overrides
         ``cfg.shot_dim``; the benchmark builds random full-size models on the GPU this way)."""
@@ -362,8 +366,11 @@ class AnimeGamerMLLM(nn.Module):
         self.llm.save_pretrained(str(out_dir), state_dict=adapter, safe_serialization=True)
         (out_dir / "README.md").unlink(missing_ok=True)  # peft's model-card template says nothing useful here
         extras = {n: state[n] for n in names if not n.startswith("llm.")}
-        save_state_dict_file(extras, out_dir / TRAINED_FILE, metadata={"layout": json.dumps(self._layout_meta())})
-        atomic_write_json(out_dir / LAYOUT_FILE, self._layout_meta())
+        layout = self._layout_meta()
+        if self.slot_attention != "causal":
+            layout["slot_attention"] = self.slot_attention
+        save_state_dict_file(extras, out_dir / TRAINED_FILE, metadata={"layout": json.dumps(layout)})
+        atomic_write_json(out_dir / LAYOUT_FILE, layout)
         return out_dir
 
     def load_trained(self, path: str | Path) -> Path:
@@ -401,6 +408,9 @@ class AnimeGamerMLLM(nn.Module):
         if set(extras) != expected:
             raise ValueError(f"{path}: {TRAINED_FILE} holds {sorted(set(extras) ^ expected)[:4]} unexpectedly")
         self.load_state_dict(extras, strict=False)
-        # converted official weights (animegamer/official/mllm.py): the runner replays the release's attention
-        self.official = bool(saved.get("official", False))
+        # converted before the layout named its slot attention, a release checkpoint said "official": true
+        slot_attention = saved.get("slot_attention", "bidirectional" if saved.get("official") else "causal")
+        if slot_attention not in SLOT_ATTENTION:
+            raise ValueError(f"{path}: slot_attention {slot_attention!r} is not one of {list(SLOT_ATTENTION)}")
+        self.slot_attention = slot_attention
         return path

@@ -27,10 +27,12 @@ from animegamer.models.weights import load_state_dict_file, save_state_dict_file
 ENCODER_DIR = "encoder"
 
 
-def save_encoder(encoder: ActionAwareEncoder, cfg: EncoderConfig, out_dir: str | Path) -> None:
-    """``out_dir/model.safetensors`` + ``out_dir/config.json`` (the EncoderConfig that rebuilds it)."""
+def save_encoder(encoder: ActionAwareEncoder, cfg: EncoderConfig, out_dir: str | Path,
+                 state_dict: dict[str, torch.Tensor] | None = None) -> None:
+    """``out_dir/model.safetensors`` + ``out_dir/config.json`` (the EncoderConfig that rebuilds it). ``state_dict``:
+    the full tensors gathered where the module holds only shards (ZeRO-3, FSDP2); by default the module's own."""
     out = Path(out_dir)
-    save_state_dict_file(encoder.state_dict(), out / "model.safetensors")
+    save_state_dict_file(encoder.state_dict() if state_dict is None else state_dict, out / "model.safetensors")
     atomic_write_json(out / "config.json", dataclasses.asdict(cfg))
 
 

@@ -1,13 +1,14 @@
-"""One turn of converted official weights, the release's way (``compat: released``) or with its bugs fixed (``fixed``).
+"""One turn of converted official weights the release's way (``compat: released``), as a turn function of
+:class:`animegamer.inference.mllm_runner.MLLMPredictor` (:func:`predict_released`), beside the core's ``fixed`` turn.
 
 The release runs two passes per turn over ``<s> [history turns] <TURN> caption <img><frame> 226 frame tokens
-</frame></img><ML>`` (tests/data/official_ref/README.md lists its behaviours B1-B6)::
+</frame></img><ML>`` (../shared/official_ref/README.md lists its behaviours B1-B6)::
 
     shot pass   (its generate_bi)  history slots <- input_resampler(s_a); causal attention except the current turn's
                                    226 frame tokens, which see each other (B2); s_a = output_resampler(final hidden)
     state pass  (its generate)     greedy decoding of up to 200 tokens over the whole vocabulary, parsed from text
 
-    behaviour                       released                                   fixed
+    behaviour                       released (this module)                     fixed (the core, mllm_runner)
     B1 s_a read at                  the last 226 positions (3 too late)        the 226 frame slots
     B3 state pass input             plain token embeddings (history s_a lost)  history slots carry input_resampler(s_a)
     B4 state decoding               logits processor (scores of 100 frame ids  constrained: each field's argmax over
@@ -15,8 +16,10 @@ The release runs two passes per turn over ``<s> [history turns] <TURN> caption <
     B5 history state tokens         always <Strength_0>, </ST> twice           the turn's own values, one </ST>
     B6 parsing                      split on spaces, tokens 0/3/6/9, [10:-1];  none needed: values are token ids
                                     any failure -> [0, 0, 0, 0]
-    B2 frame block                  bidirectional in the shot pass             the same (the weights were trained so)
+    B6 window                       the previous max_window - 1 turns          the previous history_turns turns
+    B2 frame block                  bidirectional in the shot pass             the same (slot_attention: bidirectional)
 
+The window (:func:`release_window`) is the runner's: ``history_turns = max_window - 1``.
 The release's values can leave our ranges (a failed parse gives motion level 0): :class:`ReleaseTurn` keeps them
 as parsed, and ``values`` holds them clamped into range for the game state.
 """
@@ -27,8 +30,9 @@ from dataclasses import dataclass
 
 import torch
 
+from animegamer.inference.mllm_runner import HistoryTurn, TurnPrediction, slot_block_pass
 from animegamer.states import VALUE_RANGES, StateValues
-from animegamer.tokens import STATE_FIELDS, SequenceLayout, TurnSpec
+from animegamer.tokens import IGNORE_INDEX, STATE_FIELDS, SequenceLayout, TurnSpec
 
 RELEASE_MAX_NEW_TOKENS = 200  # the release's generate(max_new_tokens=200)
 RELEASE_VIDEO_GEN_TOKENS = 100  # AutoVideoTokenGenerationProcessor(num_vid_gen_tokens=100)
@@ -45,6 +49,40 @@ class ReleaseHistory:
     text_ids: list[int] | None = None  # the caption's ids when known (tests); else the layout encodes it
 
 
+@dataclass(frozen=True)
+class ReleaseWindow:
+    """What the release's per-turn loop feeds turn ``index`` (0-based) with ``max_window`` W."""
+
+    history: list[int]  # the earlier turns in the prompt, oldest first: the previous W - 1 (fewer at the start)
+    slots: tuple[int, int]  # [start, end) of its s_a buffer passed in: the history, the current (zero) slot, and
+    # before turn W the not-yet-played zero slots up to W (turn 0: the first slot alone)
+    gen_turn_id: int  # min(index, W - 1): where the current turn sits in that window
+
+
+def release_window(index: int, max_window: int) -> ReleaseWindow:
+    """The window rule of the release's inference loop (B6) for turn ``index`` (0-based), any ``max_window`` >= 1.
+
+    Only ``history`` reaches the numbers: the history slots take the window's entries in order, and the zero slots
+    after them are read by nothing (the turn-0 window adds 0.0 times a resampled zero slot: a no-op)."""
+    if max_window < 1 or index < 0:
+        raise ValueError(f"max_window must be >= 1 and the turn index >= 0, got {max_window}, {index}")
+    if index == 0:
+        return ReleaseWindow([], (0, 1), 0)
+    start = index - max_window + 1 if index >= max_window else 0
+    history = [start + k for k in range(min(index, max_window - 1))]
+    return ReleaseWindow(history, (start, start + max_window), min(index, max_window - 1))
+
+
+def release_history_state_tokens(layout) -> list[int]:
+    """A history turn's state tokens as the release's loop writes them (B5): every value is ``<Strength_0>`` (it
+    formats them from the current turn's still-empty entry) and ``</ST>`` comes twice."""
+    zero = layout.value_id(STATE_FIELDS[0], 0)  # <Strength_0>, though 0 is no motion level of ours
+    out = []
+    for name in STATE_FIELDS:
+        out += [layout.open_ids[name], zero, layout.close_ids[name]]
+    return [*out, layout.close_ids[STATE_FIELDS[-1]]]
+
+
 def release_sequence(
     model,
     history: list[ReleaseHistory],
@@ -52,36 +90,45 @@ def release_sequence(
     text_ids: list[int] | None = None,
     values: list[StateValues] | None = None,
 ) -> SequenceLayout:
-    """The prompt: release-quirk history states (B5) when ``values`` is None, else the given values (fixed)."""
-    turns = [
-        TurnSpec(h.instruction, values[i] if values else None, text_ids=h.text_ids) for i, h in enumerate(history)
-    ]
-    turns.append(TurnSpec(instruction, None, is_current=True, text_ids=text_ids))
-    return model.layout.build_sequence(turns, release_history_states=values is None)
-
-
-def frame_block_mask(length: int, slots: list[int], device) -> torch.Tensor:
-    """(1, 1, T, T) boolean mask: causal, plus the square block of the current frame tokens fully visible (B2)."""
-    mask = torch.ones(length, length, dtype=torch.bool, device=device).tril()
-    mask[slots[0] : slots[-1] + 1, slots[0] : slots[-1] + 1] = True
-    return mask[None, None]
+    """The release's prompt: history turns with its B5 state tokens, then the current turn up to its ``<ML>``.
+    ``values`` (one per history turn) lays the history out the core's way instead, with those values."""
+    layout = model.layout
+    if values is not None:
+        turns = [TurnSpec(h.instruction, values[i], text_ids=h.text_ids) for i, h in enumerate(history)]
+        turns.append(TurnSpec(instruction, None, is_current=True, text_ids=text_ids))
+        return layout.build_sequence(turns)
+    ids: list[int] = [int(layout.tokenizer.bos_token_id)]
+    slot_positions, spans = [], []
+    turns = [(h.instruction, h.text_ids) for h in history] + [(instruction, text_ids)]
+    for index, (text, known_ids) in enumerate(turns):
+        start = len(ids)
+        caption = known_ids if known_ids is not None else layout.encode_text(text)
+        ids += [layout.turn_open_id, *caption, *layout.shot_open_ids]
+        slot_positions.append(list(range(len(ids), len(ids) + layout.num_slots)))
+        ids += [*layout.slot_ids, *layout.shot_close_ids]
+        if index < len(history):
+            ids += [*release_history_state_tokens(layout), layout.turn_close_id]
+        else:
+            ids.append(layout.open_ids[STATE_FIELDS[0]])
+        spans.append((start, len(ids)))
+    return SequenceLayout(
+        input_ids=ids,
+        slot_positions=slot_positions,
+        value_positions=[{} for _ in turns],
+        labels=[IGNORE_INDEX] * len(ids),
+        current_turn=len(history),
+        state_prompt_end=len(ids),
+        turn_spans=spans,
+    )
 
 
 @torch.no_grad()
 def shot_pass(model, seq: SequenceLayout, history_shots: torch.Tensor | None, last_positions: bool) -> dict:
-    """The release's generate_bi: hidden states and s_a (N, shot_dim); ``last_positions`` reads them at the last N
-    positions of the prompt (B1, released) instead of the current frame slots (fixed)."""
-    device = model.device
-    input_ids = torch.tensor([seq.input_ids], device=device)  # (1, T)
-    if history_shots is not None and len(history_shots):
-        positions = torch.tensor(seq.slot_positions[:-1], device=device)  # (M, N)
-        embeds = model.embed(input_ids, positions, history_shots.to(device))
-    else:
-        embeds = model.embed(input_ids)
-    slots = seq.slot_positions[-1]
-    hidden, _ = model.transformer(embeds, attention_mask=frame_block_mask(len(seq), slots, device))  # (1, T, hidden)
-    read = list(range(len(seq) - model.num_slots, len(seq))) if last_positions else slots
-    slot_hidden = hidden[0, read]  # (N, hidden)
+    """The release's generate_bi: hidden states and s_a (N, shot_dim) of the slot-block pass; ``last_positions``
+    reads them at the last N positions of the prompt (B1, released) instead of the current frame slots (fixed)."""
+    hidden = slot_block_pass(model, seq, history_shots)  # (T, hidden)
+    read = list(range(len(seq) - model.num_slots, len(seq))) if last_positions else seq.slot_positions[-1]
+    slot_hidden = hidden[read]  # (N, hidden)
     return {"hidden": slot_hidden, "shot_embeds": model.predict_shots(slot_hidden)}
 
 
@@ -199,3 +246,18 @@ def released_turn(
     generated = release_generate(model, seq, max_new_tokens)["generated_ids"]
     raw = release_parse(release_text(model.tokenizer, generated))
     return ReleaseTurn(shot["shot_embeds"], raw, clamp_values(raw), len(seq), generated, {})
+
+
+@torch.no_grad()
+def predict_released(model, history: list[HistoryTurn], instruction: str) -> TurnPrediction:
+    """:func:`released_turn` as a predictor's turn function: ``MLLMPredictor(model, predict=...)`` in a game of
+    ``history_turns = max_window - 1``."""
+    was_training = model.training
+    model.eval()
+    try:
+        turn = released_turn(model, [ReleaseHistory(h.instruction, h.shot_embeds) for h in history], instruction)
+    finally:
+        model.train(was_training)
+    return TurnPrediction(
+        turn.shot_embeds.float().cpu(), turn.values, turn.prompt_tokens, release_values=turn.release_values
+    )

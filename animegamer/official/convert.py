@@ -5,7 +5,8 @@
       mllm/             our trained MLLM parts (LoRA adapter, new-token rows, resamplers, layout)
       CogVideoX/        diffusers CogVideoX: the converted transformer, the base model's vae/ and scheduler/
       decoder/          our trained decoder parts (LoRA, flow embedding, release sampler settings)
-      inference.yaml    what inference_MLLM.py, inference_Decoder.py, python -m animegamer.play and app.py take
+      inference.yaml    what inference_MLLM.py, inference_Decoder.py, python -m animegamer.official.play and app.py
+                        take (python -m animegamer.play too, under compat: fixed)
       conversion.json   what was converted, from which files, with which sizes
 
 Everything is built in a temp directory beside ``out``, flushed to disk and renamed to ``out`` at the end: a bad input
@@ -23,6 +24,8 @@ from typing import Any
 import yaml
 
 from animegamer.io import atomic_write_json, atomic_write_text
+from animegamer.official.decoder import convert_decoder
+from animegamer.official.mllm import convert_agent
 from animegamer.official.release_io import ReleaseFileError
 from animegamer.training.checkpoint import replace_dir
 
@@ -106,7 +109,6 @@ def convert_release(
     try:
         agent = decoder = None
         if agent_bin is not None:
-            from animegamer.official.mllm import convert_agent
 
             agent = convert_agent(
                 agent_bin,
@@ -118,7 +120,6 @@ def convert_release(
                 base_config=mistral_config,
             )
         if decoder_dir is not None:
-            from animegamer.official.decoder import convert_decoder
 
             decoder = convert_decoder(decoder_dir, work, model_yaml=decoder_yaml, base_dir=cogvideox_dir)
         agent, decoder = _repoint(agent, work, out), _repoint(decoder, work, out)
@@ -127,7 +128,7 @@ def convert_release(
             "# Converted official AnimeGamer weights (scripts/convert_official.py). Play them with:\n"
             f"#   python inference_MLLM.py --config {out / INFERENCE_FILE} game=game_demo/demo.txt\n"
             f"#   python inference_Decoder.py --config {out / INFERENCE_FILE}\n"
-            f"#   python -m animegamer.play --config {out / INFERENCE_FILE}\n"
+            f"#   python -m animegamer.official.play --config {out / INFERENCE_FILE}\n"
             f"#   python app.py --config {out / INFERENCE_FILE}\n"
             "# compat: released reproduces the release's numerics, quirks included; fixed corrects its bugs.\n"
         )

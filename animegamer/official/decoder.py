@@ -30,6 +30,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from animegamer.io import atomic_write_json
+from animegamer.models.decoder_parts import ADAPTER_WEIGHTS, DECODER_CONFIG, MOTION_WEIGHTS, NULL_SHOT_WEIGHTS
+from animegamer.models.weights import save_state_dict_file
 from animegamer.official.release_io import ReleaseFileError
 from animegamer.official.sat_layout import (
     LORA_TARGETS,
@@ -250,10 +253,6 @@ def convert_decoder(
     """
     from diffusers import CogVideoXTransformer3DModel
     from peft import LoraConfig
-
-    from animegamer.io import atomic_write_json
-    from animegamer.models.decoder_parts import ADAPTER_WEIGHTS, DECODER_CONFIG, MOTION_WEIGHTS, NULL_SHOT_WEIGHTS
-    from animegamer.models.weights import save_state_dict_file
 
     spec = read_model_yaml(model_yaml)
     path, iteration, state, ignored = read_sat_checkpoint(ckpt_dir, spec)

@@ -347,7 +347,7 @@ def convert_agent(
         "hidden_size": hidden,
         "shot_dim": shot_dim,
         "resampler_gelu": "erf",
-        "official": True,  # not compared on load: it selects the release's shot pass (frame block, B2)
+        "slot_attention": "bidirectional",  # the release trained its frame block so (B2); adopted on load
     }
 
     out_dir.mkdir(parents=True, exist_ok=True)

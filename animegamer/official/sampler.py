@@ -1,5 +1,5 @@
 """The release's decoder sampler (SAT's VPSDEDPMPP2MSampler + DynamicCFG), written from the facts of
-tests/data/official_ref/README.md (B7, B9, B10, B15), for ``compat: released``.
+the official reference set's README (B7, B9, B10, B15), for ``compat: released``.
 
 One step i of N, with a_i the ascending √ᾱ schedule (a_N = 1) and t_i = timesteps[N-1-i]:
 
@@ -11,7 +11,8 @@ One step i of N, with a_i the ascending √ᾱ schedule (a_N = 1) and t_i = time
     x   = m1 x - m2 D' + σ ε,   D' = D on the first step, (1 + 1/2r) D - (1/2r) D_prev after it,
     and after the first step one noise draw is made and thrown away before ε (B10).
 
-:class:`Quirks` switches each release behaviour off one by one, which is how DECODER_NOTES.md measures them.
+:class:`Quirks` switches each release behaviour off one by one, which is how
+research/official/measure_decoder.py measures them.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from animegamer.data.manifest import ClipRecord, write_manifest
+from animegamer.data.video import write_mp4
 from animegamer.io import atomic_write_jsonl, atomic_write_text
 from animegamer.spriteworld.animate import animate, draw_scene, fit_motion_bins, motion_level, scene_motion
 from animegamer.spriteworld.memory import (
@@ -170,8 +171,6 @@ def write_dataset(cfg: SpriteWorldConfig, progress: bool = True) -> Path:
     """Render every film of ``cfg`` to ``output_dir``: clips/<film>/<index>.mp4, clips.jsonl + clips.meta.json
     (motion bin edges, splits) and games/<film>.{txt,jsonl} for the test films. Returns the manifest path."""
     from tqdm import tqdm
-
-    from animegamer.data.video import write_mp4
 
     out = Path(cfg.output_dir)
     films, memories = plan_world(cfg)

@@ -38,6 +38,7 @@ from animegamer.config import SpriteWorldPretrainConfig, T5Config, to_yaml
 from animegamer.data.manifest import ManifestError, read_manifest
 from animegamer.data.tensor_store import TensorStore
 from animegamer.io import atomic_write_json, atomic_write_jsonl, atomic_write_text
+from animegamer.models.t5_text import T5TextFeatures
 from animegamer.spriteworld.memory import lexicon
 from animegamer.spriteworld.pretrain_transformer import fill_features, sample_preview, train_transformer
 from animegamer.spriteworld.pretrain_vae import (
@@ -76,8 +77,6 @@ def pretrain(cfg: SpriteWorldPretrainConfig) -> Path:
     """Steps 1-4 (module doc) into ``output_dir`` (a diffusers CogVideoX folder) and ``report_dir``; returns
     ``output_dir``. A manifest without captioned training clips raises ManifestError."""
     from diffusers import CogVideoXDDIMScheduler
-
-    from animegamer.models.t5_text import T5TextFeatures
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)

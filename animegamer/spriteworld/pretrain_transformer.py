@@ -38,6 +38,9 @@ from animegamer.data.manifest import Manifest
 from animegamer.data.tensor_store import TensorStore
 from animegamer.inference.contact_sheet import contact_sheet
 from animegamer.io import atomic_write_json
+from animegamer.models.clip_image import CLIPImageFeatures
+from animegamer.models.decoder import AnimationShotDecoder
+from animegamer.models.vae import vae_encode
 from animegamer.spriteworld.memory import caption_text
 from animegamer.spriteworld.pretrain_vae import empty_scenery, figure_latents, figure_pixels, read_clips
 from animegamer.tiny import COGVIDEOX_2B_SCHEDULER
@@ -64,8 +67,6 @@ def fill_features(
     pixels that differ from its drawn empty scenery), for the transformer's ``figure_loss_weight``.
     Features computed with an earlier VAE are stale: the directory is replaced.
     """
-    from animegamer.models.clip_image import CLIPImageFeatures
-    from animegamer.models.vae import vae_encode
 
     root = Path(cfg.data.features_dir)
     if root.exists():
@@ -197,7 +198,6 @@ def train_transformer(cfg: SpriteWorldPretrainConfig, store: TensorStore, clip_i
 @torch.no_grad()
 def sample_preview(cfg: SpriteWorldPretrainConfig, store: TensorStore, manifest: Manifest, records, path: Path):
     """Text-to-video samples of held-out captions (20 DPM steps, no guidance) above the real clips."""
-    from animegamer.models.decoder import AnimationShotDecoder
 
     decoder = AnimationShotDecoder.from_config(
         DecoderConfig(pretrained=cfg.output_dir, lora_rank=0, motion_scope=False, dtype="fp32")

@@ -31,6 +31,7 @@ from animegamer.data.features import fit_frames
 from animegamer.data.manifest import ClipRecord, Manifest
 from animegamer.data.video import read_video
 from animegamer.inference.contact_sheet import contact_sheet
+from animegamer.spriteworld.home import HomeLook, home_background
 from animegamer.training.optim import build_scheduler
 
 FOREGROUND_THRESHOLD = 24  # a pixel further than this (0..255, any channel) from its place's scenery is a figure
@@ -67,7 +68,6 @@ def empty_scenery(records: list[ClipRecord], height: int, width: int) -> torch.T
     the whole room counted as figure and indoor frames took ~11x the weight of every outdoor pixel (the VAE then
     drew the park grey). Against the drawn scenery ~7-14% of a decoded frame differs (figures and codec edges).
     """
-    from animegamer.spriteworld.home import HomeLook, home_background
 
     return torch.stack([
         torch.from_numpy(np.array(home_background(r.extra["place"], r.extra["time"], height, width,

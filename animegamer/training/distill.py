@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
+from animegamer.data.tensor_store import TensorStore
 from animegamer.sampling.fewstep import alpha_at, ddim_step, v_to_x0
 
 
@@ -30,6 +31,15 @@ def segment_boundaries(teacher_steps: int, student_steps: int) -> list[int]:
     if not 1 <= student_steps <= teacher_steps:
         raise ValueError(f"student_steps={student_steps} must be in 1..teacher steps ({teacher_steps})")
     return [round(k * teacher_steps / student_steps) for k in range(student_steps + 1)]
+
+
+def segment_of(seed: int, micro_batch: int, num_segments: int) -> int:
+    """The segment micro-batch ``micro_batch`` (counted over the run, optimizer steps x accumulation) distils: the
+    same on every process and a pure function of (seed, micro_batch), like the batch order. Every process then
+    calls the student as often as the others, which ZeRO-3 and FSDP2 need (each call gathers the sharded
+    parameters together), and a resume draws what the killed run would have drawn."""
+    generator = torch.Generator().manual_seed(seed * 100_003 + micro_batch)
+    return int(torch.randint(num_segments, (), generator=generator))
 
 
 def student_timesteps(teacher_timesteps: list[int], boundaries: list[int]) -> list[int]:
@@ -115,8 +125,6 @@ class ConditionDataset(Dataset):
         return len(self.items)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        from animegamer.data.tensor_store import TensorStore
-
         if self._store is None:
             self._store = TensorStore(self.store_dir)
         clip_id, level = self.items[index]

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
 from accelerate import Accelerator, PartialState
 from accelerate.tracking import GeneralTracker
 from accelerate.utils import ProjectConfiguration, parse_flag_from_env
@@ -117,7 +118,11 @@ def build_accelerator(output_dir: str, train: TrainConfig):
     """An :class:`accelerate.Accelerator` for a stage: mixed precision, grad accumulation, trackers in output_dir."""
     log_with: list[Any] = []
     # PartialState must see ACCELERATE_USE_CPU like Accelerator does, or a 2-process CPU run becomes 2 single runs.
-    state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))
+    # DeepSpeed on CPU processes (DS_ACCELERATOR=cpu): accelerate finds no backend for them and would count one
+    # process per rank; gloo, which DeepSpeed's CPU accelerator talks over, makes it count the real world size.
+    deepspeed_on_cpu = parse_flag_from_env("ACCELERATE_USE_DEEPSPEED") and not torch.cuda.is_available()
+    backend = {"backend": "gloo"} if deepspeed_on_cpu else {}
+    state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"), **backend)
     if train.report_to == "csv" and state.is_main_process:  # one writer, or ranks clobber the header
         log_with = [CSVTracker(run_name="run", logging_dir=output_dir)]
     elif train.report_to in ("tensorboard", "wandb"):
@@ -212,14 +217,3 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
             out[f"{prefix}{k}"] = v if isinstance(v, (int, float, str, bool)) else str(v)
     return out
 
-
-def configure_deepspeed(accelerator, train: TrainConfig) -> None:
-    """Tell DeepSpeed the batch settings: no prepared DataLoader does, and our config is the source of truth."""
-    from accelerate.utils import DistributedType
-
-    if accelerator.distributed_type != DistributedType.DEEPSPEED:
-        return
-    ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
-    ds_config["train_micro_batch_size_per_gpu"] = train.batch_size
-    ds_config["gradient_accumulation_steps"] = train.grad_accum
-    ds_config["gradient_clipping"] = train.max_grad_norm  # DeepSpeed clips inside its step

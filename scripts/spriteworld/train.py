@@ -27,8 +27,9 @@ YAML from ``configs`` (data.yaml, pretrain.yaml, pretrain_llm.yaml, stage_a/b/c/
                the same call ran ship: they belong to the previous checkpoint)
 
 The step YAMLs name ``outputs/spriteworld`` and ``checkpoints/spriteworld``; they are rewritten to ``output_dir`` and
-``ship_dir`` (and ``configs/spriteworld`` to ``output_dir/configs``), the step's ``overrides`` applied (their paths
-move too), and the resolved YAML saved as ``output_dir/configs/<name>.yaml`` before the step runs.
+``ship_dir`` (and ``configs/spriteworld`` to ``output_dir/configs``), the step's ``overrides`` applied (a mapping of
+values, or ``key=value`` strings; their paths move too), and the resolved YAML saved as
+``output_dir/configs/<name>.yaml`` before the step runs.
 ``output_dir/summary.json`` collects every step's time and first/last losses.
 """
 
@@ -43,9 +44,10 @@ import time
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 
 from animegamer.cli import fail, load_script, parse_config
-from animegamer.config import SpriteWorldRunConfig, load_config, to_yaml
+from animegamer.config import ConfigError, SpriteWorldRunConfig, load_config, to_yaml
 from animegamer.data.manifest import ManifestError
 from animegamer.io import atomic_write_json, atomic_write_text
 
@@ -58,23 +60,36 @@ DEFAULT_OUT, DEFAULT_SHIP, DEFAULT_CONFIGS = "outputs/spriteworld", "checkpoints
 
 
 def resolve_configs(cfg: SpriteWorldRunConfig) -> dict[str, Path]:
-    """Every step YAML with its paths moved to this run and its overrides applied, under output_dir/configs/."""
-    out = Path(cfg.output_dir)
-    moves = {DEFAULT_CONFIGS: str(out / "configs"), DEFAULT_OUT: str(out), DEFAULT_SHIP: cfg.ship_dir}
-    pattern = re.compile("|".join(re.escape(k) for k in sorted(moves, key=len, reverse=True)))
-    resolved = {}
-    for name in CONFIG_FILES:
-        source = Path(cfg.configs) / f"{name}.yaml"
-        text = pattern.sub(lambda m: moves[m.group(0)], to_yaml(load_config(source)))
-        path = out / "configs" / f"{name}.yaml"
-        atomic_write_text(path, text)
-        if cfg.overrides.get(name):
-            overrides = [pattern.sub(lambda m: moves[m.group(0)], item) for item in cfg.overrides[name]]
-            atomic_write_text(path, to_yaml(load_config(path, overrides)))
-        resolved[name] = path
+    """Every step YAML with its paths moved to this run and its overrides applied, under output_dir/configs/.
+
+    A step's overrides are a mapping of its values (merged onto the step YAML, as a ``base`` file's child is) or a
+    list of ``key=value`` strings (as on a command line); the paths in either move like the step YAML's."""
     unknown = sorted(set(cfg.overrides) - set(CONFIG_FILES))
     if unknown:
         fail(f"overrides for unknown configs {unknown}; known: {list(CONFIG_FILES)}")
+    out = Path(cfg.output_dir)
+    moves = {DEFAULT_CONFIGS: str(out / "configs"), DEFAULT_OUT: str(out), DEFAULT_SHIP: cfg.ship_dir}
+    pattern = re.compile("|".join(re.escape(k) for k in sorted(moves, key=len, reverse=True)))
+
+    def move(text: str) -> str:
+        return pattern.sub(lambda m: moves[m.group(0)], text)
+
+    resolved = {}
+    for name in CONFIG_FILES:
+        text = move(to_yaml(load_config(Path(cfg.configs) / f"{name}.yaml")))
+        path = out / "configs" / f"{name}.yaml"
+        step = cfg.overrides.get(name)
+        if isinstance(step, dict):
+            values = OmegaConf.create(move(OmegaConf.to_yaml(step)))
+            text = OmegaConf.to_yaml(OmegaConf.merge(OmegaConf.create(text), values))
+        atomic_write_text(path, text)
+        if step:
+            items = [move(str(item)) for item in step] if isinstance(step, list) else []
+            try:
+                atomic_write_text(path, to_yaml(load_config(path, items)))
+            except ConfigError as exc:
+                fail(f"overrides.{name}: {exc}")
+        resolved[name] = path
     return resolved
 
 

@@ -1,6 +1,6 @@
-"""The numbers of animegamer/official/DECODER_NOTES.md, measured on a reference set (CPU):
+"""The numbers of research/official/DECODER_NOTES.md, measured on a reference set (CPU):
 
-    python -m animegamer.official.measure_decoder [REF_DIR]      # default tests/data/official_ref
+    python research/official/measure_decoder.py [REF_DIR]      # default tests/data/official_ref
 
 Converts the set's SAT checkpoint into a temp dir, loads it through load_decoder, and prints the parity of the
 release sampler and the effect of switching each release quirk off, of zero null tokens, of diffusers' norm_out
@@ -20,12 +20,16 @@ import yaml
 from diffusers import CogVideoXDDIMScheduler, CogVideoXDPMScheduler
 from safetensors.torch import load_file
 
+from animegamer.cli import load_script
 from animegamer.config import DecoderConfig
 from animegamer.models.trained import load_decoder
 from animegamer.official.decoder import convert_decoder
-from animegamer.official.measure_mllm import DEFAULT_REF, rel
+from animegamer.official.game import cast_transformer, release_sampler_settings
 from animegamer.official.sampler import NO_QUIRKS, RELEASED, denoise, denoiser_table, sample_released, sampler_schedule
 from animegamer.tiny import COGVIDEOX_2B_SCHEDULER
+
+_MLLM_TOOL = load_script(Path(__file__).with_name("measure_mllm.py"))  # the sibling tool: its reference set and norm
+DEFAULT_REF, rel = _MLLM_TOOL.DEFAULT_REF, _MLLM_TOOL.rel
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -46,7 +50,7 @@ def measure(ref: Path, tmp: Path) -> None:
     cfg = DecoderConfig(**s["decoder_config"], dtype="fp32")
     load = lambda: load_decoder(s["decoder_checkpoint"], cfg, with_vae=False)  # noqa: E731
     dec = load()
-    st = dec.release_sampler
+    st = release_sampler_settings(s["decoder_checkpoint"])
     steps = len(t["sample_6step.x_in_per_step"]) if "sample_6step.x_in_per_step" in t else 6
     run, pre = meta[f"sample_{steps}step"], f"sample_{steps}step"
     def six(d, q=RELEASED):
@@ -77,7 +81,7 @@ def measure(ref: Path, tmp: Path) -> None:
                   torch.cat([dec.null_shot_embeds(1), t["s_a"]]), motion_value=torch.full((2,), c["flow_value"]))
     print("case a: dit_out with norm_out eps 1e-5 (diffusers default)", rel(out, t["fwd_a.dit_out"]))
     half = load()
-    half.use_compat("released")
+    cast_transformer(half, torch.float16)  # the release's fp16 transformer (compat: released)
     print("released fp16 (CPU) 6-step samples vs official fp32", rel(six(half), ref6))
     for n in (6, 50):
         a_sat, ts_sat = sampler_schedule(n, st)

@@ -1,30 +1,18 @@
-"""Random release files (SAT decoder checkpoints, agent weights, a stand-in tokenizer) and the memory a conversion
-takes. Tests, the memory measurement below and the benchmark's ``official`` part build their release-layout inputs
-here.
-
-    python -m animegamer.official.synthetic --tokenizer TOKENIZER_DIR --hidden-size 2048 --layers 8 --shard-mb 256
-
-writes a random ``pytorch_model.bin`` shaped like the release's (peft-wrapped Mistral with modules_to_save norms,
-embeddings resized to the tokenizer's length, two resamplers; about 1 GB of bf16 at the sizes above), converts it in
-a child process with ``convert_agent`` and prints the file size, the wall time and the child's peak resident memory,
-split into anonymous memory (what the conversion really holds) and file-backed pages (shared libraries and the
-memory-mapped input: page cache the kernel can drop).
+"""Random files in the release's on-disk layout: SAT decoder checkpoints and their model YAML, the peft agent's
+``pytorch_model.bin``, a stand-in tokenizer at the release's ids. The speed harness's ``official`` part, the tests
+and research/official/conversion_memory.py build their release-layout inputs here.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import torch
 
-from animegamer.cli import fail
 from animegamer.official.sat_layout import PREFIX, SatDecoderSpec, expected_shapes
+from animegamer.tiny import corpus_lines
 
 LLM = "llm.base_model.model."
 RELEASE_FRAME_TOKENS = 256  # <frame_00000> … <frame_00255> open the release tokenizer's added tokens
@@ -46,8 +34,6 @@ def build_release_tokenizer(out_dir: str | Path, base_vocab: int) -> Path:
     tokens at the release's ids."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
-
-    from animegamer.tiny import corpus_lines
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
@@ -76,7 +62,7 @@ def _sincos_1d(dim: int, positions: torch.Tensor) -> torch.Tensor:
 def position_table(spec: SatDecoderSpec) -> torch.Tensor:
     """(1, text_length + video tokens, H): zeros for the conditioning tokens, then per token (t, i, j) the temporal
     part (H/4 channels, frame index) and the spatial part (3H/4: first half the column j, second the row i,
-    positions divided by the interpolation scale), as tests/data/official_ref/README.md describes SAT's table."""
+    positions divided by the interpolation scale), as the official reference set's README describes SAT's table."""
     h = spec.hidden_size
     rows, cols = spec.latent_height // spec.patch_size, spec.latent_width // spec.patch_size
     t_idx, i_idx, j_idx = torch.meshgrid(
@@ -193,94 +179,3 @@ def random_agent_state(config: dict, lora_rank: int, shot_dim: int, vocab_total:
         state[f"{which}.proj.0.weight"], state[f"{which}.proj.0.bias"] = rand(b, a), rand(b)
         state[f"{which}.proj.2.weight"], state[f"{which}.proj.2.bias"] = rand(b, b), rand(b)
     return state
-
-
-_CHILD = """
-import importlib, json, sys, threading, time
-peak = {"rss": 0, "anon": 0, "file": 0}
-def poll():
-    while True:
-        fields = dict(line.split(":", 1) for line in open("/proc/self/status") if line.startswith("Rss"))
-        kb = {k: int(v.split()[0]) for k, v in fields.items()}
-        peak["rss"] = max(peak["rss"], kb["RssAnon"] + kb["RssFile"] + kb.get("RssShmem", 0))
-        peak["anon"], peak["file"] = max(peak["anon"], kb["RssAnon"]), max(peak["file"], kb["RssFile"])
-        time.sleep(0.02)
-args = json.loads(sys.argv[1])
-module, name = args["function"].split(":")
-function = getattr(importlib.import_module(module), name)
-threading.Thread(target=poll, daemon=True).start()
-start = time.perf_counter()
-function(**args["kwargs"])
-seconds = time.perf_counter() - start
-time.sleep(0.1)
-print(json.dumps({"seconds": seconds, **{k + "_mb": v / 1024 for k, v in peak.items()}}))
-"""
-
-
-def measure_conversion(function: str, kwargs: dict) -> dict[str, float]:
-    """Run ``function`` ("module:name", e.g. "animegamer.official.convert:convert_release") with JSON ``kwargs`` in
-    a child process, so that its peak memory is its own and not the caller's: returns seconds and the child's peak
-    RSS (``rss_mb``), anonymous (``anon_mb``, what the conversion holds) and file-backed (``file_mb``: libraries and
-    the memory-mapped input, page cache the kernel can drop). Raises RuntimeError with the child's last error line."""
-    payload = json.dumps({"function": function, "kwargs": kwargs})
-    result = subprocess.run([sys.executable, "-c", _CHILD, payload], capture_output=True, text=True)
-    if result.returncode != 0:
-        lines = result.stderr.strip().splitlines() or ["(no output)"]
-        raise RuntimeError(f"the conversion failed: {lines[-1]}")
-    return json.loads(result.stdout.strip().splitlines()[-1])
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tokenizer", required=True, help="a tokenizer directory at the release's ids")
-    parser.add_argument("--hidden-size", type=int, default=2048)
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--lora-rank", type=int, default=32)
-    parser.add_argument("--shot-dim", type=int, default=1920)
-    parser.add_argument("--shard-mb", type=int, default=2048, help="output shard size (the conversion's working set)")
-    args = parser.parse_args(argv)
-    from transformers import AutoTokenizer
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
-    except (OSError, ValueError) as exc:
-        fail(f"{args.tokenizer}: not a readable tokenizer ({str(exc).splitlines()[0]})")
-    vocab_total, base_vocab = len(tokenizer), tokenizer.vocab_size
-    config = {
-        "hidden_size": args.hidden_size,
-        "intermediate_size": args.hidden_size * 11 // 4,
-        "num_hidden_layers": args.layers,
-        "num_attention_heads": max(1, args.hidden_size // 128),
-        "num_key_value_heads": max(1, args.hidden_size // 512),
-        "vocab_size": base_vocab,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0,
-        "sliding_window": 4096,
-        "tie_word_embeddings": False,
-    }
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        agent = root / "pytorch_model.bin"
-        torch.save(random_agent_state(config, args.lora_rank, args.shot_dim, vocab_total), agent)
-        (root / "config.json").write_text(json.dumps(config))
-        (root / "llm.yaml").write_text(
-            json.dumps({"peft_config": {"r": args.lora_rank, "lora_alpha": args.lora_rank}})
-        )
-        child_args = {
-            "agent_bin": str(agent),
-            "tokenizer_dir": args.tokenizer,
-            "out_dir": str(root / "out"),
-            "base_config": str(root / "config.json"),
-            "llm_yaml": str(root / "llm.yaml"),
-            "shard_bytes": args.shard_mb * 1024**2,
-        }
-        try:
-            measured = measure_conversion("animegamer.official.mllm:convert_agent", child_args)
-        except RuntimeError as exc:
-            fail(str(exc))
-        report = {"agent_file_mb": agent.stat().st_size / 1024**2, "shard_mb": args.shard_mb, **measured}
-    print(json.dumps(report, indent=1))
-
-
-if __name__ == "__main__":
-    main()

@@ -1,7 +1,7 @@
 """How far ``compat: fixed`` moves the converted agent's outputs from the official ones, one behaviour at a time.
 
-    python -m animegamer.official.measure_mllm                  # tests/data/official_ref
-    python -m animegamer.official.measure_mllm --ref OTHER_SET  # any set in the same layout
+    python research/official/measure_mllm.py                  # tests/data/official_ref
+    python research/official/measure_mllm.py --ref OTHER_SET  # any set in the same layout
 
 Converts the reference set's agent (with a stand-in tokenizer at the release's ids), replays every turn with the
 official history window and prints, per turn, the relative L2 change against the official output of: s_a read at
@@ -25,9 +25,9 @@ from animegamer.config import MLLMConfig
 from animegamer.models.mllm import AnimeGamerMLLM
 from animegamer.official import agent
 from animegamer.official.mllm import convert_agent
-from animegamer.official.synthetic import build_release_tokenizer
+from animegamer.official.release_files import build_release_tokenizer
 
-DEFAULT_REF = Path(__file__).resolve().parents[2] / "tests" / "data" / "official_ref"
+DEFAULT_REF = Path(__file__).resolve().parents[2] / "tests" / "data" / "official_ref"  # the shipped set
 COLUMNS = ("B1 s_a", "B2 s_a causal", "B3 logits", "B5 logits", "fixed logits", "fixed ML logits")
 
 

@@ -1,0 +1,202 @@
+"""Every training stage under every engine on 2 CPU processes: DDP (gloo), DeepSpeed ZeRO-2 and ZeRO-3 (its CPU
+accelerator, gloo) write the same trained weights from the same seed, a killed ZeRO-2 run resumes into the
+uninterrupted one, and a launch whose processes accelerate cannot see stops before it writes anything.
+
+Tolerance of the engine comparison: atol 1e-5 + rtol 1e-4 on weights after 2 optimizer steps. DDP all-reduces and
+averages the gradients in buckets, ZeRO-2/3 reduce-scatter them in partitions, and each computes the clipping norm
+as a sum over its own pieces: the same float32 numbers added in another order, which differ by a few ulps
+(~1e-7 relative). AdamW's first steps move a weight by about lr * g / (|g| + eps) = 1e-3 per step whatever the
+gradient's scale, so a 1e-7 relative change of g moves a weight by far less than 1e-5; a real engine bug (a missed
+gradient average, an unscaled shard, an unclipped step, a ZeRO-3 placeholder saved) moves it by the size of a whole
+step (~1e-3) or leaves it at its initial value. The resume comparison is exact where the engine is: the same
+engine, the same partitions, the same order.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from animegamer.cli import load_script
+from animegamer.models.decoder import AnimationShotDecoder
+from animegamer.models.shot_encoder import ActionAwareEncoder
+from animegamer.models.weights import load_state_dict_file
+from tests.stage_scripts import free_port, launch_engine
+from tests.test_stage_a import TINY_CONFIG as STAGE_A_CONFIG
+from tests.test_stage_a import data  # noqa: F401  (fixture)
+from tests.test_stage_b import stage_b_overrides
+from tests.test_stage_c import TINY_CONFIG as STAGE_C_CONFIG
+from tests.test_stage_c import runs  # noqa: F401  (fixture)
+from tests.test_stage_d import TINY_CONFIG as STAGE_D_CONFIG
+from tests.test_stage_d import run  # noqa: F401  (fixture)
+
+ROOT = Path(__file__).resolve().parents[1]
+ATOL, RTOL = 1e-5, 1e-4
+STEPS = ["train.max_steps=2", "train.checkpoint_every=1", "train.keep_checkpoints=0", "train.log_every=1",
+         "train.batch_size=1"]
+
+
+def trained_weights(step_dir: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of every ``*.safetensors`` a stage wrote into a checkpoint (its trained parts; accelerate's and
+    DeepSpeed's own state is in other files), keyed ``relative/path.safetensors:name``."""
+    out = {}
+    for path in sorted(step_dir.rglob("*.safetensors")):
+        for name, value in load_state_dict_file(path).items():
+            out[f"{path.relative_to(step_dir)}:{name}"] = value
+    return out
+
+
+def stage_argv(stage: str, fixtures: dict, tmp_path: Path, out: Path) -> list[str]:
+    """The arguments of a tiny run of ``stage`` into ``out``."""
+    if stage == "a":
+        return ["--config", str(STAGE_A_CONFIG), *fixtures["data"]["overrides"], f"output_dir={out}",
+                "train.report_to=csv", "warmup_steps=1"]  # step 1 warms the encoder up, step 2 trains jointly
+    if stage == "b":
+        return ["--config", str(ROOT / "configs/tiny/stage_b.yaml"),
+                *stage_b_overrides(tmp_path, fixtures["tiny_mistral_dir"], out), "data.history_turns=1"]
+    if stage == "c":  # one predictions cache: the first run fills it, the others only train
+        return ["--config", str(STAGE_C_CONFIG), *fixtures["runs"]["overrides"], f"output_dir={out}",
+                f"predictions_cache={tmp_path / 'predictions'}"]
+    return ["--config", str(STAGE_D_CONFIG), *fixtures["run"]["overrides"], f"output_dir={out}"]
+
+
+SCRIPTS = {"a": "train_stage_a", "b": "train_stage_b", "c": "train_stage_c", "d": "train_stage_d"}
+FIXTURES = {"a": ["data"], "b": ["tiny_mistral_dir"], "c": ["runs"], "d": ["run"]}
+
+
+def launched(engine: str, stage: str, argv: list[str], out: Path) -> Path:
+    """Run ``stage`` under ``engine`` on 2 CPU processes; checks it ran as one 2-process run. Returns ``out``."""
+    result = launch_engine(engine, SCRIPTS[stage], argv)
+    assert result.returncode == 0, f"{engine} stage {stage}:\n{result.stderr[-4000:]}"
+    info = json.loads((out / "run_info.json").read_text())
+    assert info["num_processes"] == 2
+    want = "DistributedType.MULTI_CPU" if engine == "ddp" else "DistributedType.DEEPSPEED"
+    assert info["distributed_type"] == want
+    return out
+
+
+def assert_close(got: dict, want: dict, what: str, atol: float = ATOL, rtol: float = RTOL) -> None:
+    assert got.keys() == want.keys(), what
+    for key in want:
+        assert got[key].shape == want[key].shape, f"{what}: {key}"
+        torch.testing.assert_close(got[key], want[key], atol=atol, rtol=rtol, msg=lambda m, k=key: f"{what}: {k}\n{m}")
+
+
+# stage (b) under ZeRO-3 logs a NaN loss from its first step on 2 CPU processes (the tiny MLLM's forward is finite
+# under ZeRO-3 alone, so the cause is in the training batch path; not found yet): kept here so that the fix shows
+ENGINE_CASES = [
+    pytest.param("a", ("ddp", "zero2", "zero3"), True, id="a"),
+    pytest.param("b", ("ddp", "zero2"), True, id="b"),
+    pytest.param("b", ("ddp", "zero3"), False, id="b-zero3",
+                 marks=pytest.mark.xfail(strict=True, reason="stage (b) under ZeRO-3 on CPU: NaN loss")),
+    pytest.param("c", ("ddp", "zero2", "zero3"), False, id="c"),
+    pytest.param("d", ("ddp", "zero2", "zero3"), False, id="d"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("stage", "engines", "resume"), ENGINE_CASES)
+def test_engines_write_the_same_weights_and_zero2_resumes_exactly(stage, engines, resume, request, tmp_path):
+    """DDP and DeepSpeed from the same seed write the same trained weights at steps 1 and 2; with ``resume``, a
+    ZeRO-2 run killed after step 1's checkpoint and resumed writes exactly the uninterrupted run's step 2."""
+    fixtures = {name: request.getfixturevalue(name) for name in FIXTURES[stage]}
+    done = {}
+    for engine in engines:
+        out = tmp_path / engine
+        done[engine] = launched(engine, stage, [*stage_argv(stage, fixtures, tmp_path, out), *STEPS], out)
+    ddp = {step: trained_weights(done["ddp"] / "checkpoints" / f"step_000000{step}") for step in (1, 2)}
+    assert ddp[2] and all(t.isfinite().all() for t in ddp[2].values())
+    moved = [k for k in ddp[2] if not torch.allclose(ddp[2][k], ddp[1][k], atol=1e-4, rtol=0)]
+    assert moved, "nothing trained in step 2: the comparison would prove nothing"
+    for engine in engines[1:]:
+        for step in (1, 2):
+            got = trained_weights(done[engine] / "checkpoints" / f"step_000000{step}")
+            assert_close(got, ddp[step], f"{engine} vs ddp, step {step}, stage {stage}")
+
+    if not resume:
+        return
+    # killed after step 1's checkpoint: what the uninterrupted ZeRO-2 run had on disk then
+    killed = tmp_path / "killed"
+    shutil.copytree(done["zero2"], killed)
+    shutil.rmtree(killed / "checkpoints" / "step_0000002")
+    (killed / "checkpoints" / "latest").write_text("step_0000001\n")
+    launched("zero2", stage, [*stage_argv(stage, fixtures, tmp_path, killed), *STEPS, "--resume", "latest"], killed)
+    resumed = trained_weights(killed / "checkpoints" / "step_0000002")
+    uninterrupted = trained_weights(done["zero2"] / "checkpoints" / "step_0000002")
+    assert_close(resumed, uninterrupted, f"resumed zero2, stage {stage}", atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("stage", ["a", "b", "c", "d"])
+def test_a_launch_accelerate_cannot_see_stops_before_writing(stage, tmp_path, monkeypatch, capsys):
+    """The launcher's WORLD_SIZE above the processes accelerate sees (its FSDP plugin on CPUs runs each process
+    alone): one ``error:`` line, exit code 2, no output directory."""
+    config = {"a": STAGE_A_CONFIG, "b": ROOT / "configs/tiny/stage_b.yaml", "c": STAGE_C_CONFIG,
+              "d": STAGE_D_CONFIG}[stage]
+    out = tmp_path / "run"
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        load_script(f"scripts/{SCRIPTS[stage]}.py").main(["--config", str(config), f"output_dir={out}"])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and err.startswith("error: the launcher started 2 processes") and "\n" not in err
+    assert not out.exists()
+
+
+def test_fsdp_on_cpu_processes_is_refused_by_every_process(run, tmp_path):  # noqa: F811
+    """The real case: the shipped FSDP config launched on 2 CPU processes."""
+    out = tmp_path / "fsdp"
+    result = launch_engine("ddp", "train_stage_d", [*stage_argv("d", {"run": run}, tmp_path, out), *STEPS],
+                           config_file="fsdp_decoder.yaml")
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 2 and all("launcher started 2 processes (WORLD_SIZE)" in e for e in errors), errors
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_fsdp2_saves_gather_full_weights_and_resume_continues_exactly(tiny_cogvideox_dir, tmp_path):
+    """torch's FSDP2 (``fully_shard``) on a 2-process gloo group, where accelerate's FSDP plugin cannot start: the
+    stages' save path writes the full trained parts (equal to an unsharded copy trained on the same global batch,
+    float32 tolerance as above: the gradient average is a reduce-scatter instead of one sum) and a resume from
+    step 1 (weights loaded before sharding, the optimizer state into the sharded optimizer) writes step 2 exactly."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+           str(ROOT / "tests" / "fsdp2_worker.py"), str(tiny_cogvideox_dir), str(tmp_path)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    step_1, step_2 = (trained_weights(tmp_path / f"fsdp_step_{s}") for s in (1, 2))
+    plain = trained_weights(tmp_path / "plain_step_2")
+    assert step_2.keys() == plain.keys() and any("lora_B" in k for k in plain) and any("motion" in k for k in plain)
+    assert all(step_2[k].shape == plain[k].shape for k in plain)  # full tensors, not one process's shard
+    assert any(not torch.equal(step_1[k], step_2[k]) for k in plain)
+    assert_close(step_2, plain, "fsdp2 vs unsharded")
+    assert_close(trained_weights(tmp_path / "resumed_step_2"), step_2, "resumed fsdp2", atol=0, rtol=0)
+
+
+@pytest.mark.gpu
+def test_stage_a_trains_under_accelerates_fsdp2_on_one_gpu(data, tmp_path):  # noqa: F811
+    """The shipped FSDP2 config end to end through accelerate (one process: its plugin needs a GPU): a 2-step run
+    writes full trained parts (the shapes of an unsharded model's) and its checkpoint resumes."""
+    out = tmp_path / "fsdp"
+    argv = [*stage_argv("a", {"data": data}, tmp_path, out), *STEPS]
+    result = launch_engine("ddp", "train_stage_a", argv, num_processes=1, config_file="fsdp_decoder.yaml")
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert json.loads((out / "run_info.json").read_text())["distributed_type"] == "DistributedType.FSDP"
+    step_1, step_2 = (trained_weights(out / "checkpoints" / f"step_000000{s}") for s in (1, 2))
+    plain = load_script("scripts/train_stage_a.py")
+    reference = plain.EncoderDecoder(
+        ActionAwareEncoder.from_config(data["cfg"].encoder),
+        AnimationShotDecoder.from_config(data["cfg"].decoder, with_vae=False),
+    )
+    shapes = {name: tuple(p.shape) for name, p in reference.named_parameters() if p.requires_grad}
+    assert len(step_2) == len(shapes) and sorted(tuple(v.shape) for v in step_2.values()) == sorted(shapes.values())
+    assert any(not torch.equal(step_1[k], step_2[k]) for k in step_2)
+    resumed = launch_engine("ddp", "train_stage_a", [*argv, "train.max_steps=3", "--resume", "latest"],
+                            num_processes=1, config_file="fsdp_decoder.yaml")
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert (out / "checkpoints" / "step_0000003").is_dir()
