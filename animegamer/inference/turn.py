@@ -18,8 +18,8 @@ plays a turn.
 Steps 4-6 are :meth:`AnimeGamer.render_turn`, which renders a turn predicted earlier (inference_Decoder.py) or
 loaded from a save. What a turn needs from the models are two small protocols, :class:`StatePredictor` (the MLLM)
 and :class:`ShotRenderer` (the decoder): the core's are :class:`animegamer.inference.mllm_runner.MLLMPredictor`
-and :class:`animegamer.inference.renderer.DecoderRenderer`; the released weights' own live in
-:mod:`animegamer.official` and implement the same ones.
+and :class:`animegamer.inference.renderer.DecoderRenderer`; under ``compat: released``,
+:mod:`animegamer.official.game` gives the same ones the release's own turn function and sampler.
 """
 
 from __future__ import annotations
