@@ -17,7 +17,7 @@ from animegamer.bench.timing import PeakMemory, _rss_bytes, count_flops, measure
 from animegamer.bench.turn import STATE_TOKENS, make_history, plain_denoise, plain_generate
 from animegamer.cli import load_script
 from animegamer.config import DecoderConfig, MLLMConfig, SamplingConfig
-from animegamer.inference.mllm_runner import decode_states, predict_turn, prefill_turn
+from animegamer.models.mllm_turn import decode_states, predict_turn, prefill_turn
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLING = SamplingConfig(steps=4, height=48, width=64, num_frames=9, guidance_scale=6.0)

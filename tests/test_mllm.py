@@ -9,8 +9,8 @@ from animegamer.data.manifest import read_manifest
 from animegamer.data.sequences import build_windows
 from animegamer.data.stage_b import StageBCollator, StageBDataset
 from animegamer.data.tensor_store import TensorStore
-from animegamer.inference.mllm_runner import HistoryTurn, predict_turn
 from animegamer.models.mllm import AnimeGamerMLLM
+from animegamer.models.mllm_turn import HistoryTurn, predict_turn
 from animegamer.models.resampler import ShotResampler
 from animegamer.states import StateValues
 from animegamer.tokens import IGNORE_INDEX, STATE_FIELDS, TurnSpec

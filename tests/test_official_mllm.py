@@ -330,8 +330,8 @@ def test_base_weights_taken_from_base_dir(release_inputs, converted, tmp_path):
 def test_fast_path_on_converted_weights(converted):
     """Merged LoRA + offload (session loader) + constrained state decoding give the unmerged model's turn."""
     from animegamer.config import InferenceConfig
-    from animegamer.inference.mllm_runner import HistoryTurn, predict_turn
     from animegamer.inference.session import load_mllm_predictor
+    from animegamer.models.mllm_turn import HistoryTurn, predict_turn
 
     instruction = "Character: Qiqi; Motion: fly; Background: day sky."
     first = predict_turn(converted["model"], [], instruction)
@@ -346,7 +346,7 @@ def test_fast_path_on_converted_weights(converted):
     assert turn.values == plain.values and rel(turn.shot_embeds, plain.shot_embeds) < 1e-5
     assert all(abs(sum(p.values()) - 1) < 1e-5 for p in turn.value_probs.values())
     # slot_attention bidirectional: the shot comes from the slot-block pass, not from the causal prefill
-    from animegamer.inference.mllm_runner import prefill_turn, slot_block_shots
+    from animegamer.models.mllm_turn import prefill_turn, slot_block_shots
 
     with torch.no_grad():
         prefilled = prefill_turn(converted["model"], [], instruction)

@@ -19,8 +19,8 @@ from animegamer.data.stage_c import (
     select_windows,
 )
 from animegamer.data.tensor_store import TensorStore
-from animegamer.inference.mllm_runner import HistoryTurn, predict_turn
 from animegamer.models.mllm import AnimeGamerMLLM
+from animegamer.models.mllm_turn import HistoryTurn, predict_turn
 from animegamer.models.trained import load_decoder
 from animegamer.models.weights import load_state_dict_file
 from animegamer.training.checkpoint import list_checkpoints

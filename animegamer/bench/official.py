@@ -41,8 +41,8 @@ import yaml
 from animegamer.bench.models import ARCHITECTURES
 from animegamer.bench.timing import PeakMemory, measure, synchronize
 from animegamer.config import InferenceConfig, load_config
-from animegamer.inference.mllm_runner import predict_turn
 from animegamer.models.mllm import AnimeGamerMLLM
+from animegamer.models.mllm_turn import predict_turn
 from animegamer.models.trained import load_decoder
 from animegamer.models.vae import DTYPES
 from animegamer.official.agent import predict_released, release_render_level

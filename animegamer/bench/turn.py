@@ -31,10 +31,11 @@ import torch
 
 from animegamer.bench.timing import PeakMemory, Timing, count_flops, measure
 from animegamer.config import SamplingConfig
-from animegamer.inference.mllm_runner import MLLMPredictor, decode_states, predict_turn, prefill_turn
+from animegamer.inference.mllm_runner import MLLMPredictor
 from animegamer.inference.renderer import DecoderRenderer
-from animegamer.inference.turn import AnimeGamer, HistoryTurn, Turn
+from animegamer.inference.turn import AnimeGamer, Turn
 from animegamer.io import atomic_write_text
+from animegamer.models.mllm_turn import HistoryTurn, decode_states, predict_turn, prefill_turn
 from animegamer.sampling.presets import fast_sampling
 from animegamer.sampling.schedule import guidance_scales, scheduler_step
 from animegamer.states import CharacterState, StateValues

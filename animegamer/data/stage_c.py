@@ -2,7 +2,7 @@
 
 Every stage (b) window of the configured split (:mod:`animegamer.data.sequences`) becomes one prediction: the
 MLLM predicts the current clip's s_a from its instruction (rendered from the clip's tags) and a history laid out by
-:func:`animegamer.inference.mllm_runner.predict_turn` exactly as at inference. ``history`` says which:
+:func:`animegamer.models.mllm_turn.predict_turn` exactly as at inference. ``history`` says which:
 
 - ``teacher`` (the paper's): the earlier clips' stage (a) shot targets with their tagged state values, the input
   stage (b) trained on;
@@ -45,8 +45,8 @@ from animegamer.data.manifest import ClipRecord, Manifest
 from animegamer.data.sequences import Window, windows_from_config
 from animegamer.data.stage_b import SHOT_FIELD, StageBDataset, clip_turn, filter_windows
 from animegamer.data.tensor_store import TensorStore
-from animegamer.inference.mllm_runner import HistoryTurn, TurnPrediction, predict_turn
 from animegamer.io import atomic_write_json, resolve_checkpoint
+from animegamer.models.mllm_turn import HistoryTurn, TurnPrediction, predict_turn
 from animegamer.states import StateValues
 from animegamer.tokens import TurnLayout
 

@@ -35,30 +35,11 @@ import torch
 
 from animegamer.data.video import write_gif, write_mp4
 from animegamer.inference.saved import check_shot
+from animegamer.models.mllm_turn import HistoryTurn, TurnPrediction
 from animegamer.states import MAX_INSTRUCTION_CHARS, CharacterState, StateValues, parse_instruction
 
 # ---------------------------------------------------------------------------------------------------------------
 # what a turn needs from the models
-
-
-@dataclass
-class HistoryTurn:
-    """An earlier turn as the MLLM sees it."""
-
-    instruction: str
-    shot_embeds: torch.Tensor  # (N, shot_dim)
-    values: StateValues
-
-
-@dataclass
-class TurnPrediction:
-    """What the MLLM predicts for one turn."""
-
-    shot_embeds: torch.Tensor  # (N, shot_dim) float32, CPU
-    values: StateValues
-    prompt_tokens: int  # length of the prefilled prompt
-    value_probs: dict[str, dict[int, float]] = field(default_factory=dict)  # field -> value -> p over valid values
-    release_values: list[int] | None = None  # compat released: [ML, SC, ET, ST] as parsed (values: clamped)
 
 
 class StatePredictor(Protocol):

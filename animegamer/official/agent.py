@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from animegamer.inference.mllm_runner import HistoryTurn, TurnPrediction, slot_block_pass
+from animegamer.models.mllm_turn import HistoryTurn, TurnPrediction, slot_block_pass
 from animegamer.states import VALUE_RANGES, StateValues
 from animegamer.tokens import IGNORE_INDEX, STATE_FIELDS, SequenceLayout, TurnSpec
 

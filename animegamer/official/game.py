@@ -31,7 +31,7 @@ import torch
 
 from animegamer.config import InferenceConfig, SamplingConfig
 from animegamer.inference.game import GameSession
-from animegamer.inference.mllm_runner import MLLMPredictor, TurnFunction, predict_turn
+from animegamer.inference.mllm_runner import MLLMPredictor
 from animegamer.inference.renderer import DecoderRenderer
 from animegamer.inference.session import build_game as build_core_game
 from animegamer.inference.session import build_session as build_core_session
@@ -40,6 +40,7 @@ from animegamer.inference.session import load_renderer as load_core_renderer
 from animegamer.inference.turn import AnimeGamer
 from animegamer.io import checkpoint_decoder_dir
 from animegamer.models.decoder_parts import DECODER_CONFIG
+from animegamer.models.mllm_turn import TurnFunction, predict_turn
 from animegamer.models.vae import DTYPES
 from animegamer.official.agent import predict_released, release_render_level
 from animegamer.official.sampler import sample_released

@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> dict:
     from animegamer.data.video import read_video
     from animegamer.eval.intervals import mark_splits
     from animegamer.eval.systems import grey_frame, load_shot_models
-    from animegamer.inference.turn import HistoryTurn
+    from animegamer.models.mllm_turn import HistoryTurn
     from animegamer.spriteworld.memory import caption_text
 
     cfg, args = parse_config(EvalConfig, __doc__, argv, extra=add_flags)
