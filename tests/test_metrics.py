@@ -101,7 +101,8 @@ def test_psnr_known_values():
     assert psnr(clip, clip.copy()) == math.inf
     noise = np.where(np.indices(clip.shape).sum(0) % 2 == 0, 8, -8)  # +-8 everywhere: MSE = 64
     noisy = (clip.astype(int) + noise).astype(np.uint8)
-    assert psnr(noisy, clip) == pytest.approx(10 * math.log10(255**2 / 64), abs=1e-9)
+    # torchmetrics keeps ln(255) and 10 / ln(10) in float32: about 1e-6 dB from the exact value
+    assert psnr(noisy, clip) == pytest.approx(10 * math.log10(255**2 / 64), abs=1e-5)
     with pytest.raises(ValueError, match="equal shape"):
         psnr(clip, clip[:2])
 
@@ -136,6 +137,10 @@ def test_ssim_identical_constant_and_reference():
     assert ssim(clip[:1], other) == pytest.approx(_ssim_reference(clip[0], other[0]), abs=1e-10)
     with pytest.raises(ValueError, match="smaller than the SSIM window"):
         ssim(clip[:, :8], clip[:, :8])
+    narrow = _ssim_reference(clip[0], other[0], k=9, sigma=1.1)  # the border cropped is (9 - 1) / 2 wide
+    assert ssim(clip[:1], other, window=9, sigma=1.1) == pytest.approx(narrow, abs=1e-10)
+    with pytest.raises(ValueError, match="does not match sigma"):
+        ssim(clip, clip, window=7)
 
 
 def test_dreamsim_is_reported_missing_not_faked(tmp_path):
