@@ -347,7 +347,7 @@ def ssim(generated: np.ndarray | torch.Tensor, reference: np.ndarray | torch.Ten
     """Mean SSIM (Wang et al. 2004): Gaussian window 11 / sigma 1.5, K1 = 0.01, K2 = 0.03, range 255.
 
     Computed per RGB channel over "valid" window positions (no padding), averaged over positions, channels and
-    frames. Identical clips give exactly 1.0. ``window`` must be the size torchmetrics gives a Gaussian window of
+    frames. Identical clips give 1.0. ``window`` must be the size torchmetrics gives a Gaussian window of
     ``sigma`` (``2 * int(3.5 * sigma + 0.5) + 1``: 11 for 1.5).
 
     The SSIM map comes from torchmetrics' ``structural_similarity_index_measure``; its own mean is not used. That
