@@ -26,6 +26,7 @@ from animegamer.config.runs import (
     StageBConfig,
     StageCConfig,
     StageDConfig,
+    StageEConfig,
 )
 
 
@@ -38,6 +39,7 @@ SCHEMAS: dict[str, type] = {
     "stage_b": StageBConfig,
     "stage_c": StageCConfig,
     "stage_d": StageDConfig,
+    "stage_e": StageEConfig,
     "inference": InferenceConfig,
     "eval": EvalConfig,
     "prepare_data": PrepareDataConfig,
@@ -70,7 +72,8 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "preset": ("full", "tiny"),
     "compat": ("released", "fixed"),
     "cache": ("none", "first_block", "taylorseer", "pab", "faster", "magcache"),  # models.cache.CACHE_METHODS
-    "SamplingConfig.preset": ("standard", "fast", "distilled"),  # "Class.field": a name other fields also use
+    "SamplingConfig.preset": ("standard", "fast", "distilled"),
+    "SamplingConfig.vae": ("full", "small"),  # "Class.field": a name other fields also use
     "resampler_gelu": ("tanh", "erf"),
     "StageCConfig.history": ("teacher", "own"),
 }

@@ -146,3 +146,5 @@ class SamplingConfig:
     # first_block: block 0's relative residual change under which the rest is reused; magcache: accumulated error
     cache_threshold: float = 0.05
     magcache_ratios: str = ""  # magcache: the JSON of scripts/calibrate_magcache.py for this decoder and sampler
+    vae: str = "full"  # latents -> frames: full (the CogVideoX VAE) | small (the stage (e) causal decoder)
+    small_decoder: str = ""  # vae=small: the stage (e) run, checkpoint or its small_decoder/ directory

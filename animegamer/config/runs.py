@@ -272,6 +272,24 @@ class StageDConfig:
 
 
 @dataclass
+class CausalDecoderConfig:
+    channels: list[int] = field(default_factory=lambda: [256, 128, 64])  # width per 2x upsampling level, coarse first
+    blocks_per_level: int = 3  # memory blocks (2D convs + the previous frame) before each upsampling
+
+
+@dataclass
+class StageEConfig:
+    kind: str = "stage_e"
+    output_dir: str = "outputs/stage_e"
+    seed: int = 42
+    vae: str = "checkpoints/CogVideoX-2b"  # CogVideoX folder whose vae/config.json fixes the latent layout
+    small_decoder: CausalDecoderConfig = field(default_factory=CausalDecoderConfig)
+    data: DataConfig = field(default_factory=DataConfig)  # manifest + features_dir (latents) + the clip settings
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(lr=3e-4, max_steps=20000, batch_size=4))
+    crop_size: int = 16  # side of the random training crop in latent cells (x the spatial factor in pixels); 0 = all
+
+
+@dataclass
 class InferenceConfig:
     kind: str = "inference"
     output_dir: str = "outputs/game"  # results of inference_MLLM.py, read by inference_Decoder.py
