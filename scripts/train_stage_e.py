@@ -5,9 +5,11 @@
     python scripts/train_stage_e.py --config configs/tiny/stage_e.yaml              # tiny models on a laptop CPU
     python scripts/train_stage_e.py --config configs/stage_e.yaml --resume latest   # exact resume
 
-Needs the clips' VAE latents (``data.features_dir``: the stage (a) feature store, scripts/precompute_features.py)
-and their videos (``data.manifest``); ``vae`` names the CogVideoX folder whose ``vae/config.json`` gives the latent
-layout (channels, spatial and temporal compression). The VAE itself is never loaded.
+Reads the clips' VAE latents from ``data.features_dir`` (the stage (a) feature store, scripts/precompute_features.py)
+and their videos from ``data.manifest``; ``vae`` names the CogVideoX folder whose ``vae/config.json`` gives the latent
+layout (channels, spatial and temporal compression). Where ``data.features_dir`` holds no stage (a) store, a
+single-process run first encodes the missing clips with that VAE into a latents-only store
+(animegamer.data.stage_e.precompute_latents); otherwise the VAE is never loaded.
 
 One step: a batch of whole clips (every latent frame: CogVideoX encodes the first one differently), one random
 spatial window of ``crop_size`` x ``crop_size`` latent cells per clip and the matching pixels of its real frames;
@@ -30,7 +32,7 @@ from tqdm.auto import tqdm
 from animegamer.cli import fail
 from animegamer.config import StageEConfig
 from animegamer.data.manifest import ManifestError
-from animegamer.data.stage_e import build_stage_e_dataset
+from animegamer.data.stage_e import build_stage_e_dataset, precompute_latents
 from animegamer.io import atomic_write_text
 from animegamer.models.causal_decoder import WEIGHTS_FILE, CausalLatentDecoder, read_vae_layout
 from animegamer.models.trained import SMALL_DECODER_DIR
@@ -88,6 +90,10 @@ def main(argv: list[str] | None = None) -> Path:
     try:
         resume = check_resume(cfg.output_dir, train.resume, accelerator.num_processes, train.allow_rng_reset)
         layout = read_vae_layout(cfg.vae)
+        if accelerator.num_processes == 1:
+            written = precompute_latents(cfg.data, cfg.vae, accelerator.device)
+            if written:
+                say(f"latents: {written} clips encoded into {cfg.data.features_dir}")
         dataset, left_out = build_stage_e_dataset(cfg.data)
         set_seed(cfg.seed)
         model = build_model(cfg, layout)

@@ -10,7 +10,7 @@ from animegamer.config import load_config
 from animegamer.data.features import META_FILE, fit_frames
 from animegamer.data.manifest import ClipRecord, write_manifest
 from animegamer.data.tensor_store import TensorStore
-from animegamer.data.video import write_mp4
+from animegamer.data.video import read_video, write_mp4
 from animegamer.models.causal_decoder import CausalLatentDecoder
 from animegamer.models.sampling import load_vae, vae_encode
 from animegamer.models.weights import load_state_dict_file
@@ -46,7 +46,7 @@ def run(tmp_path_factory, tiny_cogvideox_dir):
         clip_id = f"{film}_{index:05d}"
         records.append(ClipRecord(clip_id, f"clips/c{i}.mp4", film, index, 2.0 * index, 2.0 * index + 2, tags=TAGS))
         if i != 2:
-            fitted = fit_frames(frames, 9, 48, 64)
+            fitted = fit_frames(read_video(root / f"clips/c{i}.mp4", fps=8)[0], 9, 48, 64)  # as stored: from the mp4
             latents[clip_id] = {"latents": vae_encode(vae, fitted[None])[0].permute(1, 0, 2, 3).contiguous()}
     write_manifest(root / "clips.jsonl", records)
     TensorStore(root / "features").write_shard(latents)
@@ -104,7 +104,6 @@ def test_user_mistakes_exit_2_with_one_line(run, tmp_path, capsys):
     cases = {
         "data.height=64": "other clip settings",
         f"vae={tmp_path / 'nowhere'}": "VAE config not found",
-        f"data.features_dir={tmp_path / 'none'}": "no precomputed features",
         "crop_size=-1": "crop_size=-1",
         "small_decoder.channels=[8,8]": "one width per",
     }
@@ -117,6 +116,24 @@ def test_user_mistakes_exit_2_with_one_line(run, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         train_stage_e.main(["--help"])
     assert exc.value.code == 0 and "crop_size" in capsys.readouterr().out
+
+
+def test_without_a_store_the_vae_encodes_the_clips_first(run, tmp_path, capsys, tiny_cogvideox_dir):
+    store_dir = tmp_path / "latents"
+    out = train_stage_e.main(_argv(run, tmp_path / "own", f"data.features_dir={store_dir}", "train.max_steps=1"))
+    assert "latents: 6 clips encoded" in capsys.readouterr().out
+    ours, theirs = TensorStore(store_dir), TensorStore(run["root"] / "features")
+    assert len(ours) == 6 and "film0_00002" in ours  # the clip the fixture's store lacks
+    for clip_id in theirs.clip_ids():  # encoded in a batch there, one by one here: float rounding apart
+        torch.testing.assert_close(ours.load(clip_id)["latents"], theirs.load(clip_id)["latents"], rtol=0, atol=1e-3)
+    assert json.loads((store_dir / META_FILE).read_text())["latents_only"] is True
+    assert not (out / "left_out.txt").exists()
+    train_stage_e.main(_argv(run, tmp_path / "own", f"data.features_dir={store_dir}", "train.max_steps=2",
+                             "--resume", "latest"))
+    assert "encoded" not in capsys.readouterr().out  # nothing left to encode
+    with pytest.raises(SystemExit) as exc:  # a store of other clip settings is refused, not topped up
+        train_stage_e.main(_argv(run, tmp_path / "own2", f"data.features_dir={store_dir}", "data.height=64"))
+    assert exc.value.code == 2 and "other clip settings" in capsys.readouterr().err
 
 
 def test_a_bad_resume_fails_in_one_line_and_leaves_the_finished_run_alone(run, tmp_path, capsys):
