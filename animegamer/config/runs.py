@@ -182,7 +182,7 @@ class SpriteWorldRunConfig:
     configs: str = "configs/spriteworld"  # data, pretrain, stage_a/b/c, ablations YAMLs of the chain
     steps: list[str] = field(  # which steps to run, in this order
         default_factory=lambda: ["data", "pretrain", "pretrain_llm", "stage_a", "stage_b", "stage_c", "stage_d",
-                                 "ship", "evaluate"]
+                                 "stage_e", "ship", "evaluate"]
     )
     # rows of ablations.yaml the evaluate step runs (empty = all); the tables keep the other rows' earlier results
     # unless this call also ran ship (a new checkpoint: earlier rows are dropped)
