@@ -70,8 +70,9 @@ def test_a_game_plays_with_the_small_decoder(tiny_mistral_dir, tiny_cogvideox_di
 
 def test_small_decoder_mistakes_fail_before_any_model(tiny_mistral_dir, tiny_cogvideox_dir, tmp_path):
     with pytest.raises(ValueError, match="sampling.vae=small needs sampling.small_decoder"):
-        build_session(_cfg(tiny_mistral_dir, tiny_cogvideox_dir, tmp_path / "p", "sampling.vae=small"))
-    with pytest.raises(FileNotFoundError, match="sampling.small_decoder=.*nowhere"):
+        build_session(_cfg(tiny_mistral_dir, tiny_cogvideox_dir, tmp_path / "p", "sampling.vae=small",
+                           "sampling.small_decoder="))
+    with pytest.raises(FileNotFoundError, match="sampling.small_decoder=.*nowhere.*train_stage_e.py"):
         build_session(_cfg(tiny_mistral_dir, tiny_cogvideox_dir, tmp_path / "p", "sampling.vae=small",
                            f"sampling.small_decoder={tmp_path / 'nowhere'}"))
     other = small_decoder_run(tmp_path / "sixteen", latent_channels=16)
@@ -80,3 +81,24 @@ def test_small_decoder_mistakes_fail_before_any_model(tiny_mistral_dir, tiny_cog
                            f"sampling.small_decoder={other}"))
     with pytest.raises(ValueError, match="sampling.vae"):
         _cfg(tiny_mistral_dir, tiny_cogvideox_dir, tmp_path / "p", "sampling.vae=tiny")
+
+
+def test_shipped_spriteworld_small_decoder_streams_what_the_vae_shows():
+    """make demo-fast: the shipped 4-step student decoded by the shipped stage (e) small decoder, one frame per latent
+    frame (SpriteWorld's VAE has no temporal compression), close to the VAE's own decode of the same latents."""
+    from animegamer.eval.metrics import psnr
+    from animegamer.inference.session import load_renderer
+    from animegamer.models.streaming import decode_chunks
+
+    cfg = load_config("configs/spriteworld/inference.yaml", ["sampling.preset=distilled", "sampling.vae=small",
+                                                             "decoder_checkpoint=checkpoints/spriteworld/stage_d"])
+    renderer = load_renderer(cfg, "cpu", offload=False)
+    assert renderer.small_decoder is not None
+    shot = torch.randn(cfg.mllm.num_slots, cfg.mllm.shot_dim, generator=torch.Generator().manual_seed(0))
+    chunks = []
+    frames = renderer.render(shot, 3, seed=0, on_frames=lambda *c: chunks.append(c))
+    assert [(len(f), n) for f, _, n in chunks] == [(1, 9)] * 9
+    assert frames.shape == (9, 64, 96, 3) and frames.std() > 5
+    latents = renderer.sampler.latents(shot[None], torch.tensor([3]), torch.Generator().manual_seed(0))
+    full = torch.cat(list(decode_chunks(renderer.decoder.vae, latents)), 1)[0].numpy()
+    assert psnr(frames, full) > 20.0  # dB: the same picture, a little softer

@@ -519,3 +519,29 @@ def test_ship_without_a_trained_stage_is_one_line_and_keeps_the_shipped_folder(t
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == 2 and err.startswith("error: step ship: checkpoint not found") and "\n" not in err
     assert (ship / "stage_d" / "kept.txt").read_text() == "the shipped student"
+
+
+def test_small_decoder_quality_on_the_mini_run(mini_run, tmp_path):
+    """scripts/spriteworld/small_decoder_quality.py on the mini run's shipped folder: every row kind and metric, on
+    the same latents (the small decode compared with the full one), files written."""
+    out, _ = mini_run
+    ship = out / "ship"
+    threads = torch.get_num_threads()
+    try:
+        report = load_script("spriteworld/small_decoder_quality").main([
+            "--config", str(out / "configs" / "eval.yaml"), "--small", str(ship / "stage_e"),
+            "--student", str(ship / "stage_d"), "--out", str(tmp_path / "quality"), "--batch", "2"])
+    finally:
+        torch.set_num_threads(threads)
+    rows = {(r["kind"], r["metric"]): r for r in report["rows"]}
+    assert {k for k, _ in rows} == {"reconstruction", "full game", "4-step student"}
+    for kind in ("reconstruction", "full game", "4-step student"):
+        for metric in ("psnr", "ssim", "clip_i"):
+            full, small = rows[(kind, f"full_{metric}")], rows[(kind, f"small_{metric}")]
+            difference = rows[(kind, f"small_minus_full_{metric}")]["mean"]
+            assert difference == pytest.approx(small["mean"] - full["mean"], abs=1e-9)
+        assert -1.0 <= rows[(kind, "small_vs_full_ssim")]["mean"] <= 1.0 and rows[(kind, "full_psnr")]["turns"] == 3
+    assert report["seconds_per_clip"]["small"] > 0 and report["seconds_per_clip"]["full"] > 0
+    table = (tmp_path / "quality.md").read_text()
+    assert "small_vs_full_psnr" in table and "small_decoder_quality.py" in table
+    assert json.loads((tmp_path / "quality.json").read_text())["games"] == 1

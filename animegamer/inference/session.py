@@ -161,7 +161,9 @@ def weights_hint(key: str, path: str) -> str:
     converted from the release, and the shipped SpriteWorld world plays without any of them."""
     if Path(path).parts[:2] == ("checkpoints", "tiny"):
         return "build the tiny random models with `make tiny`"
-    if key.endswith(("_checkpoint", "small_decoder")):
+    if key == "sampling.small_decoder":
+        return "train it (scripts/train_stage_e.py) and point sampling.small_decoder= at its run, or sampling.vae=full"
+    if key.endswith("_checkpoint"):
         return (f"train it first, point {key}= at a trained checkpoint or set {key}='' to run untrained parts; "
                 "to play now: make play (the shipped SpriteWorld world)")
     return ("convert the released AnimeGamer weights with scripts/convert_official.py (README: 'Play the released "
