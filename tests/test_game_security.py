@@ -347,7 +347,7 @@ def _entry(name):
 ENTRY_POINTS = ["inference_MLLM", "inference_Decoder", "app", "play"]
 BAD_SETTINGS = [
     ("device=tpu", "device='tpu' is not a device"),
-    ("history_turns=-3", "history_turns=-3 must be >= 0"),
+    ("history_turns=-3", "history_turns=-3 must be >= -1"),
     ("decoder_checkpoint=/nonexistent", "decoder_checkpoint=/nonexistent"),
     ("mllm_checkpoint=/nonexistent", "mllm_checkpoint=/nonexistent"),
 ]

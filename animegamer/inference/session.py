@@ -26,9 +26,11 @@ from animegamer.config import InferenceConfig, SamplingConfig
 from animegamer.config.recorded import history_turns_note
 from animegamer.inference.game import GameSession, check_game_settings
 from animegamer.inference.mllm_runner import HistoryTurn, MLLMRunner, TurnPrediction
+from animegamer.models.causal_decoder import CausalLatentDecoder, vae_layout
 from animegamer.models.fp8 import quantize_transformer_fp8
 from animegamer.models.sampling_presets import PresetSampler, check_render_options
 from animegamer.models.streaming import decode_chunks, latent_frame_batches
+from animegamer.models.trained import load_small_decoder, small_decoder_dir
 from animegamer.training.checkpoint import resolve_checkpoint
 
 
@@ -90,8 +92,9 @@ class DecoderRenderer:
     """Renders a shot representation with the decoder: (N, H) s_a + motion level -> (T, H, W, 3) uint8."""
 
     def __init__(self, decoder, sampling: SamplingConfig, device: str, offload: bool = False,
-                 sampler: PresetSampler | None = None):
+                 sampler: PresetSampler | None = None, small_decoder: CausalLatentDecoder | None = None):
         self.decoder, self.device, self.offload = decoder, device, offload
+        self.small_decoder = small_decoder  # sampling.vae=small: decodes the latents in place of the VAE
         # sampling.preset / sampling.cache (animegamer.models.sampling_presets); plain settings without one
         self.sampler = sampler if sampler is not None else PresetSampler(decoder, sampling)
         self.sampling = self.sampler.sampling
@@ -116,8 +119,10 @@ class DecoderRenderer:
             if progress:
                 progress("decoding", 1 - 1 / (self.sampling.steps + 1))
             count = len(latent_frame_batches(latents.shape[1], self.decoder.vae.num_latent_frames_batch_size))
+            if self.small_decoder is not None:
+                count = self.small_decoder.num_chunks(latents.shape[1])
             chunks = []
-            for index, chunk in enumerate(decode_chunks(self.decoder.vae, latents)):  # (1, t, H, W, 3) uint8
+            for index, chunk in enumerate(self._decode_chunks(latents)):  # (1, t, H, W, 3) uint8
                 chunks.append(chunk[0].numpy())
                 if on_frames is not None:
                     on_frames(chunks[-1], index, count)
@@ -141,8 +146,14 @@ class DecoderRenderer:
                 torch.tensor(list(motion_levels)),
                 generators,
             )  # (B, F, C, h, w)
-            frames = torch.cat(list(decode_chunks(self.decoder.vae, latents)), dim=1)  # (B, T, H, W, 3) uint8
+            frames = torch.cat(list(self._decode_chunks(latents)), dim=1)  # (B, T, H, W, 3) uint8
         return list(frames.numpy())
+
+    def _decode_chunks(self, latents: torch.Tensor):
+        """uint8 frame chunks of the latents: the VAE's decode batches, or the small decoder's latent frames."""
+        if self.small_decoder is not None:
+            return self.small_decoder.decode_chunks(latents)
+        return decode_chunks(self.decoder.vae, latents)
 
 
 def weights_hint(key: str, path: str) -> str:
@@ -150,6 +161,8 @@ def weights_hint(key: str, path: str) -> str:
     converted from the release, and the shipped SpriteWorld world plays without any of them."""
     if Path(path).parts[:2] == ("checkpoints", "tiny"):
         return "build the tiny random models with `make tiny`"
+    if key == "sampling.small_decoder":
+        return "train it (scripts/train_stage_e.py) and point sampling.small_decoder= at its run, or sampling.vae=full"
     if key.endswith("_checkpoint"):
         return (f"train it first, point {key}= at a trained checkpoint or set {key}='' to run untrained parts; "
                 "to play now: make play (the shipped SpriteWorld world)")
@@ -204,13 +217,21 @@ def check_checkpoints(cfg: InferenceConfig, mllm: bool = True, decoder: bool = T
         named += [("mllm.pretrained", cfg.mllm.pretrained), ("mllm_checkpoint", cfg.mllm_checkpoint)]
     if decoder:
         named += [("decoder.pretrained", cfg.decoder.pretrained), ("decoder_checkpoint", cfg.decoder_checkpoint)]
+        if cfg.sampling.vae == "small":
+            if not cfg.sampling.small_decoder:
+                raise ValueError("sampling.vae=small needs sampling.small_decoder: a stage (e) run "
+                                 "(scripts/train_stage_e.py) or its small_decoder/ directory")
+            named.append(("sampling.small_decoder", cfg.sampling.small_decoder))
     missing = []
     for key, value in named:
-        trained = key.endswith("_checkpoint")
+        trained = key.endswith(("_checkpoint", "small_decoder"))
         if trained and (base_only or not value):
             continue
         try:
-            found = resolve_checkpoint(value) if trained else Path(value)
+            if key == "sampling.small_decoder":
+                found = small_decoder_dir(value)
+            else:
+                found = resolve_checkpoint(value) if trained else Path(value)
         except FileNotFoundError:
             found = None
         if found is None or not found.is_dir():
@@ -277,7 +298,13 @@ def load_renderer(cfg: InferenceConfig, device: str, offload: bool) -> DecoderRe
         quantize_transformer_fp8(decoder)
     sampling = dataclasses.replace(cfg.sampling, preset="fast") if cfg.fast else cfg.sampling
     sampler = PresetSampler.build(decoder, sampling, cfg.decoder_checkpoint)
-    return DecoderRenderer(decoder, sampling, device, offload, sampler)
+    small = None
+    if cfg.sampling.vae == "small":  # stage (e): small enough to stay on the device even when offloading
+        small = load_small_decoder(cfg.sampling.small_decoder, device).to(decoder.dtype)
+        small.check_vae(*vae_layout(decoder.vae.config, "decoder.pretrained's VAE"), cfg.sampling.small_decoder)
+        if cfg.compile:
+            small.compile_blocks()
+    return DecoderRenderer(decoder, sampling, device, offload, sampler, small)
 
 
 def build_session(cfg: InferenceConfig, render: bool = True, output_dir: str | Path | None = None, *,
