@@ -51,11 +51,11 @@ demo: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) inference_Decoder.py --config configs/spriteworld/inference.yaml output_dir=outputs/demo
 
 # The same game rendered by the shipped 4-step stage (d) student (checkpoints/spriteworld/stage_d): 4 transformer
-# calls per clip instead of 40, no CFG
+# calls per clip instead of 40, no CFG; decoded by the shipped stage (e) small causal decoder instead of the VAE
 demo-fast: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) inference_MLLM.py --config configs/spriteworld/inference.yaml output_dir=outputs/demo_fast
 	OMP_NUM_THREADS=1 $(PY) inference_Decoder.py --config configs/spriteworld/inference.yaml output_dir=outputs/demo_fast \
-	    sampling.preset=distilled decoder_checkpoint=checkpoints/spriteworld/stage_d
+	    sampling.preset=distilled decoder_checkpoint=checkpoints/spriteworld/stage_d sampling.vae=small
 
 # Play the shipped SpriteWorld world on CPU: in the terminal, or in the browser at http://127.0.0.1:7860
 play: $(STAMP)

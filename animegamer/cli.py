@@ -20,6 +20,7 @@ OVERRIDE_EXAMPLES: dict[str, str] = {
     "stage_b": "train.max_steps=100 output_dir=outputs/try_b",
     "stage_c": "train.max_steps=100 output_dir=outputs/try_c",
     "stage_d": "train.max_steps=100 output_dir=outputs/try_d",
+    "stage_e": "crop_size=8 output_dir=outputs/try_e",
     "inference": "sampling.steps=20 sampling.preset=fast output_dir=outputs/my_game",
     "eval": "max_games=2 systems=[animegamer,random]",
     "prepare_data": "films=[films/] output_dir=data/myanime workers=8",

@@ -18,6 +18,9 @@ Measured, after warm-up (CUDA events on a GPU, perf_counter on a CPU), with peak
   cache hook (MagCache calibrated in the run), FP8 on a capable GPU; seconds, transformer calls per clip, the time
   to the first streamed frames and where a turn's time goes (MLLM from ``turn``, denoising, VAE decode, writing the
   mp4 + gif) (animegamer.bench.options);
+- ``decode``: latents -> frames, the CogVideoX VAE against the stage (e) small causal decoder (eager, and compiled
+  with ``compile``) on the same 4-step latents: whole decode, first chunk, time to the first frames of a 4-step turn
+  (animegamer.bench.decode);
 - ``official``: random weights in the official release's on-disk layout (SAT decoder directory, peft agent .bin,
   tokenizer at the release's ids) at the preset's sizes, converted by scripts/convert_official.py's code (seconds,
   peak RSS), then one turn in ``compat=released`` (the release's sampler, fp16 decoder, 200-token state
@@ -44,6 +47,7 @@ from pathlib import Path
 
 import torch
 
+from animegamer.bench.decode import bench_decode
 from animegamer.bench.models import (
     ARCHITECTURES,
     ParameterCounts,
@@ -64,7 +68,7 @@ from animegamer.io import atomic_write_json, atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESET_CONFIGS = {"full": ROOT / "configs" / "benchmark.yaml", "tiny": ROOT / "configs" / "tiny" / "benchmark.yaml"}
-PARTS = ("turn", "options", "official", "stage_a", "stage_b")
+PARTS = ("turn", "options", "decode", "official", "stage_a", "stage_b")
 FORMAT = "animegamer-benchmark-v1"
 
 CONVENTIONS = {
@@ -134,7 +138,7 @@ def merge_existing(result: dict, earlier: dict, measured: set[str]) -> None:
     """Copy into ``result`` the parts of ``earlier`` that are not among the ``measured`` ones."""
     dates = {**{part: earlier["date"] for part in PARTS}, **earlier.get("merged_from", {})}
     merged = {}
-    for part in ("turn", "options", "official"):
+    for part in ("turn", "options", "decode", "official"):
         if part not in measured and part in earlier:
             result[part] = earlier[part]
             merged[part] = dates[part]
@@ -279,6 +283,15 @@ def main(argv: list[str] | None = None) -> dict:
                     shot = torch.randn(shape, generator=g).to(decoder.dtype)
                     result["options"] = bench_options(decoder, shot, torch.tensor([3]), cfg.sampling, device,
                                                       cfg.warmup, cfg.repeats)
+                    del decoder
+                elif part == "decode":
+                    decoder_cfg = stage_a_cfg.decoder
+                    decoder_cfg.dtype, decoder_cfg.gradient_checkpointing = cfg.dtype, False
+                    decoder = build_decoder(arch, decoder_cfg, device, with_vae=True, seed=cfg.seed)
+                    g = torch.Generator().manual_seed(cfg.seed)
+                    shot = torch.randn(decoder.null_shot_embeds(1).shape, generator=g).to(decoder.dtype)
+                    result["decode"] = bench_decode(decoder, shot, torch.tensor([3]), cfg.sampling, device,
+                                                    cfg.warmup, cfg.repeats, cfg.compile, cfg.preset)
                     del decoder
                 elif part == "official":
                     # at full size the release files and their conversion take about 40 GB of the temp dir's disk

@@ -1,5 +1,6 @@
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -100,7 +101,8 @@ def test_psnr_known_values():
     assert psnr(clip, clip.copy()) == math.inf
     noise = np.where(np.indices(clip.shape).sum(0) % 2 == 0, 8, -8)  # +-8 everywhere: MSE = 64
     noisy = (clip.astype(int) + noise).astype(np.uint8)
-    assert psnr(noisy, clip) == pytest.approx(10 * math.log10(255**2 / 64), abs=1e-9)
+    # torchmetrics keeps ln(255) and 10 / ln(10) in float32: about 1e-6 dB from the exact value
+    assert psnr(noisy, clip) == pytest.approx(10 * math.log10(255**2 / 64), abs=1e-5)
     with pytest.raises(ValueError, match="equal shape"):
         psnr(clip, clip[:2])
 
@@ -135,6 +137,10 @@ def test_ssim_identical_constant_and_reference():
     assert ssim(clip[:1], other) == pytest.approx(_ssim_reference(clip[0], other[0]), abs=1e-10)
     with pytest.raises(ValueError, match="smaller than the SSIM window"):
         ssim(clip[:, :8], clip[:, :8])
+    narrow = _ssim_reference(clip[0], other[0], k=9, sigma=1.1)  # the border cropped is (9 - 1) / 2 wide
+    assert ssim(clip[:1], other, window=9, sigma=1.1) == pytest.approx(narrow, abs=1e-10)
+    with pytest.raises(ValueError, match="does not match sigma"):
+        ssim(clip, clip, window=7)
 
 
 def test_dreamsim_is_reported_missing_not_faked(tmp_path):
@@ -179,3 +185,71 @@ def test_records_summary_and_per_turn():
         summarize([*records, _record("g2", 0, 50.0, 1.0, other)])
     with pytest.raises(ValueError, match="several systems"):
         summarize([*records, MetricRecord("gc_baseline", "g0", 0, {"clip_i": 0.1}, settings=settings)])
+
+
+# --------------------------------------------------------------------------------------------
+# Frozen PSNR / SSIM values on real frames (tests/data/pixel_metrics)
+# --------------------------------------------------------------------------------------------
+
+PIXEL_DATA = Path(__file__).parent / "data" / "pixel_metrics"
+
+
+def _hash_noise(shape: tuple[int, ...], amplitude: int, salt: int) -> np.ndarray:
+    """Integer noise in [-amplitude, amplitude] from an integer hash of the index: the same on every numpy."""
+    h = np.arange(math.prod(shape), dtype=np.uint64) + np.uint64(salt)
+    for _ in range(2):  # 32-bit multiply-xorshift rounds
+        h = ((h ^ (h >> np.uint64(16))) * np.uint64(0x45D9F3B)) & np.uint64(0xFFFFFFFF)
+    h = h ^ (h >> np.uint64(16))
+    return (h % np.uint64(2 * amplitude + 1)).astype(np.int64).reshape(shape) - amplitude
+
+
+def _box_blur(clip: np.ndarray) -> np.ndarray:
+    """3 x 3 box filter with replicated edges, rounded half to even (exact in float64)."""
+    h, w = clip.shape[1:3]
+    padded = np.pad(clip.astype(np.float64), ((0, 0), (1, 1), (1, 1), (0, 0)), mode="edge")
+    total = sum(padded[:, i : i + h, j : j + w] for i in range(3) for j in range(3))
+    return np.round(total / 9).astype(np.uint8)
+
+
+def _shift(clip: np.ndarray, dy: int, dx: int) -> np.ndarray:
+    """Content moved down by dy and right by dx pixels, the top and left edges replicated."""
+    h, w = clip.shape[1:3]
+    return np.pad(clip, ((0, 0), (dy, 0), (dx, 0), (0, 0)), mode="edge")[:, :h, :w]
+
+
+def pixel_cases() -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """(generated, reference) pairs of real SpriteWorld frames: the shipped VAE's reconstruction, noise, blur, a
+    shift, another shot, one frame alone."""
+    clips = np.load(PIXEL_DATA / "clips.npz")
+    real, vae = clips["real"], clips["vae"]
+    cases = {}
+    for i, clip in enumerate(real):
+        cases[f"shot{i}/vae"] = (vae[i], clip)
+        for amplitude in (8, 40):
+            noise = _hash_noise(clip.shape, amplitude, salt=1000 * i + amplitude)
+            noisy = np.clip(clip.astype(np.int64) + noise, 0, 255).astype(np.uint8)
+            cases[f"shot{i}/noise{amplitude}"] = (noisy, clip)
+        cases[f"shot{i}/blur"] = (_box_blur(clip), clip)
+        cases[f"shot{i}/shift"] = (_shift(clip, 2, 3), clip)
+    cases["shot0/other_shot"] = (real[1], real[0])
+    cases["shot2/frame4_vae"] = (vae[2, 4], real[2, 4])  # a single (H, W, 3) image
+    return cases
+
+
+def test_psnr_ssim_reproduce_the_frozen_values_on_real_frames():
+    """The values our own implementation gave before PSNR / SSIM moved to torchmetrics, on the same frames.
+
+    Tolerances: PSNR within 1e-5 dB (torchmetrics keeps ln(255) and 10 / ln(10) in float32: relative error
+    about 1e-7, i.e. at most 5e-6 dB on these values); SSIM within 1e-10 (float64 throughout; only the order of
+    the sums differs). The tables print PSNR to 0.01 dB and SSIM to 0.001.
+    """
+    frozen = json.loads((PIXEL_DATA / "values.json").read_text())["values"]
+    cases = pixel_cases()
+    assert sorted(cases) == sorted(frozen)
+    for name, (generated, reference) in cases.items():
+        assert psnr(generated, reference) == pytest.approx(frozen[name]["psnr"], abs=1e-5), name
+        assert ssim(generated, reference) == pytest.approx(frozen[name]["ssim"], abs=1e-10), name
+    generated, reference = cases["shot1/vae"]
+    tensors = torch.from_numpy(generated), torch.from_numpy(reference)
+    assert psnr(*tensors) == pytest.approx(frozen["shot1/vae"]["psnr"], abs=1e-5)
+    assert ssim(*tensors) == pytest.approx(frozen["shot1/vae"]["ssim"], abs=1e-10)

@@ -49,8 +49,8 @@ def mini_run(tmp_path_factory):
 
 def test_every_step_ran_and_wrote_its_outputs(mini_run):
     out, summary = mini_run
-    assert list(summary) == ["data", "pretrain", "pretrain_llm", "stage_a", "stage_b", "stage_c", "stage_d", "ship",
-                             "evaluate"]
+    assert list(summary) == ["data", "pretrain", "pretrain_llm", "stage_a", "stage_b", "stage_c", "stage_d", "stage_e",
+                             "ship", "evaluate"]
     assert json.loads((out / "summary.json").read_text()).keys() == summary.keys()
     # data: the held-out film is not in the training manifest
     assert summary["data"]["clips"] == 9 and summary["data"]["train_clips"] == 6
@@ -69,7 +69,7 @@ def test_every_step_ran_and_wrote_its_outputs(mini_run):
     assert (mistral / "model.safetensors").is_file() and (mistral / "tokenizer_config.json").is_file()
     assert summary["pretrain_llm"]["films"] == 2 and summary["pretrain_llm"]["tokens"] > 100
     # stages: checkpoints, stage (a) shot targets, stage (c) predictions
-    for stage in ("stage_a", "stage_b", "stage_c", "stage_d"):
+    for stage in ("stage_a", "stage_b", "stage_c", "stage_d", "stage_e"):
         assert (out / stage / "checkpoints" / "latest").is_file(), stage
     assert (out / "stage_a" / "shot_targets" / "index.json").is_file()
     # ship: weights only, every config, nothing to resume from
@@ -84,6 +84,12 @@ def test_every_step_ran_and_wrote_its_outputs(mini_run):
                                                          "decoder_config.json", "motion_embedding.safetensors",
                                                          "sampler.json")}
     assert json.loads((ship / "stage_d" / "decoder" / "sampler.json").read_text())["timesteps"] == [999, 499]
+    # the stage (e) small decoder, trained on the pretraining's latents, for the VAE's layout (4x, no time)
+    assert {n for n in names if n.startswith("stage_e/")} == {"stage_e/small_decoder/config.json",
+                                                             "stage_e/small_decoder/model.safetensors"}
+    small = json.loads((ship / "stage_e" / "small_decoder" / "config.json").read_text())
+    assert (small["spatial_factor"], small["temporal_factor"]) == (4, 1)
+    assert summary["stage_e"]["loss_logged"] == 3 and math.isfinite(summary["stage_e"]["loss_last"])
     assert not list(ship.parent.glob(f".{ship.name}.tmp"))  # assembled beside, swapped in, nothing left over
     assert not any(n.endswith((".bin", ".pkl")) for n in names)
     assert summary["ship"]["safetensors_bytes"] == sum(summary["ship"]["files"].values())
@@ -513,3 +519,29 @@ def test_ship_without_a_trained_stage_is_one_line_and_keeps_the_shipped_folder(t
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == 2 and err.startswith("error: step ship: checkpoint not found") and "\n" not in err
     assert (ship / "stage_d" / "kept.txt").read_text() == "the shipped student"
+
+
+def test_small_decoder_quality_on_the_mini_run(mini_run, tmp_path):
+    """scripts/spriteworld/small_decoder_quality.py on the mini run's shipped folder: every row kind and metric, on
+    the same latents (the small decode compared with the full one), files written."""
+    out, _ = mini_run
+    ship = out / "ship"
+    threads = torch.get_num_threads()
+    try:
+        report = load_script("spriteworld/small_decoder_quality").main([
+            "--config", str(out / "configs" / "eval.yaml"), "--small", str(ship / "stage_e"),
+            "--student", str(ship / "stage_d"), "--out", str(tmp_path / "quality"), "--batch", "2"])
+    finally:
+        torch.set_num_threads(threads)
+    rows = {(r["kind"], r["metric"]): r for r in report["rows"]}
+    assert {k for k, _ in rows} == {"reconstruction", "full game", "4-step student"}
+    for kind in ("reconstruction", "full game", "4-step student"):
+        for metric in ("psnr", "ssim", "clip_i"):
+            full, small = rows[(kind, f"full_{metric}")], rows[(kind, f"small_{metric}")]
+            difference = rows[(kind, f"small_minus_full_{metric}")]["mean"]
+            assert difference == pytest.approx(small["mean"] - full["mean"], abs=1e-9)
+        assert -1.0 <= rows[(kind, "small_vs_full_ssim")]["mean"] <= 1.0 and rows[(kind, "full_psnr")]["turns"] == 3
+    assert report["seconds_per_clip"]["small"] > 0 and report["seconds_per_clip"]["full"] > 0
+    table = (tmp_path / "quality.md").read_text()
+    assert "small_vs_full_psnr" in table and "small_decoder_quality.py" in table
+    assert json.loads((tmp_path / "quality.json").read_text())["games"] == 1

@@ -101,6 +101,29 @@ def turn_profile_table(options: dict[str, Any], mllm: float | None) -> list[str]
     return lines + [""]
 
 
+def decode_table(result: dict[str, Any]) -> list[str]:
+    """The ``decode`` part: the full VAE against the small causal decoder on the same 4-step latents."""
+    decode = result.get("decode")
+    if not decode:
+        return []
+    params = decode["parameters"]
+    lines = [
+        f"**Decode: full VAE vs the small causal decoder** (4-step latents {decode['settings']['latents']}, random "
+        f"weights; VAE decoder {params['vae_decoder'] / 1e6:.2f} M parameters, small "
+        f"{params['small_decoder'] / 1e6:.2f} M; 4-step denoising {_s(decode['denoise_s'])} s):",
+        "",
+        "| decoder | decode (s) | vs full | first chunk (s) | first frames | 4-step turn to first frames (s) | "
+        "4-step render (s) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, row in decode["rows"].items():
+        lines.append(
+            f"| {name} | {_s(row['decode_s'])} | {_ratio(row['decode_speedup'])} | {_s(row['first_chunk_s'])} | "
+            f"{row['first_frames']} of {row['frames']} | {_s(row['time_to_first_frames_s'])} | {_s(row['render_s'])} |"
+        )
+    return lines + ["", "Turn times leave out the MLLM (the turn part's) and writing the clip.", ""]
+
+
 def official_table(result: dict[str, Any]) -> list[str]:
     """The ``official`` part: release-layout weights converted, then one turn ``released`` vs ``fixed`` + fast."""
     off = result.get("official")
@@ -209,6 +232,7 @@ def markdown(result: dict[str, Any]) -> str:
             lines.append(f"One eager CFG-batched denoising step by SDPA kernel: {backends}.")
         lines.append("")
     lines += options_table(result)
+    lines += decode_table(result)
     lines += official_table(result)
     train = result.get("training", {})
     if train:

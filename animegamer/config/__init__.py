@@ -28,6 +28,7 @@ from animegamer.config.runs import (
     BenchmarkConfig,
     BenchmarkGenConfig,
     CaptionConfig,
+    CausalDecoderConfig,
     EvalConfig,
     InferenceConfig,
     JudgeConfig,
@@ -40,6 +41,7 @@ from animegamer.config.runs import (
     StageBConfig,
     StageCConfig,
     StageDConfig,
+    StageEConfig,
 )
 from animegamer.config_docs import config_help  # --help text from the schemas' knob(help=...)
 
@@ -53,6 +55,7 @@ __all__ = [
     "BenchmarkGenConfig",
     "CLIPConfig",
     "CaptionConfig",
+    "CausalDecoderConfig",
     "ConfigError",
     "DataConfig",
     "DecoderConfig",
@@ -71,6 +74,7 @@ __all__ = [
     "StageBConfig",
     "StageCConfig",
     "StageDConfig",
+    "StageEConfig",
     "T5Config",
     "TrainConfig",
     "config_help",

@@ -27,6 +27,7 @@ from animegamer.config.runs import (
     StageBConfig,
     StageCConfig,
     StageDConfig,
+    StageEConfig,
 )
 
 
@@ -39,6 +40,7 @@ SCHEMAS: dict[str, type] = {
     "stage_b": StageBConfig,
     "stage_c": StageCConfig,
     "stage_d": StageDConfig,
+    "stage_e": StageEConfig,
     "inference": InferenceConfig,
     "eval": EvalConfig,
     "prepare_data": PrepareDataConfig,

@@ -212,3 +212,7 @@ class SamplingConfig:
         "",
         help="magcache: the JSON of scripts/calibrate_magcache.py for this decoder and sampler",
     )
+    vae: Literal["full", "small"] = knob(
+        "full", help="latents -> frames: full (the CogVideoX VAE) | small (the stage (e) causal decoder)"
+    )
+    small_decoder: str = knob("", help="vae=small: the stage (e) run, checkpoint or its small_decoder/ directory")

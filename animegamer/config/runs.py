@@ -260,8 +260,8 @@ class SpriteWorldRunConfig:
     )
     configs: str = knob("configs/spriteworld", help="data, pretrain, stage_a/b/c, ablations YAMLs of the chain")
     steps: list[str] = knob(
-        factory=lambda: ["data", "pretrain", "pretrain_llm", "stage_a", "stage_b", "stage_c", "stage_d", "ship",
-                         "evaluate"],
+        factory=lambda: ["data", "pretrain", "pretrain_llm", "stage_a", "stage_b", "stage_c", "stage_d", "stage_e",
+                         "ship", "evaluate"],
         help="which steps to run, in this order",
     )
     eval_rows: list[str] = knob(
@@ -384,6 +384,30 @@ class StageDConfig:
         factory=lambda: SamplingConfig(scheduler="ddim"),
         help="the teacher's sampler (scheduler ddim: its deterministic ODE) and the clip size; the guidance schedule "
              "is folded",
+    )
+
+
+@dataclass
+class CausalDecoderConfig:
+    """The stage (e) small causal decoder's shape (animegamer.models.causal_decoder)."""
+
+    channels: list[int] = knob(factory=lambda: [256, 128, 64], help="width per 2x upsampling level, coarse first")
+    blocks_per_level: int = knob(3, help="memory blocks (2D convs + the previous frame) before each upsampling")
+
+
+@dataclass
+class StageEConfig:
+    """Stage (e): a small causal decoder from the frozen VAE's latents to frames (scripts/train_stage_e.py)."""
+
+    kind: str = "stage_e"
+    output_dir: str = "outputs/stage_e"
+    seed: int = 42
+    vae: str = knob("checkpoints/CogVideoX-2b", help="CogVideoX folder whose vae/config.json fixes the latent layout")
+    small_decoder: CausalDecoderConfig = field(default_factory=CausalDecoderConfig)
+    data: DataConfig = knob(factory=DataConfig, help="manifest + features_dir (latents) + the clip settings")
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(lr=3e-4, max_steps=20000, batch_size=4))
+    crop_size: int = knob(
+        16, min=0, help="side of the random training crop in latent cells (x the spatial factor in pixels); 0 = all"
     )
 
 

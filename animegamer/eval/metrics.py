@@ -22,7 +22,6 @@ flow settings produced every :class:`MetricRecord`, so numbers from different se
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -317,27 +316,30 @@ def state_metrics(predicted: Sequence[StateValues], target: Sequence[StateValues
 
 
 def _pixel_pair(generated, reference) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both clips as float64 (T, 3, H, W) in 0..255, after checking they are uint8 frames of one shape."""
     a, b = as_frames(generated), as_frames(reference)
     if a.shape != b.shape:
         raise ValueError(f"pixel metrics need clips of equal shape, got {a.shape} and {b.shape}")
-    return torch.from_numpy(a).double(), torch.from_numpy(b).double()
+    return torch.from_numpy(a).double().permute(0, 3, 1, 2), torch.from_numpy(b).double().permute(0, 3, 1, 2)
+
+
+# torchmetrics is imported where PSNR / SSIM are computed: its package import pulls in transformers, torchvision,
+# scipy and torch._dynamo (about 10 s on 2 CPU cores), which the records, tables and intervals of this module
+# never need.
 
 
 def psnr(generated: np.ndarray | torch.Tensor, reference: np.ndarray | torch.Tensor) -> float:
     """PSNR in dB from the mean squared error over the whole clip (all frames, pixels, channels), range 255.
 
     Identical clips give ``math.inf`` (no cap); a clip-level MSE keeps one identical frame from making the mean
-    infinite, as a per-frame average would.
+    infinite, as a per-frame average would. Computed by torchmetrics' ``peak_signal_noise_ratio`` with
+    ``data_range=255`` and no ``dim`` (one MSE over everything); it keeps ln(255) and 10 / ln(10) in float32, so
+    values agree with the exact float64 formula to about 1e-6 dB.
     """
+    from torchmetrics.functional.image import peak_signal_noise_ratio
+
     a, b = _pixel_pair(generated, reference)
-    mse = (a - b).pow(2).mean().item()
-    return math.inf if mse == 0 else 10.0 * math.log10(255.0**2 / mse)
-
-
-def _gaussian_window(size: int, sigma: float) -> torch.Tensor:
-    coords = torch.arange(size, dtype=torch.float64) - (size - 1) / 2
-    g = torch.exp(-(coords**2) / (2 * sigma**2))
-    return g / g.sum()  # (size,)
+    return peak_signal_noise_ratio(a, b, data_range=255.0).item()
 
 
 def ssim(generated: np.ndarray | torch.Tensor, reference: np.ndarray | torch.Tensor, window: int = 11,
@@ -345,26 +347,30 @@ def ssim(generated: np.ndarray | torch.Tensor, reference: np.ndarray | torch.Ten
     """Mean SSIM (Wang et al. 2004): Gaussian window 11 / sigma 1.5, K1 = 0.01, K2 = 0.03, range 255.
 
     Computed per RGB channel over "valid" window positions (no padding), averaged over positions, channels and
-    frames. Identical clips give exactly 1.0.
+    frames. Identical clips give 1.0. ``window`` must be the size torchmetrics gives a Gaussian window of
+    ``sigma`` (``2 * int(3.5 * sigma + 0.5) + 1``: 11 for 1.5).
+
+    The SSIM map comes from torchmetrics' ``structural_similarity_index_measure``; its own mean is not used. That
+    mean runs over every pixel of a reflect-padded image, so the outer (window - 1) / 2 pixels on each side
+    (24 % of a 64 x 96 frame) count with mirrored neighbourhoods; on SpriteWorld frames it differs from the
+    valid-position mean (Wang et al.'s reference code, scikit-image) by up to 0.06, which would move every SSIM
+    cell of the shipped tables. Inside the border the padded map equals the valid one, so the border is cropped
+    and the rest averaged here.
     """
-    a, b = _pixel_pair(generated, reference)
-    if min(a.shape[1:3]) < window:
-        raise ValueError(f"frames of {a.shape[1]}x{a.shape[2]} are smaller than the SSIM window {window}")
-    x, y = a.permute(0, 3, 1, 2), b.permute(0, 3, 1, 2)  # (T, 3, H, W)
-    g = _gaussian_window(window, sigma)
-    kernel_h = g.view(1, 1, window, 1).repeat(3, 1, 1, 1)  # (3, 1, k, 1) depthwise
-    kernel_w = g.view(1, 1, 1, window).repeat(3, 1, 1, 1)  # (3, 1, 1, k)
+    from torchmetrics.functional.image import structural_similarity_index_measure
 
-    def blur(t: torch.Tensor) -> torch.Tensor:  # separable Gaussian filter, valid positions only
-        return F.conv2d(F.conv2d(t, kernel_h, groups=3), kernel_w, groups=3)  # (T, 3, H-k+1, W-k+1)
-
-    c1, c2 = (0.01 * 255.0) ** 2, (0.03 * 255.0) ** 2
-    mu_x, mu_y = blur(x), blur(y)
-    var_x = blur(x * x) - mu_x**2
-    var_y = blur(y * y) - mu_y**2
-    cov = blur(x * y) - mu_x * mu_y
-    ssim_map = ((2 * mu_x * mu_y + c1) * (2 * cov + c2)) / ((mu_x**2 + mu_y**2 + c1) * (var_x + var_y + c2))
-    return ssim_map.mean().item()
+    gaussian_size = 2 * int(3.5 * sigma + 0.5) + 1
+    if window != gaussian_size:
+        raise ValueError(f"window {window} does not match sigma {sigma}: a Gaussian window of sigma {sigma} "
+                         f"is {gaussian_size} pixels wide")
+    a, b = _pixel_pair(generated, reference)  # (T, 3, H, W)
+    if min(a.shape[2:]) < window:
+        raise ValueError(f"frames of {a.shape[2]}x{a.shape[3]} are smaller than the SSIM window {window}")
+    _, ssim_map = structural_similarity_index_measure(
+        a, b, gaussian_kernel=True, sigma=sigma, data_range=255.0, k1=0.01, k2=0.03, return_full_image=True,
+    )  # (T, 3, H, W), reflect-padded at the border
+    pad = (window - 1) // 2
+    return ssim_map[:, :, pad : a.shape[2] - pad, pad : a.shape[3] - pad].mean().item()
 
 
 # --------------------------------------------------------------------------------------------

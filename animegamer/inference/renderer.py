@@ -1,6 +1,7 @@
 """The decoder side of a turn (:class:`animegamer.inference.turn.ShotRenderer`): s_a + motion level -> latents with
 the ``sampling.preset`` / ``sampling.cache`` sampler (:mod:`animegamer.sampling.presets`), then the VAE decode
-chunk by chunk (:mod:`animegamer.sampling.streaming`).
+chunk by chunk (:mod:`animegamer.sampling.streaming`), or with ``sampling.vae=small`` the stage (e) small causal
+decoder (:class:`animegamer.models.causal_decoder.CausalLatentDecoder`) latent frame by latent frame.
 
     renderer = DecoderRenderer(decoder, cfg.sampling, "cuda")
     latents = renderer.latents(shot_embeds, motion_level, seed)        # (1, F, C, h, w)
@@ -16,17 +17,20 @@ import torch
 
 from animegamer.config import SamplingConfig
 from animegamer.inference.turn import on_device
+from animegamer.models.causal_decoder import CausalLatentDecoder
 from animegamer.sampling.presets import PresetSampler
 from animegamer.sampling.streaming import decode_chunks, latent_frame_batches
 
 
 class DecoderRenderer:
     """Renders a shot representation with the decoder: (N, H) s_a + motion level -> (T, H, W, 3) uint8. With
-    ``offload`` the decoder sits on the CPU and moves to ``device`` only while it samples or decodes."""
+    ``offload`` the decoder sits on the CPU and moves to ``device`` only while it samples or decodes (a small
+    decoder stays on ``device``)."""
 
     def __init__(self, decoder, sampling: SamplingConfig, device: str, offload: bool = False,
-                 sampler: PresetSampler | None = None):
+                 sampler: PresetSampler | None = None, small_decoder: CausalLatentDecoder | None = None):
         self.decoder, self.device, self.offload = decoder, device, offload
+        self.small_decoder = small_decoder  # sampling.vae=small: decodes the latents in place of the VAE
         # sampling.preset / sampling.cache (animegamer.sampling.presets); plain settings without one
         self.sampler = sampler if sampler is not None else PresetSampler(decoder, sampling)
         self.sampling = self.sampler.sampling
@@ -45,10 +49,17 @@ class DecoderRenderer:
             )
 
     def chunk_count(self, latents: torch.Tensor) -> int:
+        if self.small_decoder is not None:
+            return self.small_decoder.num_chunks(latents.shape[1])
         return len(latent_frame_batches(latents.shape[1], self.decoder.vae.num_latent_frames_batch_size))
 
     def decode(self, latents: torch.Tensor) -> Iterator[np.ndarray]:
-        """(1, F, C, h, w) latents -> uint8 frames (t, H, W, 3), one chunk per VAE decode batch as it is ready."""
+        """(1, F, C, h, w) latents -> uint8 frames (t, H, W, 3), one chunk per VAE decode batch (small decoder:
+        per latent frame) as it is ready."""
+        if self.small_decoder is not None:
+            for chunk in self.small_decoder.decode_chunks(latents):  # (1, t, H, W, 3) uint8
+                yield chunk[0].numpy()
+            return
         with on_device(self.decoder, self.device, self.offload):
             for chunk in decode_chunks(self.decoder.vae, latents):  # (1, t, H, W, 3) uint8
                 yield chunk[0].numpy()
@@ -82,5 +93,7 @@ class DecoderRenderer:
                 torch.tensor(list(motion_levels)),
                 generators,
             )  # (B, F, C, h, w)
-            frames = torch.cat(list(decode_chunks(self.decoder.vae, latents)), dim=1)  # (B, T, H, W, 3) uint8
+            chunks = (self.small_decoder.decode_chunks(latents) if self.small_decoder is not None
+                      else decode_chunks(self.decoder.vae, latents))
+            frames = torch.cat(list(chunks), dim=1)  # (B, T, H, W, 3) uint8
         return list(frames.numpy())

@@ -30,10 +30,11 @@ from animegamer.inference.preflight import check_device, check_output_dir
 from animegamer.inference.renderer import DecoderRenderer
 from animegamer.inference.turn import AnimeGamer
 from animegamer.io import checkpoint_decoder_dir, resolve_checkpoint
+from animegamer.models.causal_decoder import vae_layout
 from animegamer.models.decoder import AnimationShotDecoder
 from animegamer.models.fp8 import fp8_unavailable, quantize_transformer_fp8
 from animegamer.models.mllm import AnimeGamerMLLM
-from animegamer.models.trained import load_decoder
+from animegamer.models.trained import load_decoder, load_small_decoder, small_decoder_dir
 from animegamer.sampling.cache import MagRatios
 from animegamer.sampling.fewstep import SAMPLER_FILE
 from animegamer.sampling.presets import PresetSampler, effective_sampling
@@ -50,6 +51,8 @@ def weights_hint(key: str, path: str) -> str:
     converted from the release, and the shipped SpriteWorld world plays without any of them."""
     if Path(path).parts[:2] == ("checkpoints", "tiny"):
         return "build the tiny random models with `make tiny`"
+    if key == "sampling.small_decoder":
+        return "train it (scripts/train_stage_e.py) and point sampling.small_decoder= at its run, or sampling.vae=full"
     if key.endswith("_checkpoint"):
         return (f"train it first, point {key}= at a trained checkpoint or set {key}='' to run untrained parts; "
                 "to play now: make play (the shipped SpriteWorld world)")
@@ -81,13 +84,21 @@ def check_checkpoints(cfg: InferenceConfig, mllm: bool = True, decoder: bool = T
         named += [("mllm.pretrained", cfg.mllm.pretrained), ("mllm_checkpoint", cfg.mllm_checkpoint)]
     if decoder:
         named += [("decoder.pretrained", cfg.decoder.pretrained), ("decoder_checkpoint", cfg.decoder_checkpoint)]
+        if cfg.sampling.vae == "small":
+            if not cfg.sampling.small_decoder:
+                raise ValueError("sampling.vae=small needs sampling.small_decoder: a stage (e) run "
+                                 "(scripts/train_stage_e.py) or its small_decoder/ directory")
+            named.append(("sampling.small_decoder", cfg.sampling.small_decoder))
     missing = []
     for key, value in named:
-        trained = key.endswith("_checkpoint")
+        trained = key.endswith(("_checkpoint", "small_decoder"))
         if trained and (base_only or not value):
             continue
         try:
-            found = resolve_checkpoint(value) if trained else Path(value)
+            if key == "sampling.small_decoder":
+                found = small_decoder_dir(value)
+            else:
+                found = resolve_checkpoint(value) if trained else Path(value)
         except FileNotFoundError:
             found = None
         if found is None or not found.is_dir():
@@ -174,7 +185,13 @@ def load_renderer(cfg: InferenceConfig, device: str, offload: bool) -> DecoderRe
         decoder.merge_lora()
         quantize_transformer_fp8(decoder)
     sampler = PresetSampler.build(decoder, cfg.sampling, cfg.decoder_checkpoint)
-    return DecoderRenderer(decoder, cfg.sampling, device, offload, sampler)
+    small = None
+    if cfg.sampling.vae == "small":  # stage (e): small enough to stay on the device even when offloading
+        small = load_small_decoder(cfg.sampling.small_decoder, device).to(decoder.dtype)
+        small.check_vae(*vae_layout(decoder.vae.config, "decoder.pretrained's VAE"), cfg.sampling.small_decoder)
+        if cfg.compile:
+            small.compile_blocks()
+    return DecoderRenderer(decoder, cfg.sampling, device, offload, sampler, small)
 
 
 # (cfg, device, offload) -> a predictor or a renderer: the core's loaders, or those an entry point picks

@@ -48,22 +48,38 @@ def fp8_layer_filter(module: nn.Module, name: str) -> bool:
     )
 
 
-def quantize_transformer_fp8(decoder) -> int:
+def fp8_large_layer_filter(module: nn.Module, name: str) -> bool:
+    """:func:`fp8_layer_filter` without the AdaLN modulation linears (``norm1/norm2.linear``): their input is the
+    small timestep embedding, so the cast to float8 and the scaling cost more than the FP8 GEMM saves."""
+    return fp8_layer_filter(module, name) and ".norm" not in name
+
+
+GRANULARITIES = ("row", "tensor")
+
+
+def quantize_transformer_fp8(decoder, granularity: str = "row", large_only: bool = False) -> int:
     """Swap the decoder's transformer-block linears to FP8 with dynamic scaling in place; returns how many.
 
+    ``granularity``: ``row`` (a scale per output channel / input row) or ``tensor`` (one scale per tensor: fewer
+    reductions, the faster kernel under ``torch.compile``, where torchao's FP8 beats bf16; eager it does not).
+    ``large_only`` keeps the AdaLN modulation linears in bf16 (:func:`fp8_large_layer_filter`).
     The LoRA must be merged first (:meth:`AnimationShotDecoder.merge_lora`): FP8 weights are not trainable, and an
-    unmerged adapter would run beside them in bf16. Raises RuntimeError where FP8 cannot run.
+    unmerged adapter would run beside them in bf16. Raises ValueError for an unknown granularity, RuntimeError where
+    FP8 cannot run.
     """
     from peft.tuners.tuners_utils import BaseTunerLayer
 
+    if granularity not in GRANULARITIES:
+        raise ValueError(f"granularity={granularity!r} is not one of {GRANULARITIES}")
     problem = fp8_unavailable(decoder.device)
     if problem:
         raise RuntimeError(problem)
     if any(isinstance(m, BaseTunerLayer) and not m.merged for m in decoder.transformer.modules()):
         raise RuntimeError("merge the LoRA before fp8 (merge_lora: true): FP8 weights cannot carry an adapter")
-    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
+    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, PerTensor, quantize_
 
-    names = [name for name, module in decoder.transformer.named_modules() if fp8_layer_filter(module, name)]
-    quantize_(decoder.transformer, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()),
-              filter_fn=fp8_layer_filter)
+    keep = fp8_large_layer_filter if large_only else fp8_layer_filter
+    names = [name for name, module in decoder.transformer.named_modules() if keep(module, name)]
+    scale = PerRow() if granularity == "row" else PerTensor()
+    quantize_(decoder.transformer, Float8DynamicActivationFloat8WeightConfig(granularity=scale), filter_fn=keep)
     return len(names)

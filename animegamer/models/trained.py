@@ -8,6 +8,7 @@
 
 encoder = load_encoder("outputs/stage_a")              # a run dir, checkpoints/latest, or a step dir
 decoder = load_decoder("outputs/stage_a", cfg.decoder)  # pretrained CogVideoX + the trained LoRA/motion parts
+small = load_small_decoder("outputs/stage_e")           # stage (e): small_decoder/{config.json, model.safetensors}
 """
 
 from __future__ import annotations
@@ -20,11 +21,14 @@ import torch
 
 from animegamer.config import DecoderConfig, EncoderConfig
 from animegamer.io import DECODER_DIR, atomic_write_json, resolve_checkpoint
+from animegamer.models.causal_decoder import CONFIG_FILE as SMALL_DECODER_CONFIG
+from animegamer.models.causal_decoder import CausalLatentDecoder
 from animegamer.models.decoder import AnimationShotDecoder
 from animegamer.models.shot_encoder import ActionAwareEncoder
 from animegamer.models.weights import load_state_dict_file, save_state_dict_file
 
 ENCODER_DIR = "encoder"
+SMALL_DECODER_DIR = "small_decoder"  # stage (e): CausalLatentDecoder.save_pretrained
 
 
 def save_encoder(encoder: ActionAwareEncoder, cfg: EncoderConfig, out_dir: str | Path,
@@ -58,3 +62,18 @@ def load_decoder(
     decoder = AnimationShotDecoder.from_config(cfg, with_vae=with_vae)
     decoder.load_trained(dec_dir)
     return (decoder.to(device) if device is not None else decoder).eval()
+
+
+def small_decoder_dir(checkpoint: str | Path) -> Path:
+    """The ``small_decoder/`` directory of a stage (e) run, checkpoint, or that directory itself."""
+    path = Path(checkpoint)
+    if (path / SMALL_DECODER_CONFIG).is_file():
+        return path
+    if (path / SMALL_DECODER_DIR / SMALL_DECODER_CONFIG).is_file():
+        return path / SMALL_DECODER_DIR
+    return resolve_checkpoint(path) / SMALL_DECODER_DIR
+
+
+def load_small_decoder(checkpoint: str | Path, device: str | torch.device = "cpu") -> CausalLatentDecoder:
+    """The stage (e) small decoder of a run, checkpoint or ``small_decoder/`` directory, in eval mode."""
+    return CausalLatentDecoder.from_pretrained(small_decoder_dir(checkpoint), device)

@@ -17,9 +17,14 @@ YAML from ``configs`` (data.yaml, pretrain.yaml, pretrain_llm.yaml, stage_a/b/c/
                trained as a causal LM on the training films' text (the pretrained LLM stage (b) adds LoRA to)
     stage_a    scripts/train_stage_a.py    stage_b  scripts/train_stage_b.py    stage_c  scripts/train_stage_c.py
     stage_d    scripts/train_stage_d.py: the few-step student of the stage (c) decoder (make demo-fast plays it)
+    stage_e    scripts/train_stage_e.py: the small causal decoder of the VAE's latents (make demo-fast decodes with it)
     ship       the weights inference needs (safetensors + configs, no optimizer states), assembled beside
                ``ship_dir`` and swapped in whole: stage_a/, stage_b/, stage_c/, stage_d/ (the student's decoder),
-               the pretrained models and the resolved configs; ship_dir's README.md is kept
+               stage_e/ (the small decoder, when its run exists), the pretrained models and the resolved configs;
+               ship_dir's README.md is kept
+    ship_stage_e  the stage (e) small decoder alone into ship_dir/stage_e (swapped in whole, the rest of ship_dir
+               untouched): a small decoder trained on a shipped checkpoint's VAE joins it without retraining the
+               other stages
     evaluate   scripts/run_ablations.py with ablations.yaml: the main table (AnimeGamer, GC-style, random,
                majority), no decoder adaptation, stage (a) reconstruction with and without the motion scope;
                its tables (table.{md,csv}, table_intervals.{md,csv,json}) copied into ship_dir as eval_*.
@@ -50,11 +55,13 @@ from animegamer.cli import fail, load_script, parse_config
 from animegamer.config import ConfigError, SpriteWorldRunConfig, load_config, to_yaml
 from animegamer.data.manifest import ManifestError
 from animegamer.io import atomic_write_json, atomic_write_text
+from animegamer.models.trained import SMALL_DECODER_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = ("data", "pretrain", "pretrain_llm", "stage_a", "stage_b", "stage_c", "stage_d", "ship", "evaluate")
-CONFIG_FILES = ("data", "pretrain", "pretrain_llm", "stage_a", "stage_b", "stage_c", "stage_d", "inference", "eval",
-                "ablations")
+STEPS = ("data", "pretrain", "pretrain_llm", "stage_a", "stage_b", "stage_c", "stage_d", "stage_e", "ship",
+         "ship_stage_e", "evaluate")
+CONFIG_FILES = ("data", "pretrain", "pretrain_llm", "stage_a", "stage_b", "stage_c", "stage_d", "stage_e", "inference",
+                "eval", "ablations")
 RESUME_STATE = ("optimizer*.bin", "scheduler*.bin", "random_states_*.pkl", "trainer_state.json")
 DEFAULT_OUT, DEFAULT_SHIP, DEFAULT_CONFIGS = "outputs/spriteworld", "checkpoints/spriteworld", "configs/spriteworld"
 
@@ -171,6 +178,7 @@ def step_ship(cfg: SpriteWorldRunConfig, configs: dict[str, Path]) -> dict:
     out, ship = Path(cfg.output_dir), Path(cfg.ship_dir)
     stages = {name: latest(Path(load_config(configs[name]).output_dir))
               for name in ("stage_a", "stage_b", "stage_c", "stage_d")}
+    stage_e = Path(load_config(configs["stage_e"]).output_dir)
     readme = ship / "README.md"
 
     def assemble(tmp: Path) -> None:
@@ -181,6 +189,8 @@ def step_ship(cfg: SpriteWorldRunConfig, configs: dict[str, Path]) -> dict:
         shutil.copytree(stages["stage_c"] / "decoder", tmp / "stage_c" / "decoder")
         # the student's LoRA, motion embedding and sampler.json (its timesteps): sampling.preset=distilled plays it
         shutil.copytree(stages["stage_d"] / "decoder", tmp / "stage_d" / "decoder")
+        if (stage_e / "checkpoints" / "latest").is_file():  # the small decoder: sampling.vae=small decodes with it
+            shutil.copytree(latest(stage_e) / SMALL_DECODER_DIR, tmp / "stage_e" / SMALL_DECODER_DIR)
         # the trained MLLM parts (adapter, resamplers, slot embeddings, layout), not the optimizer/RNG state
         shutil.copytree(stages["stage_b"], tmp / "stage_b", ignore=shutil.ignore_patterns(*RESUME_STATE))
         shutil.copytree(out / "configs", tmp / "configs")
@@ -190,6 +200,18 @@ def step_ship(cfg: SpriteWorldRunConfig, configs: dict[str, Path]) -> dict:
     write_dir_atomically(ship, assemble)
     sizes = {p.relative_to(ship).as_posix(): p.stat().st_size for p in sorted(ship.rglob("*.safetensors"))}
     return {"safetensors_bytes": sum(sizes.values()), "files": sizes}
+
+
+def step_ship_stage_e(cfg: SpriteWorldRunConfig, configs: dict[str, Path]) -> dict:
+    """ship_dir/stage_e/small_decoder from the stage (e) run, swapped in whole; nothing else of ship_dir changes."""
+    from animegamer.training.checkpoint import write_dir_atomically
+
+    source = latest(Path(load_config(configs["stage_e"]).output_dir)) / SMALL_DECODER_DIR
+    target = write_dir_atomically(Path(cfg.ship_dir) / "stage_e",
+                                  lambda tmp: shutil.copytree(source, tmp / SMALL_DECODER_DIR))
+    sizes = {p.relative_to(target.parent).as_posix(): p.stat().st_size for p in sorted(target.rglob("*"))
+             if p.is_file()}
+    return {"files": sizes}
 
 
 def step_evaluate(cfg: SpriteWorldRunConfig, configs: dict[str, Path]) -> dict:
@@ -218,10 +240,12 @@ def run_step(step: str, cfg: SpriteWorldRunConfig, configs: dict[str, Path]) -> 
         return step_pretrain(cfg, configs)
     if step == "pretrain_llm":
         return step_pretrain_llm(configs)
-    if step in ("stage_a", "stage_b", "stage_c", "stage_d"):
+    if step in ("stage_a", "stage_b", "stage_c", "stage_d", "stage_e"):
         return step_stage(step, configs)
     if step == "ship":
         return step_ship(cfg, configs)
+    if step == "ship_stage_e":
+        return step_ship_stage_e(cfg, configs)
     return step_evaluate(cfg, configs)
 
 
