@@ -31,7 +31,7 @@ browser:
 test: $(STAMP) browser
 	$(PY) -m pytest -q -n 2
 
-# quick iteration: everything but the end-to-end runs marked slow (tests/conftest.py), under 2 minutes on 2 cores
+# quick iteration: everything but the end-to-end runs (marked `slow` at the test)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -n 2 -m "not slow"
 

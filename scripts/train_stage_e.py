@@ -39,8 +39,15 @@ from animegamer.models.trained import SMALL_DECODER_DIR
 from animegamer.models.weights import load_state_dict_file
 from animegamer.training.batches import resumable_batches
 from animegamer.training.checkpoint import check_resume, save_checkpoint, skip_model_weights_in_state
+from animegamer.training.engines import (
+    check_world_size,
+    configure_deepspeed,
+    gather_trained_state,
+    optimizer_step,
+    seed_process,
+)
 from animegamer.training.optim import build_optimizer, build_scheduler
-from animegamer.training.run import build_accelerator, configure_deepspeed, parse_stage_config, restore, start_run
+from animegamer.training.run import build_accelerator, parse_stage_config, restore, start_run
 
 
 def build_model(cfg: StageEConfig, layout: tuple[int, int, int]) -> CausalLatentDecoder:
@@ -81,6 +88,7 @@ def main(argv: list[str] | None = None) -> Path:
         fail(f"crop_size={cfg.crop_size} must be >= 0 (0: whole frames)")
 
     accelerator = build_accelerator(cfg.output_dir, train)
+    check_world_size(accelerator)
     skip_model_weights_in_state(accelerator)
     out = Path(cfg.output_dir)
     say = accelerator.print
@@ -121,22 +129,32 @@ def main(argv: list[str] | None = None) -> Path:
     # ---- the whole small decoder trains
     if train.compile:
         model.compile_blocks()
-    model.to(accelerator.device).train()
+    if resume is not None:  # before prepare: ZeRO-3 / FSDP2 then shard the restored values like any others
+        try:
+            model.load_state_dict(load_state_dict_file(resume.path / SMALL_DECODER_DIR / WEIGHTS_FILE))
+        except (FileNotFoundError, ValueError, RuntimeError) as exc:
+            fail(f"{resume.path}: could not be loaded ({(str(exc).strip().splitlines() or [type(exc).__name__])[0]})")
+    model.to(accelerator.device).train()  # before the optimizer: AdamW is fused on CUDA
     optimizer = build_optimizer(model.parameters(), train)
     lr_scheduler = build_scheduler(optimizer, train)
     configure_deepspeed(accelerator, train)
     wrapped, optimizer, lr_scheduler = accelerator.prepare(model, optimizer, lr_scheduler)
     core = accelerator.unwrap_model(wrapped)
+    trained = [p for p in wrapped.parameters() if p.requires_grad]  # after prepare: the engine's own parameters
 
-    def save_weights(path: Path) -> None:
-        core.save_pretrained(path / SMALL_DECODER_DIR)
+    def checkpoint(at_step: int, logs: dict) -> Path:
+        # every process takes part in gathering; the main one writes
+        state = gather_trained_state(core, accelerator.is_main_process)
 
-    def load_weights(path: Path) -> None:
-        core.load_state_dict(load_state_dict_file(path / SMALL_DECODER_DIR / WEIGHTS_FILE))
+        def save_weights(path: Path) -> None:
+            core.save_pretrained(path / SMALL_DECODER_DIR, state)
 
-    # ---- resume: weights, optimizer, lr schedule and every process's RNG; the data order is a function of step
-    set_seed(cfg.seed + accelerator.process_index)  # crops differ per process
-    step = restore(accelerator, resume, load_weights, train.allow_rng_reset)
+        return save_checkpoint(accelerator, cfg.output_dir, at_step, save_weights, logs, keep=train.keep_checkpoints)
+
+    # ---- resume: optimizer, lr schedule and every process's RNG (the weights: loaded above); the data order is a
+    # function of the step
+    seed_process(cfg.seed, accelerator)  # crops differ per process
+    step = restore(accelerator, resume, lambda _path: None, train.allow_rng_reset)
     start_run(accelerator, cfg, "stage_e", resume)
     batches = resumable_batches(dataset, accelerator, train, cfg.seed, step, cfg.data.num_workers)
 
@@ -151,11 +169,8 @@ def main(argv: list[str] | None = None) -> Path:
                 loss = compute_loss(wrapped, batch, cfg, spatial)
                 accelerator.backward(loss)
             step_loss += loss.detach() / train.grad_accum
-        grad_norm = accelerator.clip_grad_norm_(wrapped.parameters(), train.max_grad_norm)
         lr = lr_scheduler.get_last_lr()[0]  # the rate this step applies
-        optimizer.step()
-        lr_scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        grad_norm = optimizer_step(accelerator, wrapped, optimizer, lr_scheduler, trained, train.max_grad_norm)
         step += 1
 
         progress.update(1)
@@ -164,16 +179,14 @@ def main(argv: list[str] | None = None) -> Path:
             accelerator.log(
                 {
                     "loss": loss_value,
-                    "grad_norm": float("nan") if grad_norm is None else float(grad_norm),  # None under DeepSpeed
+                    "grad_norm": grad_norm,
                     "lr": lr,
                 },
                 step=step,
             )
             progress.set_postfix(loss=f"{loss_value:.4f}")
         if step % train.checkpoint_every == 0 or step == train.max_steps:
-            save_checkpoint(
-                accelerator, cfg.output_dir, step, save_weights, {"loss": loss_value}, keep=train.keep_checkpoints
-            )
+            checkpoint(step, {"loss": loss_value})
     progress.close()
     accelerator.wait_for_everyone()
     accelerator.end_training()

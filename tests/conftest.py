@@ -17,28 +17,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 torch.set_num_threads(2)
 
 
-# end-to-end runs (training stages, evaluation, the chain, the games driven as a user would), by module or
-# module::test: marked `slow`, so `make test-fast` (-m "not slow") stays under 2 minutes; `make test` runs everything
-SLOW_TESTS = {
-    "test_ablations", "test_benchmark_script", "test_browser", "test_evaluate", "test_inference_mllm",
-    "test_play_terminal", "test_prepare_data", "test_real_footage", "test_stage_a", "test_stage_b", "test_stage_c",
-    "test_stage_d", "test_train_spriteworld", "test_spriteworld_memory", "test_package::test_encode_clip_demo_runs",
-    "test_package::test_entry_point_rejects_bad_override",
-    "test_game::test_gradio_app_plays_two_turns_and_rejects_empty",
-    "test_game::test_inference_decoder_renders_every_turn",
-    "test_official_decoder::test_released_compat_samples_with_the_release_sampler",
-    "test_convert_official::test_released_compat_plays", "test_bench_options::test_every_option_is_timed_and_counted",
-}
-
-
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
         if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(skip_gpu)
-        module = item.module.__name__.rpartition(".")[2] if item.module is not None else ""
-        if module in SLOW_TESTS or f"{module}::{getattr(item, 'originalname', item.name)}" in SLOW_TESTS:
-            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ TABLES = ("representation", "pipeline")
 # Every row of the paper's ablation tables (issue 7), by row name.
 PAPER_ROWS = {"random_frame", "linear_projector", "fusion_add", "fusion_cross_attn", "no_warmup", "no_motion_scope",
               "no_adaptation", "cosine_loss"}
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 
 def _script():

@@ -20,6 +20,7 @@ def _decoder(tiny_cogvideox_dir) -> AnimationShotDecoder:
     return AnimationShotDecoder.from_config(cfg).eval()
 
 
+@pytest.mark.slow
 def test_every_option_is_timed_and_counted(tiny_cogvideox_dir):
     decoder = _decoder(tiny_cogvideox_dir)
     assert distilled_timesteps(decoder) == (999, 759, 499, 239)  # configs/stage_d.yaml's student

@@ -22,7 +22,7 @@ from animegamer.models.mllm_turn import decode_states, predict_turn, prefill_tur
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLING = SamplingConfig(steps=4, height=48, width=64, num_frames=9, guidance_scale=6.0)
 INSTRUCTION = "Character: Qiqi; Motion: gently lie down; Background: night bedroom."
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 
 def tiny_decoder():

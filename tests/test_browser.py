@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "spriteworld" / "inference.yaml"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
-pytestmark = pytest.mark.skipif(CHROMIUM is None or CHROMEDRIVER is None,
-                                reason="no Chromium + chromedriver on this machine (`make browser` installs them)")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(CHROMIUM is None or CHROMEDRIVER is None,
+                                reason="no Chromium + chromedriver on this machine (`make browser` installs them)")]
 TIMEOUT = 240  # seconds for a turn on shared CPU cores
 
 

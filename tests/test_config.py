@@ -188,6 +188,11 @@ def test_run_yaml_resolves_to_the_shipped_checkpoints_configs(tmp_path):
     import dataclasses
 
     resolved = _resolve_chain("configs/spriteworld/run.yaml", tmp_path / "spriteworld")
+    # the shipped small decoder was trained afterwards on the shipped VAE, by the command in the header of
+    # configs/spriteworld/stage_e.yaml: run.yaml with these stage (e) overrides
+    resolved["stage_e"] = _resolve_chain("configs/spriteworld/run.yaml", tmp_path / "spriteworld", [
+        "overrides.stage_e=[vae=checkpoints/spriteworld/CogVideoX,data.features_dir=outputs/spriteworld/stage_e_latents,"
+        "data.split=train,data.test_fraction=0.75]"])["stage_e"]
     for name, values in resolved.items():
         recorded = dataclasses.asdict(load_config(ROOT / "checkpoints/spriteworld/configs" / f"{name}.yaml"))
         assert values == recorded, name

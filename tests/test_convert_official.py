@@ -96,6 +96,7 @@ def test_converted_checkpoint_plays(converted, tmp_path):
     assert (results / "turn_000.mp4").is_file() and (results / "turn_001.mp4").is_file()
 
 
+@pytest.mark.slow
 def test_released_compat_plays(converted, tmp_path, monkeypatch):
     game = tmp_path / "game.txt"
     game.write_text(GAME.splitlines()[0] + "\n")

@@ -39,7 +39,7 @@ from tests.llm_server import FakeChatServer
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_EVAL = ROOT / "configs" / "tiny" / "eval.yaml"
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 JUDGED = {"overall": 6, "instruction_following": 7, "contextual_coherence": 5, "character_consistency": 8}
 
 

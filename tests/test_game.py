@@ -91,6 +91,7 @@ def _entry(name):
     return module
 
 
+@pytest.mark.slow
 def test_inference_decoder_renders_every_turn(tiny_mistral_dir, tiny_cogvideox_dir, tmp_path):
     out = tmp_path / "game"
     game = tmp_path / "g.txt"
@@ -125,6 +126,7 @@ def test_terminal_cli_scripted_session(tiny_cfg, tmp_path):
     assert len(final.turns) == 3 and "stamina" in text
 
 
+@pytest.mark.slow
 def test_gradio_app_plays_two_turns_and_rejects_empty(tiny_cfg, tmp_path):
     import os
 

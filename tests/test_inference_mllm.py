@@ -16,7 +16,7 @@ from animegamer.tokens import TurnSpec
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny" / "inference.yaml"
 DEMO = ROOT / "game_demo" / "demo.txt"
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 
 def load_entry_point():

@@ -233,6 +233,7 @@ def _released(decoder, summary, sampling):
     return ReleasedSampler(decoder, sampling, settings)
 
 
+@pytest.mark.slow
 def test_released_compat_samples_with_the_release_sampler(fresh_decoder, converted, ref):
     _, summary = converted
     meta, t = ref

@@ -84,6 +84,7 @@ def test_atomic_json_leaves_no_temp(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["x.json"]
 
 
+@pytest.mark.slow
 def test_encode_clip_demo_runs(tmp_path, tiny_clip_config, tiny_t5_config):
     args = [
         sys.executable, str(ROOT / "scripts/encode_clip.py"), "--config", str(ROOT / "configs/tiny/stage_a.yaml"),
@@ -96,6 +97,7 @@ def test_encode_clip_demo_runs(tmp_path, tiny_clip_config, tiny_t5_config):
     assert (tmp_path / "shot_embeds.safetensors").is_file()
 
 
+@pytest.mark.slow
 def test_entry_point_rejects_bad_override(tmp_path):
     args = [sys.executable, str(ROOT / "scripts/encode_clip.py"), "--config",
             str(ROOT / "configs/tiny/stage_a.yaml"), "encoder.fusion=blend"]

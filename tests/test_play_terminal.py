@@ -22,7 +22,7 @@ TURNS = [
     "Character: Qiqi; Motion: calmly walk; Background: noon street.",
     "Character: Qiqi; Motion: quickly run; Background: noon park.",
 ]
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 
 def test_make_play_with_scripted_input_writes_a_new_game_dir(tmp_path):

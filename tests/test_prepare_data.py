@@ -15,6 +15,8 @@ from animegamer.states import parse_tags
 from tests.llm_server import FakeChatServer
 from tests.synthetic_films import make_film, moving_patch_frames
 
+pytestmark = pytest.mark.slow  # an end-to-end run: `make test-fast` leaves it out
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "prepare_data.py"
 SPEEDS = [0.33, 0.67, 1.33, 2.0, 2.67]  # px per source frame; x2 (16 -> 8 fps) x0.75 (resize) per clip frame

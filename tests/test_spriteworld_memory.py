@@ -24,6 +24,8 @@ from animegamer.spriteworld.memory import (
 from animegamer.states import TagError, parse_instruction, parse_tags, read_game_file
 from tests.test_spriteworld import SPEC_KEYS, _colour_mask, small_config
 
+pytestmark = pytest.mark.slow  # an end-to-end run: `make test-fast` leaves it out
+
 HELD_OUT = ["Momo:fly", "Kai:read", "Qiqi:Luna"]
 WALL_POINT = (6, 8)  # (x, y) on the 96x64 design grid: bare wall in the bedroom and the kitchen
 

@@ -32,6 +32,8 @@ from animegamer.models.weights import load_state_dict_file
 from animegamer.training.checkpoint import list_checkpoints
 from tests.conftest import make_clip_frames
 
+pytestmark = pytest.mark.slow  # an end-to-end run: `make test-fast` leaves it out
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY_CONFIG = ROOT / "configs" / "tiny" / "stage_a.yaml"
 TAGS = "<S>{who}</S><MD>{what}</MD><EV>park</EV><ML>{level}</ML><MA>quickly</MA><SC>0</SC><ET>1</ET><ST>-1</ST>"

@@ -23,7 +23,7 @@ from tests.stage_b_data import clip_id, write_stage_b_data
 
 ROOT = Path(__file__).resolve().parents[1]
 SLOTS, SHOT_DIM = 8, 32  # the tiny config's shot_dim; slots reduced from 226 for speed
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 
 # ---------------------------------------------------------------- windows and splits

@@ -38,7 +38,7 @@ TINY_CONFIG = ROOT / "configs" / "tiny" / "stage_c.yaml"
 SLOTS, SHOT_DIM = 226, 32  # the tiny CogVideoX's condition tokens and width
 LATENT_SHAPE = (4, 2, 4, 6)  # (C, F, h, w): 2 latent frames of 4x6, the smallest the tiny decoder takes
 NO_FEATURES, NO_TARGET = clip_id(1, 3), clip_id(0, 2)
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 
 train_stage_c = load_script("scripts/train_stage_c")

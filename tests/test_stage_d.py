@@ -35,7 +35,7 @@ from tests.stage_scripts import (
 TINY_CONFIG = ROOT / "configs" / "tiny" / "stage_d.yaml"
 SLOTS, SHOT_DIM = 226, 32
 UNCAPTIONED = clip_id(0, 3)
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 
 train_stage_d = load_script("scripts/train_stage_d")

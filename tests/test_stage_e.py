@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from animegamer.cli import load_script
 from animegamer.config import load_config
 from animegamer.data.features import META_FILE, fit_frames
 from animegamer.data.manifest import ClipRecord, write_manifest
@@ -20,7 +21,6 @@ from tests.stage_scripts import (
     ROOT,
     check_bad_resumes_leave_the_run_alone,
     launch_two_processes,
-    load_script,
     logged_losses,
     tiny_decoder_config,
 )
@@ -29,7 +29,7 @@ TINY_CONFIG = ROOT / "configs" / "tiny" / "stage_e.yaml"
 TAGS = "<S>Qiqi</S><MD>walk</MD><EV>park</EV><ML>2</ML><MA>slowly</MA><SC>0</SC><ET>1</ET><ST>-1</ST>"
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-train_stage_e = load_script("train_stage_e")
+train_stage_e = load_script("scripts/train_stage_e.py")
 
 
 @pytest.fixture(scope="module")

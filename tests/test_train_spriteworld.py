@@ -28,6 +28,8 @@ from animegamer.spriteworld.pretrain_vae import (
     train_vae,
 )
 
+pytestmark = pytest.mark.slow  # an end-to-end run: `make test-fast` leaves it out
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -522,13 +524,13 @@ def test_ship_without_a_trained_stage_is_one_line_and_keeps_the_shipped_folder(t
 
 
 def test_small_decoder_quality_on_the_mini_run(mini_run, tmp_path):
-    """scripts/spriteworld/small_decoder_quality.py on the mini run's shipped folder: every row kind and metric, on
+    """research/spriteworld/small_decoder_quality.py on the mini run's shipped folder: every row kind and metric, on
     the same latents (the small decode compared with the full one), files written."""
     out, _ = mini_run
     ship = out / "ship"
     threads = torch.get_num_threads()
     try:
-        report = load_script("spriteworld/small_decoder_quality").main([
+        report = load_script("research/spriteworld/small_decoder_quality.py").main([
             "--config", str(out / "configs" / "eval.yaml"), "--small", str(ship / "stage_e"),
             "--student", str(ship / "stage_d"), "--out", str(tmp_path / "quality"), "--batch", "2"])
     finally:

@@ -219,11 +219,12 @@ class CausalLatentDecoder(nn.Module):
                 f"gives {(latent_channels, spatial_factor, temporal_factor)}"
             )
 
-    def save_pretrained(self, out_dir: str | Path) -> Path:
-        """``out_dir/config.json`` + ``out_dir/model.safetensors`` (each written atomically)."""
+    def save_pretrained(self, out_dir: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> Path:
+        """``out_dir/config.json`` + ``out_dir/model.safetensors`` (each written atomically). ``state_dict``: the
+        weights to write where this module holds only shards (a training run gathers them first)."""
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
-        save_state_dict_file(self.state_dict(), out_dir / WEIGHTS_FILE)
+        save_state_dict_file(self.state_dict() if state_dict is None else state_dict, out_dir / WEIGHTS_FILE)
         atomic_write_json(out_dir / CONFIG_FILE, {"format": FORMAT, **self.config})
         return out_dir
 

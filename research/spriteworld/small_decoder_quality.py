@@ -1,6 +1,6 @@
 """What the small causal decoder (stage e) costs in quality against the full VAE, with 95 % intervals over games.
 
-    python scripts/spriteworld/small_decoder_quality.py --config configs/spriteworld/eval.yaml \\
+    python research/spriteworld/small_decoder_quality.py --config configs/spriteworld/eval.yaml \\
         --small checkpoints/spriteworld/stage_e --student checkpoints/spriteworld/stage_d \\
         --out benchmarks/spriteworld/small_decoder
 
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> dict:
         rows += rows_of(kind, per_game)
 
     median_times = {k: statistics.median(v) for k, v in times.items()}
-    command = " ".join(["python", "scripts/spriteworld/small_decoder_quality.py", *(argv or sys.argv[1:])])
+    command = " ".join(["python", "research/spriteworld/small_decoder_quality.py", *(argv or sys.argv[1:])])
     report = {"command": command, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "device": f"CPU, {torch.get_num_threads()} torch threads", "torch": torch.__version__,
               "games": len(games), "turns": sum(map(len, plans)), "seconds_per_clip": median_times, "rows": rows}
