@@ -26,7 +26,7 @@ from animegamer.cli import load_script
 from animegamer.models.decoder import AnimationShotDecoder
 from animegamer.models.shot_encoder import ActionAwareEncoder
 from animegamer.models.weights import load_state_dict_file
-from tests.stage_scripts import free_port, launch_engine
+from tests.helpers.stage_scripts import free_port, launch_engine
 from tests.test_stage_a import TINY_CONFIG as STAGE_A_CONFIG
 from tests.test_stage_a import data  # noqa: F401  (fixture)
 from tests.test_stage_b import stage_b_overrides
@@ -165,7 +165,7 @@ def test_fsdp2_saves_gather_full_weights_and_resume_continues_exactly(tiny_cogvi
     float32 tolerance as above: the gradient average is a reduce-scatter instead of one sum) and a resume from
     step 1 (weights loaded before sharding, the optimizer state into the sharded optimizer) writes step 2 exactly."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-           str(ROOT / "tests" / "fsdp2_worker.py"), str(tiny_cogvideox_dir), str(tmp_path)]
+           str(ROOT / "tests" / "helpers" / "fsdp2_worker.py"), str(tiny_cogvideox_dir), str(tmp_path)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     result = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]

@@ -1,6 +1,6 @@
 """One process of the FSDP2 test (tests/test_engines.py), started twice by torch's launcher on a gloo group:
 
-    python -m torch.distributed.run --nproc_per_node 2 tests/fsdp2_worker.py DECODER_DIR OUT_DIR
+    python -m torch.distributed.run --nproc_per_node 2 tests/helpers/fsdp2_worker.py DECODER_DIR OUT_DIR
 
 The tiny decoder, its CogVideoX blocks and the root wrapped by torch's ``fully_shard`` as accelerate's FSDP2 plugin
 wraps them (configs/accelerate/fsdp_decoder.yaml), trains 2 steps on a global batch of 2 (one sample per process);
@@ -27,7 +27,7 @@ from torch.distributed.fsdp import fully_shard
 
 from animegamer.models.decoder import AnimationShotDecoder
 from animegamer.training.engines import gather_trained_state
-from tests.stage_scripts import tiny_decoder_config
+from tests.helpers.stage_scripts import tiny_decoder_config
 
 LATENTS = (2, 4, 4, 6)  # (F, C, h, w): 2 latent frames of 4x6, the smallest the tiny decoder takes
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
