@@ -165,23 +165,29 @@ def test_fsdp_on_cpu_processes_is_refused_by_every_process(run, tmp_path):  # no
 
 
 @pytest.mark.slow
-def test_fsdp2_saves_gather_full_weights_and_resume_continues_exactly(tiny_cogvideox_dir, tmp_path):
-    """torch's FSDP2 (``fully_shard``) on a 2-process gloo group, where accelerate's FSDP plugin cannot start: the
-    stages' save path writes the full trained parts (equal to an unsharded copy trained on the same global batch,
-    float32 tolerance as above: the gradient average is a reduce-scatter instead of one sum) and a resume from
-    step 1 (weights loaded before sharding, the optimizer state into the sharded optimizer) writes step 2 exactly."""
+@pytest.mark.parametrize("kind", ["decoder", "mllm"])
+def test_fsdp2_saves_gather_full_weights_and_resume_continues_exactly(kind, request, tmp_path):
+    """torch's FSDP2 (``fully_shard``) on a 2-process gloo group, where accelerate's FSDP plugin cannot start, for
+    the decoder of stages (a), (c), (d) and the MLLM of stage (b): the stages' save path writes the full trained parts
+    (equal to an unsharded copy trained on the same global batch, float32 tolerance as above: the gradient average
+    is a reduce-scatter instead of one sum) and a resume from step 1 (weights loaded before sharding, the optimizer
+    state into the sharded optimizer) writes step 2 exactly."""
+    pretrained = request.getfixturevalue({"decoder": "tiny_cogvideox_dir", "mllm": "tiny_mistral_dir"}[kind])
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-           str(ROOT / "tests" / "fsdp2_worker.py"), str(tiny_cogvideox_dir), str(tmp_path)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+           str(ROOT / "tests" / "fsdp2_worker.py"), kind, str(pretrained), str(tmp_path)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"}
     result = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
     step_1, step_2 = (trained_weights(tmp_path / f"fsdp_step_{s}") for s in (1, 2))
     plain = trained_weights(tmp_path / "plain_step_2")
-    assert step_2.keys() == plain.keys() and any("lora_B" in k for k in plain) and any("motion" in k for k in plain)
+    assert step_2.keys() == plain.keys() and any("lora_B" in k for k in plain)
+    parts = {"decoder": ["motion"], "mllm": ["new_token_embed", "new_token_head", "input_resampler",
+                                            "output_resampler"]}[kind]
+    assert all(any(part in k for k in plain) for part in parts), sorted(plain)
     assert all(step_2[k].shape == plain[k].shape for k in plain)  # full tensors, not one process's shard
     assert any(not torch.equal(step_1[k], step_2[k]) for k in plain)
-    assert_close(step_2, plain, "fsdp2 vs unsharded")
-    assert_close(trained_weights(tmp_path / "resumed_step_2"), step_2, "resumed fsdp2", atol=0, rtol=0)
+    assert_close(step_2, plain, f"fsdp2 vs unsharded, {kind}")
+    assert_close(trained_weights(tmp_path / "resumed_step_2"), step_2, f"resumed fsdp2, {kind}", atol=0, rtol=0)
 
 
 @pytest.mark.gpu
