@@ -99,8 +99,8 @@ def assert_close(got: dict, want: dict, what: str, atol: float = ATOL, rtol: flo
 ENGINE_CASES = [
     pytest.param("a", ("ddp", "zero2", "zero3"), True, id="a"),
     pytest.param("b", ("ddp", "zero2", "zero3", "zero3_offload"), True, id="b"),
-    pytest.param("c", ("ddp", "zero2", "zero3"), False, id="c"),
-    pytest.param("d", ("ddp", "zero2", "zero3"), False, id="d"),
+    pytest.param("c", ("ddp", "zero2", "zero3"), True, id="c"),
+    pytest.param("d", ("ddp", "zero2", "zero3"), True, id="d"),
 ]
 ZERO = {"zero2": (2, "none"), "zero3": (3, "none"), "zero3_offload": (3, "cpu")}
 
