@@ -6,7 +6,7 @@ import pytest
 
 from animegamer.cli import load_script
 from animegamer.config import SCHEMAS, EvalConfig, load_config
-from tests.eval_data import clip_overrides, eval_overrides, make_spriteworld
+from tests.helpers.eval_data import clip_overrides, eval_overrides, make_spriteworld
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLES = ("representation", "pipeline")

@@ -19,7 +19,7 @@ from animegamer.eval.judge import JudgeFormatError, JudgeScores, LLMJudge, parse
 from animegamer.eval.metrics import MetricSettings, summarize
 from animegamer.llm import make_backend
 from animegamer.states import StateValues, TagError, read_game_file
-from tests.llm_server import FakeChatServer
+from tests.helpers.llm_server import FakeChatServer
 
 ROOT = Path(__file__).resolve().parents[1]
 MOTIONS = ["wake up", "eat breakfast", "run", "fly over the trees", "talk with a friend", "read a book", "dance",

@@ -19,8 +19,8 @@ from animegamer.data.manifest import ClipRecord
 from animegamer.data.video import write_mp4
 from animegamer.llm import OpenAICompatibleBackend
 from animegamer.states import TagError, parse_instruction, parse_tags
-from tests.llm_server import FakeChatServer
-from tests.synthetic_films import moving_patch_frames
+from tests.helpers.llm_server import FakeChatServer
+from tests.helpers.synthetic_films import moving_patch_frames
 
 GOOD = "<S>Qiqi</S><MD>run</MD><EV>park</EV><MA>quickly</MA><SC>0</SC><ET>1</ET><ST>-1</ST>"
 

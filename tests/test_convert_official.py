@@ -11,7 +11,8 @@ import pytest
 import torch
 import yaml
 from diffusers import AutoencoderKLCogVideoX, CogVideoXDDIMScheduler
-from official_ref_data import REF_DIR, REPO, build_release_tokenizer, mllm_reference
+
+from tests.helpers.official_ref_data import REF_DIR, REPO, build_release_tokenizer, mllm_reference
 
 sys.path.insert(0, str(REPO / "scripts"))
 import convert_official  # noqa: E402

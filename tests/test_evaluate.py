@@ -34,8 +34,8 @@ from animegamer.eval.systems import (
 )
 from animegamer.states import ShotTags, StateValues, parse_tags
 from tests.conftest import make_clip_frames
-from tests.eval_data import eval_overrides, make_spriteworld
-from tests.llm_server import FakeChatServer
+from tests.helpers.eval_data import eval_overrides, make_spriteworld
+from tests.helpers.llm_server import FakeChatServer
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_EVAL = ROOT / "configs" / "tiny" / "eval.yaml"

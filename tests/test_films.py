@@ -19,7 +19,7 @@ from animegamer.data.films import (
     sample_frames,
 )
 from animegamer.data.video import VideoReadError, probe_video, read_video
-from tests.synthetic_films import TINTS, make_film
+from tests.helpers.synthetic_films import TINTS, make_film
 
 SMALL = CutSettings(height=48, width=64, fps=8, clip_seconds=2.0)
 

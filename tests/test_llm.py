@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from animegamer.llm import LLMError, OpenAICompatibleBackend, make_backend
-from tests.llm_server import FakeChatServer
+from tests.helpers.llm_server import FakeChatServer
 
 
 def test_openai_backend_round_trip_with_images_and_retry():

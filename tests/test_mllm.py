@@ -14,7 +14,7 @@ from animegamer.models.mllm_turn import HistoryTurn, predict_turn
 from animegamer.models.resampler import ShotResampler
 from animegamer.states import StateValues
 from animegamer.tokens import IGNORE_INDEX, STATE_FIELDS, TurnSpec
-from tests.stage_b_data import write_stage_b_data
+from tests.helpers.stage_b_data import write_stage_b_data
 
 SLOTS, SHOT_DIM = 8, 16
 pytestmark = pytest.mark.usefixtures("one_thread")

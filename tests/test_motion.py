@@ -9,7 +9,7 @@ from animegamer.data.motion import (
     motion_level,
     motion_scope,
 )
-from tests.synthetic_films import moving_patch_frames, texture
+from tests.helpers.synthetic_films import moving_patch_frames, texture
 
 
 @pytest.mark.parametrize("preset", ["fast", "medium"])

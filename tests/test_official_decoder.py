@@ -35,7 +35,7 @@ from animegamer.official.sampler import (
     sampler_schedule,
     snap_to_table,
 )
-from tests.pickle_trap import PickleTrap
+from tests.helpers.pickle_trap import PickleTrap
 
 REF = Path(os.environ.get("ANIMEGAMER_OFFICIAL_REF", Path(__file__).parent / "data" / "official_ref"))
 
@@ -433,7 +433,7 @@ def test_random_checkpoints_of_other_sizes_convert_exactly(tmp_path, ref, sizes)
     """A random SAT checkpoint of other sizes, converted and loaded, computes what a float64 SAT forward written
     from the reference README's facts computes (both CFG rows: the stored null tokens and a random s_a)."""
     from animegamer.official.sat_layout import read_model_yaml
-    from tests.sat_reference import sat_forward, write_random_checkpoint
+    from tests.helpers.sat_reference import sat_forward, write_random_checkpoint
 
     tree = json.loads(json.dumps(ref[0]["tiny_model_yaml"]))
     net = tree["model"]["network_config"]["params"]

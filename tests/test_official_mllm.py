@@ -14,7 +14,6 @@ import pickle
 import pytest
 import torch
 import yaml
-from official_ref_data import REF_DIR, build_release_tokenizer, mllm_reference
 from safetensors.torch import load_file
 
 from animegamer.config import MLLMConfig
@@ -22,7 +21,8 @@ from animegamer.models.mllm import AnimeGamerMLLM
 from animegamer.official import agent
 from animegamer.official.mllm import convert_agent
 from animegamer.official.release_io import ReleaseFileError
-from tests.pickle_trap import PickleTrap
+from tests.helpers.official_ref_data import REF_DIR, build_release_tokenizer, mllm_reference
+from tests.helpers.pickle_trap import PickleTrap
 
 TOL = 1e-4  # relative L2; the README: ~1e-6 is reachable in float32
 AGENT_BIN = REF_DIR / "mllm_agent" / "pytorch_model.bin"

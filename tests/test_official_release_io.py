@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from animegamer.official.release_io import ReleaseFileError, load_release_pickle, tensor_dict
-from tests.pickle_trap import PickleTrap
+from tests.helpers.pickle_trap import PickleTrap
 
 
 def test_plain_weights_load_memory_mapped(tmp_path):

@@ -12,8 +12,8 @@ from animegamer.cli import load_script
 from animegamer.data.manifest import read_manifest
 from animegamer.data.video import probe_video
 from animegamer.states import parse_tags
-from tests.llm_server import FakeChatServer
-from tests.synthetic_films import make_film, moving_patch_frames
+from tests.helpers.llm_server import FakeChatServer
+from tests.helpers.synthetic_films import make_film, moving_patch_frames
 
 pytestmark = pytest.mark.slow  # an end-to-end run: `make test-fast` leaves it out
 

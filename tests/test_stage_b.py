@@ -19,7 +19,7 @@ from animegamer.models.mllm import load_tokenizer
 from animegamer.models.weights import load_state_dict_file
 from animegamer.tokens import PAPER, TurnLayout
 from animegamer.training.batches import ResumableBatchSampler
-from tests.stage_b_data import clip_id, write_stage_b_data
+from tests.helpers.stage_b_data import clip_id, write_stage_b_data
 
 ROOT = Path(__file__).resolve().parents[1]
 SLOTS, SHOT_DIM = 8, 32  # the tiny config's shot_dim; slots reduced from 226 for speed

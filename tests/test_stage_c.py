@@ -24,8 +24,8 @@ from animegamer.models.mllm_turn import HistoryTurn, predict_turn
 from animegamer.models.trained import load_decoder
 from animegamer.models.weights import load_state_dict_file
 from animegamer.training.checkpoint import list_checkpoints
-from tests.stage_b_data import clip_id, write_stage_b_data
-from tests.stage_scripts import (
+from tests.helpers.stage_b_data import clip_id, write_stage_b_data
+from tests.helpers.stage_scripts import (
     ROOT,
     check_bad_resumes_leave_the_run_alone,
     launch_two_processes,

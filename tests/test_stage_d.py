@@ -22,8 +22,8 @@ from animegamer.training.distill import (
     target_x0,
     teacher_segment,
 )
-from tests.stage_b_data import clip_id, write_stage_b_data
-from tests.stage_scripts import (
+from tests.helpers.stage_b_data import clip_id, write_stage_b_data
+from tests.helpers.stage_scripts import (
     ROOT,
     check_bad_resumes_leave_the_run_alone,
     launch_two_processes,

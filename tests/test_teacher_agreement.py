@@ -12,8 +12,8 @@ from animegamer.config import SamplingConfig
 from animegamer.models.decoder import AnimationShotDecoder
 from animegamer.sampling.fewstep import FewStepSampler
 from animegamer.sampling.presets import guided_calls
-from tests.eval_data import make_spriteworld
-from tests.stage_scripts import tiny_decoder_config, write_decoder_run
+from tests.helpers.eval_data import make_spriteworld
+from tests.helpers.stage_scripts import tiny_decoder_config, write_decoder_run
 from tests.test_game import TINY, tiny_overrides
 
 pytestmark = pytest.mark.usefixtures("one_thread")

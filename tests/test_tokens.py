@@ -82,7 +82,7 @@ def test_layout_requires_special_tokens(tiny_t5_config):
 
 def test_released_vocabulary_matches_the_release_tokenizer(tmp_path):
     """Every released-layout token exists in the release tokenizer, at the ids the official reference uses."""
-    from official_ref_data import build_release_tokenizer, release_added_tokens
+    from tests.helpers.official_ref_data import build_release_tokenizer, release_added_tokens
 
     assert set(RELEASED.special_tokens()) <= set(release_added_tokens())
     assert {RELEASED.value_token(f, 1) for f in STATE_FIELDS} == {"<Strength_1>"}  # one spelling for every field

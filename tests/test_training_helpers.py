@@ -27,7 +27,7 @@ from animegamer.training.checkpoint import (
 )
 from animegamer.training.optim import build_optimizer, build_scheduler, lr_factor
 from animegamer.training.run import build_accelerator, start_run, trim_metrics
-from tests.pickle_trap import PickleTrap
+from tests.helpers.pickle_trap import PickleTrap
 
 
 def test_sampler_is_a_pure_function_of_position():

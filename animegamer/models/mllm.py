@@ -49,6 +49,19 @@ LAYOUT_DEFAULTS = {"resampler_gelu": "tanh"}  # layout keys that checkpoints wri
 SLOT_ATTENTION = ("causal", "bidirectional")  # mllm_layout.json's slot_attention (absent: causal)
 
 
+def full_weight(weight: torch.Tensor) -> torch.Tensor:
+    """A float32 copy of ``weight``'s full value. Under DeepSpeed ZeRO-3 (transformers builds a model inside
+    ``deepspeed.zero.Init`` whenever accelerate's ZeRO-3 config is active, whatever its ``zero3_init_flag``) a
+    parameter outside a forward pass is an empty placeholder (shape 0, its values sharded over the processes):
+    statistics of it would be NaN, so it is gathered on every process (a collective) for the copy."""
+    if hasattr(weight, "ds_id"):
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters([weight], modifier_rank=None):
+            return weight.detach().float().clone()
+    return weight.detach().float()
+
+
 def load_tokenizer(pretrained: str, vocabulary: str = "paper", num_slots: int = 226) -> tuple[Any, int]:
     """The base tokenizer with the layout's special tokens added; returns (tokenizer, base vocabulary size).
 
@@ -151,8 +164,8 @@ class AnimeGamerMLLM(nn.Module):
 
         # New rows start as "a typical token": the mean of the base rows plus noise of the base rows' spread (as
         # transformers' resize does), so slot queries differ from each other and value logits are not all tied.
-        base_in = llm.get_input_embeddings().weight.detach().float()
-        base_out = llm.get_output_embeddings().weight.detach().float()[:base_vocab]
+        base_in = full_weight(llm.get_input_embeddings().weight)
+        base_out = full_weight(llm.get_output_embeddings().weight)[:base_vocab]
         self.new_token_embed = nn.Embedding(num_new, hidden)
         self.new_token_head = nn.Linear(hidden, num_new, bias=False)
         with torch.no_grad():

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 from accelerate.utils import DistributedType, set_seed
@@ -58,6 +59,20 @@ def configure_deepspeed(accelerator, train: TrainConfig) -> None:
     if offload not in (None, "none"):
         ds_config["zero_force_ds_cpu_optimizer"] = False
     accelerator.gradient_accumulation_steps = train.grad_accum
+
+
+def engine_info(accelerator) -> dict[str, Any]:
+    """What a run records of its engine beyond accelerate's distributed type (run_info.json's ``deepspeed``): the
+    ZeRO stage and where DeepSpeed keeps the optimizer state and the parameters (``none`` or ``cpu``), as DeepSpeed
+    was configured. Empty on other engines."""
+    if accelerator.distributed_type != DistributedType.DEEPSPEED:
+        return {}
+    zero = accelerator.state.deepspeed_plugin.deepspeed_config.get("zero_optimization", {})
+    return {
+        "zero_stage": int(zero.get("stage", 0)),
+        "offload_optimizer": (zero.get("offload_optimizer") or {}).get("device") or "none",
+        "offload_param": (zero.get("offload_param") or {}).get("device") or "none",
+    }
 
 
 def seed_process(seed: int, accelerator) -> None:

@@ -21,6 +21,7 @@ from animegamer.cli import fail, parse_config
 from animegamer.config import TrainConfig, to_yaml
 from animegamer.io import atomic_path, atomic_write_json, atomic_write_text
 from animegamer.training.checkpoint import ResumePoint, load_checkpoint
+from animegamer.training.engines import engine_info
 
 METRICS_HEADER = ["step", "name", "value", "time"]
 
@@ -173,6 +174,8 @@ def start_run(accelerator, cfg: Any, project: str, resume: ResumePoint | None = 
             "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "versions": _versions(),
         }
+        if engine_info(accelerator):
+            info["deepspeed"] = engine_info(accelerator)
         if resume is not None:
             info |= {"resumed_from": str(resume.path), "resumed_step": resume.step}
             if resume.rng_reset:

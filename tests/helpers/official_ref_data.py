@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from animegamer.official.release_files import build_release_tokenizer, release_added_tokens
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 REF_DIR = Path(os.environ.get("ANIMEGAMER_OFFICIAL_REF", REPO / "tests" / "data" / "official_ref"))
 
 __all__ = ["REF_DIR", "REPO", "build_release_tokenizer", "mllm_reference", "release_added_tokens"]

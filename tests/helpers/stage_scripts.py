@@ -17,7 +17,7 @@ import torch
 from animegamer.config import DecoderConfig
 from animegamer.models.decoder import AnimationShotDecoder
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def tiny_decoder_config(pretrained: str | Path) -> DecoderConfig:
