@@ -36,7 +36,8 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -n 2 -m "not slow"
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check animegamer scripts tests *.py
+	$(VENV)/bin/ruff check animegamer scripts research tests *.py
+	$(VENV)/bin/lint-imports
 
 $(TINY)/.built: $(STAMP) animegamer/tiny.py
 	$(PY) scripts/make_tiny_checkpoints.py --out $(TINY)

@@ -54,7 +54,7 @@ from omegaconf import OmegaConf
 from animegamer.cli import fail, load_script, parse_config
 from animegamer.config import ConfigError, SpriteWorldRunConfig, load_config, to_yaml
 from animegamer.data.manifest import ManifestError
-from animegamer.io import atomic_write_json, atomic_write_text
+from animegamer.io import atomic_write_json, atomic_write_text, resolve_checkpoint
 from animegamer.models.trained import SMALL_DECODER_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -165,8 +165,6 @@ def step_stage(name: str, configs: dict[str, Path]) -> dict:
 
 
 def latest(run_dir: Path) -> Path:
-    from animegamer.training.checkpoint import resolve_checkpoint
-
     return resolve_checkpoint(run_dir)
 
 
