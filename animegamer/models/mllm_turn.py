@@ -85,25 +85,33 @@ def prefill_turn(model, history: list[HistoryTurn], instruction: str) -> Prefill
 def decode_states(model, prefilled: PrefilledTurn) -> tuple[dict[str, int], dict[str, dict[int, float]]]:
     """Step 2 of :func:`predict_turn`: each field's value (argmax over its value tokens only), fed back through
     the cache with the next tags. Returns (field -> chosen token id, field -> value -> probability); the cache
-    grows by 3 tokens per field but the last."""
-    layout = model.layout
+    grows by 3 tokens per field but the last. The choices stay on the model's device until the last field is
+    decoded (one transfer to the host per turn, not one per field), so a GPU never waits for the host between
+    fields."""
+    layout, device = model.layout, model.device
     cache, last = prefilled.cache, prefilled.last_hidden  # last: the open tag of the first field
-    chosen: dict[str, int] = {}
-    probs: dict[str, dict[int, float]] = {}
+    choices, dists = [], []
     for i, name in enumerate(STATE_FIELDS):
         logits = model.value_logits(last, name)  # (num_values,)
-        choice = int(logits.argmax())
-        token = layout.value_ids[name][choice]
-        chosen[name] = token
-        p = logits.softmax(-1).tolist()
-        probs[name] = {layout.id_to_value[name][t]: p[j] for j, t in enumerate(layout.value_ids[name])}
+        choices.append(logits.argmax())  # () on the device
+        dists.append(logits.softmax(-1))
         if i + 1 == len(STATE_FIELDS):
             break
-        step = [[token, layout.close_ids[name], layout.open_ids[STATE_FIELDS[i + 1]]]]
-        hidden, cache = model.transformer(
-            model.embed(torch.tensor(step, device=model.device)), past_key_values=cache, use_cache=True
-        )
+        value_ids = torch.tensor(layout.value_ids[name], device=device)  # (num_values,)
+        tags = torch.tensor([layout.close_ids[name], layout.open_ids[STATE_FIELDS[i + 1]]], device=device)
+        step = torch.cat([value_ids[choices[-1]].view(1), tags])[None]  # (1, 3): value, close tag, next open tag
+        hidden, cache = model.transformer(model.embed(step), past_key_values=cache, use_cache=True)
         last = hidden[0, -1]
+    picked = torch.stack(choices).tolist()  # the one transfer to the host
+    p_all = torch.cat(dists).float().cpu().tolist()
+    chosen: dict[str, int] = {}
+    probs: dict[str, dict[int, float]] = {}
+    offset = 0
+    for name, choice in zip(STATE_FIELDS, picked, strict=True):
+        ids = layout.value_ids[name]
+        chosen[name] = ids[choice]
+        probs[name] = {layout.id_to_value[name][t]: p_all[offset + j] for j, t in enumerate(ids)}
+        offset += len(ids)
     return chosen, probs
 
 
