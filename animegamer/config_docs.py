@@ -1,6 +1,6 @@
 """The one-line description of every config key, for ``--help``: the ``help`` each field of the schemas
-(:mod:`animegamer.config.parts`, :mod:`animegamer.config.runs`) is made with (``knob(default, help=...)``), so the
-text lives beside the field it describes. A field typed ``Literal[...]`` lists its choices after the text when the
+(:mod:`animegamer.config.parts`, :mod:`animegamer.config.stages`, ...) is made with (``knob(default, help=...)``), so
+the text lives beside the field it describes. A field typed ``Literal[...]`` lists its choices after the text when the
 text does not name them all.
 """
 

@@ -239,7 +239,7 @@ def test_loss_weights_have_one_default():
     places = [f"{path.relative_to(ROOT)}:{n}" for folder in ("animegamer", "scripts") for path in
               sorted((ROOT / folder).rglob("*.py")) for n, line in enumerate(path.read_text().splitlines(), 1)
               if written.search(line)]
-    assert [p.split(":")[0] for p in places] == ["animegamer/config/runs.py"] * 2, places
+    assert [p.split(":")[0] for p in places] == ["animegamer/config/stages.py"] * 2, places
     assert "mse_weight" not in (ROOT / "configs/ablations/cosine_loss.yaml").read_text()  # its base says it
 
 

@@ -21,22 +21,25 @@ from animegamer.config.parts import (
     T5Config,
     TrainConfig,
 )
+from animegamer.config.prepare import CaptionConfig, PrepareDataConfig
 from animegamer.config.runs import (
     AblationRow,
     AblationsConfig,
     AblationStep,
     BenchmarkConfig,
     BenchmarkGenConfig,
-    CaptionConfig,
-    CausalDecoderConfig,
     EvalConfig,
     InferenceConfig,
     JudgeConfig,
-    PrepareDataConfig,
+)
+from animegamer.config.spriteworld import (
     SpriteWorldConfig,
     SpriteWorldLLMConfig,
     SpriteWorldPretrainConfig,
     SpriteWorldRunConfig,
+)
+from animegamer.config.stages import (
+    CausalDecoderConfig,
     StageAConfig,
     StageBConfig,
     StageCConfig,

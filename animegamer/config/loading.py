@@ -11,24 +11,16 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from animegamer.config.prepare import PrepareDataConfig
 from animegamer.config.recorded import apply_training_record
-from animegamer.config.runs import (
-    AblationsConfig,
-    BenchmarkConfig,
-    BenchmarkGenConfig,
-    EvalConfig,
-    InferenceConfig,
-    PrepareDataConfig,
+from animegamer.config.runs import AblationsConfig, BenchmarkConfig, BenchmarkGenConfig, EvalConfig, InferenceConfig
+from animegamer.config.spriteworld import (
     SpriteWorldConfig,
     SpriteWorldLLMConfig,
     SpriteWorldPretrainConfig,
     SpriteWorldRunConfig,
-    StageAConfig,
-    StageBConfig,
-    StageCConfig,
-    StageDConfig,
-    StageEConfig,
 )
+from animegamer.config.stages import StageAConfig, StageBConfig, StageCConfig, StageDConfig, StageEConfig
 
 
 class ConfigError(ValueError):
