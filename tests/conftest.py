@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from animegamer import tiny
-from animegamer.config import CLIPConfig, T5Config
+from animegamer.config import CLIPConfig, T5Config, load_config
+from animegamer.inference.session import build_session
+from tests.helpers.game import GAME, TINY, tiny_overrides
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -84,3 +86,17 @@ def synthetic_clip(tmp_path):
     frames = make_clip_frames()
     path = write_mp4(tmp_path / "clip.mp4", frames, fps=8)
     return path, frames
+
+
+@pytest.fixture(scope="module")
+def played(tiny_mistral_dir, tiny_cogvideox_dir, tmp_path_factory):
+    """A rendered two-turn game of the tiny models (a GameSession) and its save file, per test module."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    cfg = load_config(TINY, tiny_overrides(tiny_mistral_dir, tiny_cogvideox_dir, tmp_path_factory.mktemp("play")))
+    session = build_session(cfg)
+    for text in GAME[:2]:
+        session.play(text)
+    save = session.save(tmp_path_factory.mktemp("save") / "game.save")
+    yield session, save
+    torch.set_num_threads(before)

@@ -13,25 +13,10 @@ from animegamer.data.video import probe_video
 from animegamer.inference.game import GameSession
 from animegamer.inference.session import build_session
 from animegamer.play import run
+from tests.helpers.game import GAME, TINY, tiny_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / "configs" / "tiny" / "inference.yaml"
 pytestmark = pytest.mark.usefixtures("one_thread")
-GAME = [
-    "Character: Qiqi; Motion: slowly wake up; Background: morning bedroom.",
-    "Qiqi eats breakfast in the kitchen",
-    "Character: Qiqi; Motion: quickly run; Background: park.",
-]
-
-
-def tiny_overrides(tiny_mistral_dir, tiny_cogvideox_dir, out):
-    return [
-        f"output_dir={out}", f"mllm.pretrained={tiny_mistral_dir}", f"decoder.pretrained={tiny_cogvideox_dir}",
-        f"t5.path={tiny_cogvideox_dir}", "mllm_checkpoint=", "decoder_checkpoint=", "history_turns=2",
-        "sampling.steps=2", "sampling.height=48", "sampling.width=64", "sampling.num_frames=9",
-    ]
-
-
 @pytest.fixture
 def tiny_cfg(tiny_mistral_dir, tiny_cogvideox_dir, tmp_path):
     return load_config(TINY, tiny_overrides(tiny_mistral_dir, tiny_cogvideox_dir, tmp_path / "play"))

@@ -25,24 +25,9 @@ from animegamer.inference.vocabulary import Vocabulary
 from animegamer.inference.web import WebGame, as_text, large_clip
 from animegamer.play import run
 from tests.conftest import make_clip_frames
-from tests.test_game import GAME, TINY, tiny_overrides
-from tests.test_game_security import rewrite, turn0
+from tests.helpers.game import GAME, TINY, rewrite, tiny_overrides, turn0
 
 K = 2  # history_turns of tiny_overrides
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_mistral_dir, tiny_cogvideox_dir, tmp_path_factory):
-    """The tiny models' session (renders 9-frame clips) and a two-turn save it wrote."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    cfg = load_config(TINY, tiny_overrides(tiny_mistral_dir, tiny_cogvideox_dir, tmp_path_factory.mktemp("play")))
-    session = build_session(cfg)
-    for text in GAME[:2]:
-        session.play(text)
-    save = session.save(tmp_path_factory.mktemp("save") / "game.save")
-    yield session, save
-    torch.set_num_threads(before)
 
 
 class FailingRenderer:
@@ -77,8 +62,8 @@ ERRORS = {
 
 
 @pytest.mark.parametrize("case", list(ERRORS))
-def test_terminal_turn_that_fails_in_a_model_keeps_the_game(tiny, tmp_path, case):
-    session, _ = tiny
+def test_terminal_turn_that_fails_in_a_model_keeps_the_game(played, tmp_path, case):
+    session, _ = played
     game = GameSession(dataclasses.replace(session.game), output_dir=tmp_path)
     game.play(GAME[0])
     game.game.renderer = FailingRenderer(session.game.renderer, ERRORS[case])
@@ -94,8 +79,8 @@ def test_terminal_turn_that_fails_in_a_model_keeps_the_game(tiny, tmp_path, case
 
 
 @pytest.mark.parametrize("case", ["cuda-oom", "zero-division", "disk-full-on-gif"])
-def test_a_failed_turn_leaves_no_half_of_its_clip(tiny, tmp_path, monkeypatch, case):
-    session, _ = tiny
+def test_a_failed_turn_leaves_no_half_of_its_clip(played, tmp_path, monkeypatch, case):
+    session, _ = played
     game = GameSession(dataclasses.replace(session.game), output_dir=tmp_path)
     game.play(GAME[0])
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
@@ -144,8 +129,8 @@ class BrokenInput(io.StringIO):
 @pytest.mark.parametrize("error", [OSError(errno.EIO, "Input/output error"),
                                    UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"),
                                    SystemExit(1), RuntimeError("anything else")])
-def test_a_game_that_must_end_saves_its_turns_first(tiny, tmp_path, error):
-    session, _ = tiny
+def test_a_game_that_must_end_saves_its_turns_first(played, tmp_path, error):
+    session, _ = played
     game = GameSession(dataclasses.replace(session.game, renderer=None), output_dir=tmp_path)
     out = io.StringIO()
     with pytest.raises(type(error)):
@@ -192,8 +177,8 @@ class Negative:
             yield 255 - chunk
 
 
-def test_browser_shows_the_clip_of_the_turn_played_after_undo(tiny, tmp_path, monkeypatch):
-    session, _ = tiny
+def test_browser_shows_the_clip_of_the_turn_played_after_undo(played, tmp_path, monkeypatch):
+    session, _ = played
     # one latent frame per VAE batch: the tiny clip decodes in chunks, so the page gets its first frames early
     monkeypatch.setattr(session.game.renderer.decoder.vae, "num_latent_frames_batch_size", 1)
     web = WebGame(dataclasses.replace(session.game), tmp_path / "web")
@@ -216,8 +201,8 @@ def test_browser_shows_the_clip_of_the_turn_played_after_undo(tiny, tmp_path, mo
 
 
 @pytest.mark.parametrize("case", ["cuda-oom", "zero-division", "key"])
-def test_browser_turn_that_fails_leaves_the_game_and_no_file(tiny, tmp_path, monkeypatch, case):
-    session, _ = tiny
+def test_browser_turn_that_fails_leaves_the_game_and_no_file(played, tmp_path, monkeypatch, case):
+    session, _ = played
     # first frames come early
     monkeypatch.setattr(session.game.renderer.decoder.vae, "num_latent_frames_batch_size", 1)
     web = WebGame(dataclasses.replace(session.game), tmp_path / "web")
@@ -260,8 +245,8 @@ def test_as_text_renders_to_the_same_characters(hostile):
 
 
 @pytest.mark.parametrize("hostile", HOSTILE)
-def test_every_status_quoting_a_player_or_a_file_is_text(tiny, tmp_path, hostile):
-    session, save = tiny
+def test_every_status_quoting_a_player_or_a_file_is_text(played, tmp_path, hostile):
+    session, save = played
     words = Vocabulary(("Qiqi",), ("quickly",), ("run",), ("park",))
     web = WebGame(dataclasses.replace(session.game, renderer=None), tmp_path / "web", vocabulary=words)
     # a save whose instruction is refused: the message quotes it

@@ -12,33 +12,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from animegamer.config import load_config
+from animegamer.cli import load_script
 from animegamer.inference.game import GameSession
 from animegamer.inference.saved import MAX_SEED, SaveError, read_save
-from animegamer.inference.session import build_session
 from animegamer.inference.turn import AnimeGamer
 from animegamer.inference.web import WebGame
 from animegamer.play import main as play_main
 from animegamer.play import run
-from tests.test_game import GAME, TINY, tiny_overrides
-from tests.test_game_security import _entry, put, rewrite, turn0
+from tests.helpers.game import GAME, TINY, put, rewrite, turn0
 
 ROOT = Path(__file__).resolve().parents[1]
 K = 2  # history_turns of tiny_overrides
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_mistral_dir, tiny_cogvideox_dir, tmp_path_factory):
-    """The tiny models' session (renders 9-frame clips) and a two-turn save it wrote."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    cfg = load_config(TINY, tiny_overrides(tiny_mistral_dir, tiny_cogvideox_dir, tmp_path_factory.mktemp("play")))
-    session = build_session(cfg)
-    for text in GAME[:2]:
-        session.play(text)
-    save = session.save(tmp_path_factory.mktemp("save") / "game.save")
-    yield session, save
-    torch.set_num_threads(before)
 
 
 def mllm_only(session) -> AnimeGamer:
@@ -46,8 +30,8 @@ def mllm_only(session) -> AnimeGamer:
     return dataclasses.replace(session.game, renderer=None)
 
 
-def fresh(tiny, out: Path, renderer: bool = False, seed: int = 42) -> GameSession:
-    session, _ = tiny
+def fresh(played, out: Path, renderer: bool = False, seed: int = 42) -> GameSession:
+    session, _ = played
     out.mkdir(parents=True, exist_ok=True)
     return GameSession(dataclasses.replace(session.game, renderer=session.game.renderer if renderer else None),
                        output_dir=out, seed=seed)
@@ -100,8 +84,8 @@ NOT_SAVES = ["text", "text-named-save", "weights", "other-format", "hard-link", 
 
 
 @pytest.mark.parametrize("kind", NOT_SAVES)
-def test_save_refuses_to_replace_what_is_not_an_earlier_save(tiny, tmp_path, kind):
-    session, save = tiny
+def test_save_refuses_to_replace_what_is_not_an_earlier_save(played, tmp_path, kind):
+    session, save = played
     folder = tmp_path / "here"
     folder.mkdir()
     own = folder / "copy.save"
@@ -116,9 +100,9 @@ def test_save_refuses_to_replace_what_is_not_an_earlier_save(tiny, tmp_path, kin
     assert sorted(p.name for p in folder.iterdir()) == listing  # no temp file left
 
 
-def test_save_replaces_an_earlier_save_by_content_and_keeps_its_mode(tiny, tmp_path):
-    session, save = tiny
-    game = fresh(tiny, tmp_path / "g")
+def test_save_replaces_an_earlier_save_by_content_and_keeps_its_mode(played, tmp_path):
+    session, save = played
+    game = fresh(played, tmp_path / "g")
     game.play(GAME[0])
     for name, mode in (("notes.txt", 0o600), ("game.save", 0o640)):  # recognised by content, whatever its name
         target = tmp_path / name
@@ -130,11 +114,11 @@ def test_save_replaces_an_earlier_save_by_content_and_keeps_its_mode(tiny, tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["g", "game.save", "notes.txt"]
 
 
-def test_terminal_save_over_a_text_file_is_one_line_and_the_game_goes_on(tiny, tmp_path):
+def test_terminal_save_over_a_text_file_is_one_line_and_the_game_goes_on(played, tmp_path):
     notes = tmp_path / "notes.txt"
     notes.write_text("shopping list\n")
     (tmp_path / "folder.save").mkdir()
-    game = fresh(tiny, tmp_path / "g")
+    game = fresh(played, tmp_path / "g")
     out = io.StringIO()
     final = run(game, io.StringIO("\n".join([GAME[0], f":save {notes}", f":save {tmp_path / 'folder.save'}",
                                              GAME[1], ":quit"])), out, games_dir=tmp_path)
@@ -145,8 +129,8 @@ def test_terminal_save_over_a_text_file_is_one_line_and_the_game_goes_on(tiny, t
     assert len(read_save(tmp_path / "g" / "game.save", history_turns=K).turns) == 2  # autosaved at :quit
 
 
-def test_web_save_over_a_directory_is_refused_in_the_status(tiny, tmp_path):
-    session, _ = tiny
+def test_web_save_over_a_directory_is_refused_in_the_status(played, tmp_path):
+    session, _ = played
     web = WebGame(dataclasses.replace(session.game, renderer=None), tmp_path / "web")
     game = web.new_session()
     game.play(GAME[0])
@@ -155,10 +139,10 @@ def test_web_save_over_a_directory_is_refused_in_the_status(tiny, tmp_path):
     assert file is None and status.startswith("**Not saved:**") and "is a directory" in status
 
 
-def test_terminal_load_autosaves_and_plays_in_its_own_directory(tiny, tmp_path):
-    _, other = tiny
+def test_terminal_load_autosaves_and_plays_in_its_own_directory(played, tmp_path):
+    _, other = played
     games = tmp_path / "games"
-    current = fresh(tiny, games / "current", renderer=True)
+    current = fresh(played, games / "current", renderer=True)
     script = [GAME[0], ":save", GAME[1], f":load {other}", GAME[2], ":quit"]
     out = io.StringIO()
     final = run(current, io.StringIO("\n".join(script)), out, games_dir=games)
@@ -178,10 +162,10 @@ def test_terminal_load_autosaves_and_plays_in_its_own_directory(tiny, tmp_path):
 
 
 @pytest.mark.parametrize("case", ["saved-already", "bad-save", "other-file-in-the-way", "cannot-autosave"])
-def test_terminal_load_never_drops_the_current_game(tiny, tmp_path, case):
-    _, other = tiny
+def test_terminal_load_never_drops_the_current_game(played, tmp_path, case):
+    _, other = played
     games = tmp_path / "games"
-    current = fresh(tiny, games / "current")
+    current = fresh(played, games / "current")
     load = other
     if case == "bad-save":
         load = rewrite(other, tmp_path / "bad.save", turn0("prompt_tokens", -1))
@@ -239,7 +223,7 @@ def test_settings_a_save_cannot_hold_are_one_line_before_any_model(entry, settin
     file = tmp_path / "a_file"
     file.write_text("")
     setting, needle = setting.format(file=file), needle.format(file=file)
-    main = _entry("app") if entry == "app" else play_main
+    main = load_script("app.py").main if entry == "app" else play_main
     args = ["--config", str(TINY), f"output_dir={tmp_path / 'out'}", f"mllm.pretrained={tiny_mistral_dir}",
             "mllm_checkpoint=", "decoder_checkpoint=", setting]
     with pytest.raises(SystemExit) as info:
@@ -254,24 +238,24 @@ def test_app_port_out_of_range_is_one_line_before_any_model(port, tiny_mistral_d
 
     monkeypatch.setattr(AnimeGamerMLLM, "from_config", lambda *a, **k: pytest.fail("a model was loaded"))
     with pytest.raises(SystemExit) as info:
-        _entry("app")(["--config", str(TINY), "--port", port, f"output_dir={tmp_path}",
+        load_script("app.py").main(["--config", str(TINY), "--port", port, f"output_dir={tmp_path}",
                             f"mllm.pretrained={tiny_mistral_dir}", "mllm_checkpoint=", "decoder_checkpoint="])
     err = capsys.readouterr().err
     assert info.value.code == 2 and err == f"error: --port {port} is not a port (1..65535)\n"
 
 
 @pytest.mark.parametrize("seed, history_turns", [(-1, K), (MAX_SEED + 1, K), (42, -1), (42, 10**6 + 1)])
-def test_a_game_a_save_cannot_hold_is_refused_when_made(tiny, tmp_path, seed, history_turns):
-    session, _ = tiny
+def test_a_game_a_save_cannot_hold_is_refused_when_made(played, tmp_path, seed, history_turns):
+    session, _ = played
     with pytest.raises(ValueError, match="must be an integer in"):
         GameSession(dataclasses.replace(session.game, renderer=None, history_turns=history_turns),
                     output_dir=tmp_path, seed=seed)
 
 
 @pytest.mark.parametrize("seed", [0, 1, MAX_SEED])
-def test_every_seed_a_game_accepts_makes_a_save_it_loads(tiny, tmp_path, seed):
-    session, _ = tiny
-    game = fresh(tiny, tmp_path, seed=seed)
+def test_every_seed_a_game_accepts_makes_a_save_it_loads(played, tmp_path, seed):
+    session, _ = played
+    game = fresh(played, tmp_path, seed=seed)
     game.play(GAME[0])
     game.play("Character: Qiqi; Motion: " + "run " * 20 + "; Background: park.")
     loaded = GameSession.load(game.save(tmp_path / "g.save"), mllm_only(session), tmp_path)
@@ -294,9 +278,9 @@ class NaNShots:
         return prediction
 
 
-def test_a_turn_a_save_would_refuse_is_not_played(tiny, tmp_path):
-    session, _ = tiny
-    game = fresh(tiny, tmp_path)
+def test_a_turn_a_save_would_refuse_is_not_played(played, tmp_path):
+    session, _ = played
+    game = fresh(played, tmp_path)
     game.play(GAME[0])
     game.game.predictor = NaNShots(session.game.predictor)
     with pytest.raises(ValueError, match="the predicted shot: holds NaN"):
@@ -334,8 +318,8 @@ LONG_NUMBERS = {
 
 
 @pytest.mark.parametrize("case", list(LONG_NUMBERS))
-def test_a_5000_digit_number_names_the_file_and_field(tiny, tmp_path, case):
-    session, save = tiny
+def test_a_5000_digit_number_names_the_file_and_field(played, tmp_path, case):
+    session, save = played
     change, needle = LONG_NUMBERS[case]
     bad = with_long_number(save, tmp_path / "long.save", change)
     with pytest.raises(SaveError, match=needle) as info:
@@ -346,8 +330,8 @@ def test_a_5000_digit_number_names_the_file_and_field(tiny, tmp_path, case):
 
 @pytest.mark.parametrize("kind, needle", [("device", "a character device"), ("fifo", "a named pipe (FIFO)"),
                                           ("dangling-symlink", "a symbolic link to a missing file")])
-def test_a_save_that_is_no_file_says_what_it_is(tiny, tmp_path, kind, needle):
-    session, save = tiny
+def test_a_save_that_is_no_file_says_what_it_is(played, tmp_path, kind, needle):
+    session, save = played
     target = not_a_save(kind, tmp_path, save)
     with pytest.raises(SaveError) as info:
         GameSession.load(target, mllm_only(session), tmp_path)
@@ -372,9 +356,9 @@ EDGE_INSTRUCTIONS = [
 
 
 @pytest.mark.parametrize("instruction", EDGE_INSTRUCTIONS)
-def test_an_instruction_plays_exactly_when_its_save_loads(tiny, tmp_path, instruction):
-    session, _ = tiny
-    game = fresh(tiny, tmp_path)
+def test_an_instruction_plays_exactly_when_its_save_loads(played, tmp_path, instruction):
+    session, _ = played
+    game = fresh(played, tmp_path)
     try:
         game.play(instruction)
     except ValueError:

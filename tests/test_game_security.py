@@ -14,20 +14,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 
-from animegamer.config import load_config
+from animegamer.cli import load_script
 from animegamer.data.video import probe_video
 from animegamer.inference.game import GameSession
 from animegamer.inference.mllm_runner import ResultsWriter, load_results
-from animegamer.inference.session import build_session
 from animegamer.inference.turn import AnimeGamer, Turn
 from animegamer.inference.web import WebGame
 from animegamer.io import path_inside
 from animegamer.play import run
 from animegamer.states import CharacterState, StateValues
-from tests.test_game import GAME, TINY, tiny_overrides
+from tests.helpers.game import GAME, TINY, drop, put, rewrite, turn0
 
 ROOT = Path(__file__).resolve().parents[1]
 K = 2  # history_turns of tiny_overrides
@@ -36,50 +34,6 @@ K = 2  # history_turns of tiny_overrides
 def mllm_only(session) -> AnimeGamer:
     """The session's game without its decoder (turns predicted, no clip rendered)."""
     return dataclasses.replace(session.game, renderer=None)
-
-
-@pytest.fixture(scope="module")
-def played(tiny_mistral_dir, tiny_cogvideox_dir, tmp_path_factory):
-    """A rendered two-turn game of the tiny models and its save file."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    cfg = load_config(TINY, tiny_overrides(tiny_mistral_dir, tiny_cogvideox_dir, tmp_path_factory.mktemp("play")))
-    session = build_session(cfg)
-    for text in GAME[:2]:
-        session.play(text)
-    save = session.save(tmp_path_factory.mktemp("save") / "game.save")
-    yield session, save
-    torch.set_num_threads(before)
-
-
-def rewrite(save: Path, out: Path, meta_fn=None, tensors_fn=None) -> Path:
-    """A copy of ``save`` with its metadata JSON and/or tensors changed by the given functions."""
-    with safe_open(str(save), framework="pt") as fh:
-        meta = json.loads(fh.metadata()["game"])
-        tensors = {k: fh.get_tensor(k) for k in fh.keys()}
-    if meta_fn is not None:
-        meta = meta_fn(meta)
-    if tensors_fn is not None:
-        tensors = tensors_fn(tensors)
-    save_file(tensors, str(out), metadata={"game": meta if isinstance(meta, str) else json.dumps(meta)})
-    return out
-
-
-def put(**items):
-    """A change of a mapping (the save's metadata or its tensors): these keys set."""
-    return lambda mapping: {**mapping, **items}
-
-
-def drop(key):
-    return lambda mapping: {k: v for k, v in mapping.items() if k != key}
-
-
-def turn0(key, value):
-    """A change of the first turn's record: ``key`` set to ``value``."""
-    def change(meta):
-        meta["turns"][0][key] = value
-        return meta
-    return change
 
 
 def nan_shot(tensors):
@@ -350,10 +304,7 @@ def test_ctrl_c_cancels_the_turn_and_keeps_the_game(played, tmp_path):
 
 
 def _entry(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
+    return load_script(f"{name}.py").main
 
 
 ENTRY_POINTS = ["inference_MLLM", "inference_Decoder", "app", "play"]

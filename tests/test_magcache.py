@@ -11,7 +11,7 @@ from animegamer.config import InferenceConfig, load_config
 from animegamer.inference.session import build_game
 from animegamer.sampling.cache import MagRatios
 from animegamer.sampling.presets import PresetSampler
-from tests.test_game import TINY, tiny_overrides
+from tests.helpers.game import TINY, tiny_overrides
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 STEPS = 10

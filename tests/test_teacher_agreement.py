@@ -13,8 +13,8 @@ from animegamer.models.decoder import AnimationShotDecoder
 from animegamer.sampling.fewstep import FewStepSampler
 from animegamer.sampling.presets import guided_calls
 from tests.helpers.eval_data import make_spriteworld
+from tests.helpers.game import TINY, tiny_overrides
 from tests.helpers.stage_scripts import tiny_decoder_config, write_decoder_run
-from tests.test_game import TINY, tiny_overrides
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 TEACHER = {"steps": 6, "scheduler": "ddim", "guidance_scale": 3.0, "dynamic_cfg": True, "dynamic_cfg_exponent": 5.0,

@@ -9,7 +9,7 @@ import pytest
 from animegamer.config import load_config
 from animegamer.data.video import read_video
 from animegamer.inference.session import build_session
-from tests.test_game import TINY, tiny_overrides
+from tests.helpers.game import TINY, tiny_overrides
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
