@@ -62,6 +62,7 @@ from animegamer.training.engines import (
     check_world_size,
     configure_deepspeed,
     gather_trained_state,
+    load_resume_weights,
     optimizer_step,
     seed_process,
     sub_state,
@@ -167,11 +168,8 @@ def main(argv: list[str] | None = None) -> Path:
     if train.compile:
         decoder.compile_blocks()
     model = EncoderDecoder(encoder, decoder)
-    if resume is not None:  # before prepare: ZeRO-3 / FSDP2 then shard the restored values like any others
-        try:
-            load_weights(model, resume.path)
-        except (FileNotFoundError, ValueError, RuntimeError) as exc:
-            fail(f"{resume.path}: could not be loaded ({(str(exc).strip().splitlines() or [type(exc).__name__])[0]})")
+    # the resume point's weights before prepare: the engine then shards the restored values
+    load_resume_weights(resume, lambda path: load_weights(model, path))
     model = model.to(accelerator.device).train()  # before the optimizer: AdamW is fused on CUDA
     optimizer = build_optimizer([{"params": list(encoder.parameters())}, {"params": decoder.trainable_parameters()}],
                                 train)

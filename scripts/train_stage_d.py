@@ -72,6 +72,7 @@ from animegamer.training.engines import (
     check_world_size,
     configure_deepspeed,
     gather_trained_state,
+    load_resume_weights,
     optimizer_step,
     seed_process,
 )
@@ -217,11 +218,8 @@ def main(argv: list[str] | None = None) -> Path:
     )
 
     # ---- only the student's LoRA + motion embedding are optimised; the teacher is never prepared
-    if resume is not None:  # before prepare: ZeRO-3 / FSDP2 then shard the restored values like any others
-        try:
-            student.load_trained(resume.path / DECODER_DIR)
-        except (FileNotFoundError, ValueError, RuntimeError) as exc:
-            fail(f"{resume.path}: could not be loaded ({(str(exc).strip().splitlines() or [type(exc).__name__])[0]})")
+    # the resume point's weights before prepare: the engine then shards the restored values
+    load_resume_weights(resume, lambda path: student.load_trained(path / DECODER_DIR))
     student.to(accelerator.device)  # before the optimizer: AdamW is fused on CUDA
     optimizer = build_optimizer(student.trainable_parameters(), train)
     lr_scheduler = build_scheduler(optimizer, train)

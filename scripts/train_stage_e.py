@@ -43,6 +43,7 @@ from animegamer.training.engines import (
     check_world_size,
     configure_deepspeed,
     gather_trained_state,
+    load_resume_weights,
     optimizer_step,
     seed_process,
 )
@@ -129,11 +130,9 @@ def main(argv: list[str] | None = None) -> Path:
     # ---- the whole small decoder trains
     if train.compile:
         model.compile_blocks()
-    if resume is not None:  # before prepare: ZeRO-3 / FSDP2 then shard the restored values like any others
-        try:
-            model.load_state_dict(load_state_dict_file(resume.path / SMALL_DECODER_DIR / WEIGHTS_FILE))
-        except (FileNotFoundError, ValueError, RuntimeError) as exc:
-            fail(f"{resume.path}: could not be loaded ({(str(exc).strip().splitlines() or [type(exc).__name__])[0]})")
+    # the resume point's weights before prepare: the engine then shards the restored values
+    load_resume_weights(resume, lambda path: model.load_state_dict(
+        load_state_dict_file(path / SMALL_DECODER_DIR / WEIGHTS_FILE)))
     model.to(accelerator.device).train()  # before the optimizer: AdamW is fused on CUDA
     optimizer = build_optimizer(model.parameters(), train)
     lr_scheduler = build_scheduler(optimizer, train)
