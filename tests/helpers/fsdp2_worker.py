@@ -42,15 +42,20 @@ LATENTS = (2, 4, 4, 6)  # (F, C, h, w): 2 latent frames of 4x6, the smallest the
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
+def moved_off_init(model):
+    """``model`` in train mode with its trained parts moved off their initial values (LoRA B is 0 when fresh), the
+    same draws for every model of one kind."""
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.trainable_parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=generator))
+    return model.train()
+
+
 def build_decoder(pretrained: str) -> AnimationShotDecoder:
     """The tiny decoder with its trained parts moved off their initial values (LoRA B is 0 when fresh)."""
     torch.manual_seed(0)
-    decoder = AnimationShotDecoder.from_config(tiny_decoder_config(pretrained), with_vae=False)
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in decoder.trainable_parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=generator))
-    return decoder.train()
+    return moved_off_init(AnimationShotDecoder.from_config(tiny_decoder_config(pretrained), with_vae=False))
 
 
 def shard_decoder(decoder: AnimationShotDecoder) -> AnimationShotDecoder:
@@ -87,12 +92,7 @@ def build_mllm(pretrained: str) -> AnimeGamerMLLM:
     cfg = MLLMConfig(pretrained=pretrained, num_slots=MLLM_SLOTS, shot_dim=MLLM_SHOT_DIM, lora_rank=4, lora_alpha=8,
                      lora_dropout=0.0, gradient_checkpointing=False, dtype="fp32")
     torch.manual_seed(0)
-    model = AnimeGamerMLLM.from_config(cfg)
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.trainable_parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=generator))
-    return model.train()
+    return moved_off_init(AnimeGamerMLLM.from_config(cfg))
 
 
 def shard_mllm(model: AnimeGamerMLLM) -> AnimeGamerMLLM:
