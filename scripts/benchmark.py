@@ -21,6 +21,10 @@ Measured, after warm-up (CUDA events on a GPU, perf_counter on a CPU), with peak
 - ``decode``: latents -> frames, the CogVideoX VAE against the stage (e) small causal decoder (eager, and compiled
   with ``compile``) on the same 4-step latents: whole decode, first chunk, time to the first frames of a 4-step turn
   (animegamer.bench.decode);
+- ``fast_path``: the half-second turn: the game's whole turn (play_turn: MLLM, the 4-step student, the streamed
+  decode) eager and compiled, bf16 and FP8 (per-tensor on the large linears; per-row on all, as the ``fp8`` option),
+  with the stage (e) small decoder, part by part and end to end, the time to the first frames and the peak memory;
+  the VAE decode and writing the clip timed beside (animegamer.bench.fastpath);
 - ``official``: random weights in the official release's on-disk layout (SAT decoder directory, peft agent .bin,
   tokenizer at the release's ids) at the preset's sizes, converted by scripts/convert_official.py's code (seconds,
   peak RSS), then one turn in ``compat=released`` (the release's sampler, fp16 decoder, 200-token state
@@ -48,12 +52,14 @@ from pathlib import Path
 import torch
 
 from animegamer.bench.decode import bench_decode
+from animegamer.bench.fastpath import FastPathSettings, bench_fast_path
 from animegamer.bench.models import (
     ARCHITECTURES,
     ParameterCounts,
     build_decoder,
     build_encoder,
     build_mllm,
+    build_small_decoder,
     build_tokenizer,
 )
 from animegamer.bench.official import bench_official
@@ -68,7 +74,7 @@ from animegamer.io import atomic_write_json, atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESET_CONFIGS = {"full": ROOT / "configs" / "benchmark.yaml", "tiny": ROOT / "configs" / "tiny" / "benchmark.yaml"}
-PARTS = ("turn", "options", "decode", "official", "stage_a", "stage_b")
+PARTS = ("turn", "options", "decode", "fast_path", "official", "stage_a", "stage_b")
 FORMAT = "animegamer-benchmark-v1"
 
 CONVENTIONS = {
@@ -138,7 +144,7 @@ def merge_existing(result: dict, earlier: dict, measured: set[str]) -> None:
     """Copy into ``result`` the parts of ``earlier`` that are not among the ``measured`` ones."""
     dates = {**{part: earlier["date"] for part in PARTS}, **earlier.get("merged_from", {})}
     merged = {}
-    for part in ("turn", "options", "decode", "official"):
+    for part in ("turn", "options", "decode", "fast_path", "official"):
         if part not in measured and part in earlier:
             result[part] = earlier[part]
             merged[part] = dates[part]
@@ -214,6 +220,7 @@ def main(argv: list[str] | None = None) -> dict:
             "train_repeats": cfg.train_repeats,
             "compile": cfg.compile,
             "compile_vae": cfg.compile_vae,
+            "compile_backend": cfg.compile_backend,
             "merge_lora": cfg.merge_lora,
             "dtype": cfg.dtype,
             "threads": torch.get_num_threads(),
@@ -293,6 +300,24 @@ def main(argv: list[str] | None = None) -> dict:
                     result["decode"] = bench_decode(decoder, shot, torch.tensor([3]), cfg.sampling, device,
                                                     cfg.warmup, cfg.repeats, cfg.compile, cfg.preset)
                     del decoder
+                elif part == "fast_path":
+                    decoder_cfg = stage_a_cfg.decoder
+                    decoder_cfg.dtype, decoder_cfg.gradient_checkpointing = cfg.dtype, False
+                    mllm_cfg = stage_b_cfg.mllm
+                    mllm_cfg.dtype, mllm_cfg.gradient_checkpointing = cfg.dtype, False
+                    decoder = build_decoder(arch, decoder_cfg, device, with_vae=True, seed=cfg.seed)
+                    mllm = build_mllm(arch, mllm_cfg, device, tokenizer_dir, seed=cfg.seed)
+                    small = build_small_decoder(decoder, cfg.preset, seed=cfg.seed)
+                    counts.add("small_decoder", small)
+                    settings = FastPathSettings(cfg.sampling, cfg.history_turns, cfg.warmup, cfg.repeats,
+                                                cfg.compile, cfg.compile_backend, cfg.seed)
+                    def on_row(section):  # each row saved as it ends: a run stopped later keeps them
+                        result["fast_path"] = section
+                        save()
+
+                    result["fast_path"] = bench_fast_path(decoder, mllm, small, settings, device, peak,
+                                                          Path(cfg.output_dir) if cfg.profile else None, on_row)
+                    del decoder, mllm, small
                 elif part == "official":
                     # at full size the release files and their conversion take about 40 GB of the temp dir's disk
                     with tempfile.TemporaryDirectory(dir=tmp) as work:

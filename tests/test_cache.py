@@ -133,13 +133,15 @@ def test_renderer_uses_the_preset_and_bad_options_fail_early(decoder, tmp_path):
 
     bad = {
         f"decoder_checkpoint={tmp_path / 'decoder' / 'none'}": (FileNotFoundError, "not found"),
-        "fp8=true": (ValueError, "CUDA GPU"),
+        "fp8=true": (ValueError, "compile=true"),
+        "fp8=true compile=true": (ValueError, "CUDA GPU"),
         "fast=true": (ValueError, "pick one"),
     }
     (tmp_path / "decoder" / "none").mkdir()
     bad[f"decoder_checkpoint={tmp_path / 'decoder' / 'none'}"] = (FileNotFoundError, "needs a stage \\(d\\)")
     for override, (error, message) in bad.items():
         with pytest.raises(error, match=message):
-            check_render_options(load_config(None, [*overrides, override], schema=InferenceConfig), "cpu")
+            check_render_options(load_config(None, [*overrides, *override.split()], schema=InferenceConfig), "cpu")
     with pytest.raises(ValueError, match="offload"):
-        check_render_options(load_config(None, ["fp8=true", "offload=sequential"], schema=InferenceConfig), "cuda")
+        check_render_options(load_config(None, ["fp8=true", "compile=true", "offload=sequential"],
+                                         schema=InferenceConfig), "cuda")

@@ -1,5 +1,5 @@
 """The compiled fast path: the 4-step student and the small decoder under regional torch.compile give the eager
-frames (CPU: a light backend; GPU: inductor, CUDA graphs), and FP8 per-tensor on the large linears only."""
+frames (CPU: a light backend; GPU: inductor), and FP8 per-tensor on the large linears only."""
 
 import pytest
 import torch
@@ -74,7 +74,10 @@ def test_fp8_large_only_keeps_the_adaln_linears_and_granularity_is_checked(tiny_
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])  # reduce-overhead: CUDA graphs
+# mode="reduce-overhead" (CUDA graphs) does not hold under regional compile: every block replays the same graph, and
+# a replay overwrites the output the next block still reads (RuntimeError "accessing tensor output of CUDAGraphs that
+# has been overwritten by a subsequent run", H200, torch 2.11)
+@pytest.mark.parametrize("mode", ["default"])
 def test_inductor_on_cuda_gives_the_eager_frames(tiny_cogvideox_dir, fresh_dynamo, mode):
     student, small = _student(tiny_cogvideox_dir, "bf16").cuda(), _small("cuda").to(torch.bfloat16)
     sampler = FewStepSampler((999, 749, 499, 249))
@@ -85,7 +88,7 @@ def test_inductor_on_cuda_gives_the_eager_frames(tiny_cogvideox_dir, fresh_dynam
         frames = small.decode(latents.to(torch.bfloat16)).float()
         student.compile_blocks(mode=mode, dynamic=False)
         small.compile_blocks(mode=mode, dynamic=False)
-        for _ in range(2):  # CUDA graphs record on a warm call
+        for _ in range(2):  # the second call runs the compiled graphs
             compiled = fewstep_sample(student, shots, levels, sampler, noise)
             streamed = torch.cat(list(small.stream(compiled.to(torch.bfloat16))), 1).float()
     assert float((compiled - latents).norm() / latents.norm()) < 0.02

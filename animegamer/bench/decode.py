@@ -22,16 +22,13 @@ import dataclasses
 
 import torch
 
+from animegamer.bench.models import SMALL_SIZES, build_small_decoder
 from animegamer.bench.options import distilled_timesteps
 from animegamer.bench.timing import measure
 from animegamer.config import SamplingConfig
-from animegamer.models.causal_decoder import CausalLatentDecoder, vae_layout
 from animegamer.sampling.fewstep import FewStepSampler
 from animegamer.sampling.presets import PresetSampler, effective_sampling
 from animegamer.sampling.streaming import decode_chunks
-
-# the small decoder's widths per preset: the full one is stage (e)'s default (9.9 M parameters for 16 channels)
-SMALL_SIZES = {"full": ((256, 128, 64), 3), "tiny": ((16, 16, 8), 1)}
 
 
 def bench_decode(decoder, shot: torch.Tensor, levels: torch.Tensor, sampling: SamplingConfig, device, warmup: int,
@@ -46,10 +43,8 @@ def bench_decode(decoder, shot: torch.Tensor, levels: torch.Tensor, sampling: Sa
 
     latents = denoise()  # (1, F, C, h, w)
     den = measure(denoise, device, warmup, repeats)
+    small = build_small_decoder(decoder, preset)
     channels, blocks = SMALL_SIZES[preset]
-    torch.manual_seed(0)
-    small = CausalLatentDecoder(*vae_layout(dict(decoder.vae.config)), channels, blocks)
-    small = small.to(device=device, dtype=decoder.dtype).eval()
     decoders = {"full VAE": lambda z: decode_chunks(decoder.vae, z), "small": small.decode_chunks}
     rows = {}
     for name in ["full VAE", "small"] + (["small, compiled"] if compile else []):

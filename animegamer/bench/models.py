@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from animegamer.config import DecoderConfig, EncoderConfig, MLLMConfig, StageBConfig
+from animegamer.models.causal_decoder import CausalLatentDecoder, vae_layout
 from animegamer.models.decoder import AnimationShotDecoder
 from animegamer.models.mllm import AnimeGamerMLLM, load_tokenizer
 from animegamer.models.shot_encoder import ActionAwareEncoder
@@ -256,6 +257,18 @@ def build_mllm(
         )
     randomize_trained([p for n, p in model.named_parameters() if "lora_" in n], seed)
     return model
+
+
+# the small decoder's widths per preset: the full one is stage (e)'s default (9.9 M parameters for 16 channels)
+SMALL_SIZES = {"full": ((256, 128, 64), 3), "tiny": ((16, 16, 8), 1)}
+
+
+def build_small_decoder(decoder: AnimationShotDecoder, preset: str, seed: int = 0) -> CausalLatentDecoder:
+    """A random stage (e) small decoder for ``decoder``'s VAE at ``preset``'s widths, on its device and dtype."""
+    channels, blocks = SMALL_SIZES[preset]
+    torch.manual_seed(seed)
+    small = CausalLatentDecoder(*vae_layout(dict(decoder.vae.config)), channels, blocks)
+    return small.to(device=decoder.device, dtype=decoder.dtype).eval()
 
 
 def build_encoder(arch: Architecture, cfg: EncoderConfig, device: torch.device | str, seed: int = 0):

@@ -124,6 +124,46 @@ def decode_table(result: dict[str, Any]) -> list[str]:
     return lines + ["", "Turn times leave out the MLLM (the turn part's) and writing the clip.", ""]
 
 
+def fast_path_table(result: dict[str, Any]) -> list[str]:
+    """The ``fast_path`` part: the game's whole turn on the fast path, eager/compiled, bf16/FP8, small decoder."""
+    fast = result.get("fast_path")
+    if not fast:
+        return []
+    st, params, writing = fast["settings"], fast["parameters"], fast["writing"]
+    lines = [
+        f"**The fast turn** (play_turn end to end: the MLLM with K={st['history_turns']}, the 4-step student, the "
+        f"small decoder's streamed decode; {st['dtype']}, latents {st['latents']}, random weights; small decoder "
+        f"{params['small_decoder'] / 1e6:.2f} M parameters against the VAE decoder's "
+        f"{params['vae_decoder'] / 1e6:.1f} M; 4-step denoising {fast['denoise_tflop']:.3g} TFLOP):",
+        "",
+        "| row | MLLM (s) | denoising (s) | MFU | small decode (s) | turn (s) | first frames after (s) | "
+        "turn with the VAE (s) | peak (GB) | latents vs eager |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, row in fast["rows"].items():
+        if "error" in row:
+            lines.append(f"| {name} | failed: {row['error']} |||||||||")
+            continue
+        lines.append(
+            f"| {name} | {_s(row['mllm_s'])} | {_s(row['denoise_s'])} | {_mfu(row['denoise_mfu'])} | "
+            f"{_s(row['small_decode_s'])} | {_s(row['turn_s'])} | {_s(row['time_to_first_frames_s'])} | "
+            f"{_s(row['turn_with_vae_s'])} | {_gb(row['peak_memory_gb'])} | {row['latents_vs_eager']:.1e} |"
+        )
+    write = (f"writing the clip (gif + mp4, {st['frames'][0]} frames of {st['frames'][2]}x{st['frames'][1]}) "
+             f"{_s(writing['write_s'])} s on this machine's CPU, off the turn's critical path"
+             if writing.get("write_s") is not None else f"writing not measured ({writing.get('error', 'failed')})")
+    lines += [
+        "",
+        f"Turn: timed whole, no file written. First frames: MLLM + denoising + the small decoder's first chunk. "
+        f"Turn with the VAE: MLLM + denoising + the VAE's decode ({_s(fast['vae_decode_s'])} s; its first chunk of "
+        f"{fast['vae_first_frames']} frames {_s(fast['vae_first_chunk_s'])} s). Latents vs eager: relative L2 "
+        f"distance of the row's 4-step latents from the eager row's. {write[0].upper() + write[1:]}.",
+    ]
+    if fast["skipped"]:
+        lines.append("Not run: " + "; ".join(fast["skipped"]) + ".")
+    return lines + [""]
+
+
 def official_table(result: dict[str, Any]) -> list[str]:
     """The ``official`` part: release-layout weights converted, then one turn ``released`` vs ``fixed`` + fast."""
     off = result.get("official")
@@ -233,6 +273,7 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append("")
     lines += options_table(result)
     lines += decode_table(result)
+    lines += fast_path_table(result)
     lines += official_table(result)
     train = result.get("training", {})
     if train:

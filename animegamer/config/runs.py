@@ -71,7 +71,8 @@ class InferenceConfig:
     )
     fp8: bool = knob(
         False,
-        help="FP8 transformer linears via torchao, dynamic scaling (LoRA merged first; Ada/Hopper GPU)",
+        help="the transformer's large linears in FP8 via torchao, one dynamic scale per tensor, under compile "
+        "(needs compile: true; LoRA merged first; Ada/Hopper GPU)",
     )
     compat: Literal["released", "fixed"] = knob(
         "fixed",
@@ -236,6 +237,10 @@ class BenchmarkConfig:
     compile_vae: bool = knob(
         False,
         help="our path: torch.compile of the VAE decoder too (about 150 s of compiling on an H100)",
+    )
+    compile_backend: str = knob(
+        "inductor",
+        help="torch.compile backend of the compiled rows (fast_path); aot_eager checks their structure on a CPU",
     )
     low_memory: bool = knob(
         True,

@@ -113,8 +113,8 @@ def check_checkpoints(cfg: InferenceConfig, mllm: bool = True, decoder: bool = T
 def check_render_options(cfg: InferenceConfig, device: str) -> None:
     """The rendering options of an inference config that cannot work, before any model loads: one-line
     FileNotFoundError / ValueError (``distilled`` without a stage (d) checkpoint,
-    ``magcache`` without its ratios or with ratios for another step count, FP8 off a capable GPU or with
-    offloading)."""
+    ``magcache`` without its ratios or with ratios for another step count, FP8 without compile, off a capable GPU
+    or with offloading)."""
     if cfg.sampling.cache == "magcache":
         if not cfg.sampling.magcache_ratios:
             raise ValueError("sampling.cache=magcache needs sampling.magcache_ratios: calibrate them for this "
@@ -131,6 +131,8 @@ def check_render_options(cfg: InferenceConfig, device: str) -> None:
             raise FileNotFoundError(f"{decoder_dir / SAMPLER_FILE} is missing: sampling.preset=distilled needs a "
                                     "stage (d) decoder (scripts/train_stage_d.py)")
     if cfg.fp8:
+        if not cfg.compile:  # measured: torchao's FP8 eagerly is slower than bf16 (docs/performance.md)
+            raise ValueError("fp8 runs under torch.compile: set compile=true too (eager FP8 is slower than bf16)")
         if cfg.offload == "sequential":
             raise ValueError("fp8 keeps the transformer's FP8 weights on the GPU: it does not combine with "
                              "offload=sequential")
@@ -175,15 +177,14 @@ def load_renderer(cfg: InferenceConfig, device: str, offload: bool) -> DecoderRe
         decoder.vae.enable_slicing()
     if cfg.decoder.vae_tiling and hasattr(decoder.vae, "enable_tiling"):
         decoder.vae.enable_tiling()
-    if cfg.merge_lora:
+    if cfg.merge_lora or cfg.fp8:  # FP8 weights carry no adapter: the LoRA is folded in first
         decoder.merge_lora()
+    if cfg.fp8:  # as measured fastest: per-tensor scales, the AdaLN linears in bf16, compiled below
+        quantize_transformer_fp8(decoder, granularity="tensor", large_only=True)
     if cfg.compile:
         decoder.compile_blocks()
     if cfg.compile_vae:
         decoder.compile_vae()
-    if cfg.fp8:  # after the LoRA is folded in: FP8 weights carry no adapter
-        decoder.merge_lora()
-        quantize_transformer_fp8(decoder)
     sampler = PresetSampler.build(decoder, cfg.sampling, cfg.decoder_checkpoint)
     small = None
     if cfg.sampling.vae == "small":  # stage (e): small enough to stay on the device even when offloading

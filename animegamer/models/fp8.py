@@ -1,14 +1,18 @@
 """FP8 matmuls for the decoder's transformer through torchao (dynamic scaling): an H100-class GPU option.
 
     decoder.merge_lora()                  # the LoRA folded into the base weights first
-    converted = quantize_transformer_fp8(decoder)
+    converted = quantize_transformer_fp8(decoder, granularity="tensor", large_only=True)
+    decoder.compile_blocks()              # FP8 pays off only under torch.compile
 
-Every ``nn.Linear`` of the transformer blocks (attention projections, feed-forward, AdaLN modulation) gets float8
-e4m3 weights with a per-output-channel scale and casts its input to float8 on the fly with a per-row scale computed
-from that very input (dynamic scaling: no calibration data, nothing to go stale when the shot representation
-changes); the matmul runs on the FP8 tensor cores and accumulates in higher precision. The embeddings, the final
-projection and the VAE stay in bf16. README, Speed: the linear layers are about a third of a denoising step on an
-H100, so FP8 cuts that third, not the attention.
+The chosen ``nn.Linear`` layers of the transformer blocks get float8 e4m3 weights with a scale per tensor (or per
+output channel, ``granularity="row"``) and cast their input to float8 on the fly with a scale computed from that very
+input (dynamic scaling: no calibration data, nothing to go stale when the shot representation changes); the matmul
+runs on the FP8 tensor cores and accumulates in higher precision. ``large_only`` converts the attention projections
+and the feed-forward only: the AdaLN modulation linears read the small timestep embedding, where the casts cost more
+than the FP8 GEMM saves. The embeddings, the final projection and the VAE stay in bf16. The linear layers are about
+a third of a compiled denoising step (attention is another third), so FP8 can cut at most part of that third; eager
+FP8 is slower than bf16 (docs/performance.md), which is why the inference option ``fp8`` (per-tensor, large only)
+requires ``compile``.
 
 Needs a CUDA GPU of compute capability >= 8.9 (Ada, Hopper) and torchao (``pip install animegamer[fp8]``).
 """

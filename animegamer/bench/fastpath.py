@@ -1,0 +1,248 @@
+"""The half-second turn: a whole game turn on the fast path, eager and compiled, bf16 and FP8, with the CogVideoX VAE
+or the stage (e) small decoder, part by part and end to end.
+
+    result = bench_fast_path(decoder, mllm, small, FastPathSettings(sampling, history_turns=3), device)
+
+Every row plays the game's own turn, :meth:`animegamer.inference.turn.AnimeGamer.play_turn` (the core's
+:class:`MLLMPredictor` and :class:`DecoderRenderer`, no file written): the MLLM's prefill + state decoding with K
+history turns, the 4-step distilled student (the stage (d) student's timesteps; random weights, so a speed figure
+only), then the streamed decode to uint8 frames on the host. Rows:
+
+    eager                       LoRA merged, nothing compiled
+    compiled                    the transformer blocks and the small decoder's memory blocks under torch.compile
+                                (regional, static shapes)
+    compiled, fp8 tensor large  the transformer's large linears (attention q/k/v/out, feed-forward) in FP8 with
+                                one scale per tensor, the AdaLN modulation linears in bf16 (animegamer.models.fp8),
+                                compiled
+    eager, fp8 tensor large     the same eagerly (torchao's FP8 pays off only under torch.compile)
+    compiled, fp8 row all       every block linear, one scale per row: the inference option ``fp8`` today
+
+FP8 rows need a CUDA GPU of capability >= 8.9 and torchao; compiled rows need ``compile``. Each row starts from a
+fresh copy of the bf16 transformer.
+
+Per row: the MLLM, the denoising, the decode with the small decoder and its first chunk, the whole turn timed end to
+end (play_turn, small decoder), the time to the first frames (MLLM + denoising + the small decoder's first chunk),
+the GPU peak during the turn, the denoising's MFU, and how far the row's latents are from the eager row's (relative
+L2: compile is the same arithmetic, FP8 is not). The VAE's decode (the same in every row) and writing the clip
+(mp4 + gif, which the game does off the turn's critical path) are timed once beside the rows.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from animegamer.bench.options import distilled_timesteps
+from animegamer.bench.timing import PeakMemory, count_flops, measure
+from animegamer.bench.turn import INSTRUCTIONS, make_history, relative_difference
+from animegamer.config import SamplingConfig
+from animegamer.inference.mllm_runner import MLLMPredictor
+from animegamer.inference.renderer import DecoderRenderer
+from animegamer.inference.turn import AnimeGamer, Turn, clip_stem, write_clip
+from animegamer.io import atomic_write_text
+from animegamer.models.fp8 import fp8_unavailable, quantize_transformer_fp8
+from animegamer.sampling.fewstep import FewStepSampler
+from animegamer.sampling.presets import PresetSampler, effective_sampling
+from animegamer.states import CharacterState
+
+MOTION_LEVEL = 3
+
+
+@dataclass
+class FastPathSettings:
+    sampling: SamplingConfig
+    history_turns: int = 3
+    warmup: int = 2
+    repeats: int = 5
+    compile: bool = True  # the compiled rows
+    compile_backend: str = "inductor"  # aot_eager: the compiled rows' structure on a CPU in seconds
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    compiled: bool
+    fp8: str = ""  # "" | "tensor large" | "row all"
+
+
+ROWS = (
+    Row("eager", False),
+    Row("compiled", True),
+    Row("compiled, fp8 tensor large", True, "tensor large"),
+    Row("eager, fp8 tensor large", False, "tensor large"),
+    Row("compiled, fp8 row all", True, "row all"),
+)
+
+
+def rows_to_run(device, compile: bool) -> tuple[list[Row], list[str]]:
+    """The rows this device and these settings can run, and why each other one is skipped."""
+    problem = fp8_unavailable(device)
+    run, skipped = [], []
+    for row in ROWS:
+        if row.compiled and not compile:
+            skipped.append(f"{row.name}: compile=false")
+        elif row.fp8 and problem:
+            skipped.append(f"{row.name}: {problem}")
+        else:
+            run.append(row)
+    return run, skipped
+
+
+def history_turns(num_turns: int, num_slots: int, shot_dim: int, seed: int) -> list[Turn]:
+    """``num_turns`` earlier turns (random shots, fixed values) as the game keeps them."""
+    return [
+        Turn(index=i, instruction=h.instruction, values=h.values, state=CharacterState(), shot_embeds=h.shot_embeds,
+             prompt_tokens=0)
+        for i, h in enumerate(make_history(num_turns, num_slots, shot_dim, seed))
+    ]
+
+
+def _prepare(decoder, renderer: DecoderRenderer, pristine: tuple, row: Row, backend: str) -> int:
+    """Put fresh copies of the bf16 transformer and the small decoder in place, convert the transformer to FP8 and
+    compile what ``row`` asks for; returns the number of FP8 linears."""
+    torch._dynamo.reset()  # the previous row's graphs hold its modules
+    device = decoder.device
+    decoder.transformer = None  # the previous row's copy goes before the next one arrives
+    decoder.transformer = copy.deepcopy(pristine[0]).to(device)
+    renderer.small_decoder = small = copy.deepcopy(pristine[1]).to(device)
+    converted = 0
+    if row.fp8:
+        granularity, which = row.fp8.split()
+        converted = quantize_transformer_fp8(decoder, granularity=granularity, large_only=which == "large")
+    if row.compiled:
+        decoder.compile_blocks(backend=backend, dynamic=False)
+        small.compile_blocks(backend=backend, dynamic=False)
+    return converted
+
+
+def bench_fast_path(decoder, mllm, small, settings: FastPathSettings, device, peak_flops: float = 0.0,
+                    profile_dir: Path | None = None, on_row: Callable[[dict], None] | None = None) -> dict:
+    """Time every row (see the module docstring); returns the ``fast_path`` section of benchmark.json. With
+    ``profile_dir``, a torch.profiler table of one turn of the compiled bf16 row (eager without compile) is written
+    there (``profile_fast_turn.txt``). ``on_row(section)`` hears the section after each row (a run stopped later
+    keeps them); a row that fails is recorded with its error and the others still run."""
+    device = torch.device(device)
+    s = settings
+    decoder.eval()
+    decoder.merge_lora()
+    mllm.eval()
+    mllm.merge_lora()
+    sampling = effective_sampling(dataclasses.replace(s.sampling, preset="distilled", scheduler="ddim", cache="none"))
+    student = FewStepSampler(distilled_timesteps(decoder))
+    sampler = PresetSampler(decoder, sampling, student)
+    predictor = MLLMPredictor(mllm, str(device))
+    with_small = DecoderRenderer(decoder, sampling, str(device), sampler=sampler, small_decoder=small)
+    with_vae = DecoderRenderer(decoder, sampling, str(device), sampler=sampler)
+    game = AnimeGamer(predictor, with_small, history_turns=s.history_turns, seed=s.seed)
+    history = history_turns(s.history_turns, mllm.num_slots, mllm.shot_dim, s.seed)
+    instruction = INSTRUCTIONS[-1]
+    window = game.window(history)
+    shot = history[-1].shot_embeds
+
+    def timed(fn):
+        return measure(fn, device, s.warmup, s.repeats)
+
+    # once, before any row changes the transformer: the work of a 4-step denoising, the VAE decode, the writing
+    latents = with_small.latents(shot, MOTION_LEVEL, s.seed)
+    call_flops = count_flops(lambda: with_small.latents(shot, MOTION_LEVEL, s.seed))  # the 4 calls
+    vae = timed(lambda: list(with_vae.decode(latents)))
+    vae_first = timed(lambda: next(iter(with_vae.decode(latents))))
+    frames = torch.cat([torch.from_numpy(c) for c in with_small.decode(latents)]).numpy()  # (T, H, W, 3)
+    run, skipped = rows_to_run(device, s.compile)
+    section = {
+        "rows": {},
+        "skipped": skipped,
+        "vae_decode_s": vae.median,
+        "vae_first_chunk_s": vae_first.median,
+        "vae_first_frames": int(next(iter(with_vae.decode(latents))).shape[0]),
+        "writing": time_writing(frames, sampling.fps),
+        "denoise_tflop": call_flops / 1e12,
+        "parameters": {"vae_decoder": sum(p.numel() for p in decoder.vae.decoder.parameters()),
+                       "small_decoder": sum(p.numel() for p in small.parameters())},
+        "settings": {"student_timesteps": list(student.timesteps), "history_turns": s.history_turns,
+                     "latents": list(latents.shape), "frames": list(frames.shape), "compile_backend":
+                     s.compile_backend, "random_weights": True, "dtype": str(decoder.dtype).removeprefix("torch.")},
+    }
+    # each row starts from fresh copies of these, kept on the CPU so that they are not in a row's peak memory
+    pristine = (copy.deepcopy(decoder.transformer).cpu(), copy.deepcopy(small).cpu())
+
+    reference = None
+    for row in run:
+        try:
+            fp8_layers = _prepare(decoder, with_small, pristine, row, s.compile_backend)
+            mllm_t = timed(lambda: predictor.predict_turn(window, instruction))
+            den = timed(lambda: with_small.latents(shot, MOTION_LEVEL, s.seed))  # compiles in the warm-up calls
+            row_latents = with_small.latents(shot, MOTION_LEVEL, s.seed)
+            dec = timed(lambda row_latents=row_latents: list(with_small.decode(row_latents)))
+            first = timed(lambda row_latents=row_latents: next(iter(with_small.decode(row_latents))))
+            with PeakMemory(device) as peak:
+                turn = timed(lambda: game.play_turn(history, instruction, out_dir=None))
+            if profile_dir is not None and row.name == ("compiled" if s.compile else "eager"):
+                profile_turn(predictor, with_small, window, instruction, shot, s.seed, device, profile_dir)
+        except Exception as exc:  # e.g. a compiler error in one row: the other rows' numbers still stand
+            section["rows"][row.name] = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0][:500]}
+        else:
+            reference = row_latents if reference is None else reference
+            section["rows"][row.name] = {
+                "compiled": row.compiled,
+                "fp8": row.fp8 or None,
+                "fp8_layers": fp8_layers,
+                "mllm_s": mllm_t.median,
+                "denoise_s": den.median,
+                "small_decode_s": dec.median,
+                "small_first_chunk_s": first.median,
+                "first_frames": int(next(iter(with_small.decode(row_latents))).shape[0]),
+                "turn_s": turn.median,
+                "turn_parts_s": mllm_t.median + den.median + dec.median,
+                "turn_with_vae_s": mllm_t.median + den.median + vae.median,
+                "time_to_first_frames_s": mllm_t.median + den.median + first.median,
+                "time_to_first_frames_with_vae_s": mllm_t.median + den.median + vae_first.median,
+                "peak_memory_gb": peak.peak_gb if device.type == "cuda" else None,
+                "denoise_mfu": call_flops / den.median / peak_flops if peak_flops else None,
+                "latents_vs_eager": relative_difference(row_latents, reference),
+                "raw_turn_s": turn.seconds,
+                "raw_mllm_s": mllm_t.seconds,
+                "raw_denoise_s": den.seconds,
+            }
+        if on_row is not None:
+            on_row(section)
+    torch._dynamo.reset()
+    return section
+
+
+def profile_turn(predictor, renderer, window, instruction: str, shot: torch.Tensor, seed: int, device,
+                 out_dir: Path) -> Path:
+    """torch.profiler table of one fast turn, its parts labelled (mllm, denoise, decode), sorted by device time on a
+    GPU: where the time goes."""
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        with record_function("mllm"):
+            predictor.predict_turn(window, instruction)
+        with record_function("denoise"):
+            latents = renderer.latents(shot, MOTION_LEVEL, seed)
+        with record_function("decode"):
+            list(renderer.decode(latents))
+    sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "profile_fast_turn.txt"
+    atomic_write_text(path, prof.key_averages().table(sort_by=sort, row_limit=50) + "\n")
+    return path
+
+
+def time_writing(frames, fps: int, repeats: int = 3) -> dict:
+    """Seconds to write one clip as the game does (gif then mp4, :func:`write_clip`) on this machine's CPU; the
+    error in one line where it cannot (e.g. no ffmpeg)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            took = measure(lambda: write_clip(frames, clip_stem(tmp, 0), fps=fps), "cpu", 1, repeats)
+        except (OSError, RuntimeError, ImportError) as exc:
+            return {"write_s": None, "error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+    return {"write_s": took.median, "raw_write_s": took.seconds}

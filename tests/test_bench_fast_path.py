@@ -1,0 +1,52 @@
+"""The benchmark's ``fast_path`` part: the game's whole turn (MLLM, 4-step student, small decoder) eager and compiled,
+part by part and end to end, rows saved as they end."""
+
+import json
+
+import pytest
+
+from animegamer.bench.fastpath import ROWS, rows_to_run
+from animegamer.bench.report import markdown
+from animegamer.cli import load_script
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_rows_this_machine_runs():
+    names = [row.name for row in ROWS]
+    run, skipped = rows_to_run("cpu", compile=True)
+    assert [r.name for r in run] == ["eager", "compiled"]  # no FP8 on a CPU
+    assert len(skipped) == 3 and all("CUDA GPU" in s for s in skipped)
+    run, skipped = rows_to_run("cpu", compile=False)
+    assert [r.name for r in run] == ["eager"] and any(s.startswith("compiled: compile=false") for s in skipped)
+    assert len(names) == len(set(names)) == 5
+
+
+def test_fast_path_part_times_a_whole_turn_eager_and_compiled(tmp_path):
+    out = tmp_path / "bench"
+    result = load_script("scripts/benchmark.py").main([
+        "--preset", "tiny", "--device", "cpu", f"output_dir={out}", "parts=[fast_path]", "repeats=1", "warmup=1",
+        "compile=true", "compile_backend=aot_eager", "profile=true"])
+    assert not result["errors"]
+    fast = json.loads((out / "benchmark.json").read_text())["fast_path"]
+    rows = fast["rows"]
+    assert list(rows) == ["eager", "compiled"]
+    for row in rows.values():
+        # the parts of the game's turn: MLLM + 4-step denoising + the small decoder, the first frame before the rest
+        assert row["mllm_s"] > 0 and row["denoise_s"] > 0 and 0 < row["small_first_chunk_s"] <= row["small_decode_s"]
+        assert row["time_to_first_frames_s"] == pytest.approx(
+            row["mllm_s"] + row["denoise_s"] + row["small_first_chunk_s"])
+        assert row["turn_with_vae_s"] == pytest.approx(row["mllm_s"] + row["denoise_s"] + fast["vae_decode_s"])
+        assert row["turn_s"] > 0 and len(row["raw_turn_s"]) == 1 and row["first_frames"] == 1
+        assert row["fp8_layers"] == 0 and row["peak_memory_gb"] is None  # CPU: no FP8, no GPU peak
+    # aot_eager runs the same arithmetic: the compiled row's latents are the eager row's
+    assert rows["eager"]["latents_vs_eager"] == 0 and rows["compiled"]["latents_vs_eager"] < 1e-5
+    assert fast["settings"]["latents"][1] == 3 and fast["settings"]["frames"][0] == 9  # 9 frames from 3 latents
+    assert fast["vae_first_frames"] == 9 and fast["denoise_tflop"] > 0
+    assert fast["parameters"]["small_decoder"] < fast["parameters"]["vae_decoder"]
+    assert len(fast["skipped"]) == 3  # the FP8 rows
+    assert fast["writing"]["write_s"] is None or fast["writing"]["write_s"] > 0
+    table = markdown(result)
+    assert "**The fast turn**" in table and "| compiled |" in table and "Not run: compiled, fp8" in table
+    profile = (out / "profile_fast_turn.txt").read_text()
+    assert all(label in profile for label in ("mllm", "denoise", "decode"))
