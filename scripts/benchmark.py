@@ -22,7 +22,7 @@ Measured, after warm-up (CUDA events on a GPU, perf_counter on a CPU), with peak
   with ``compile``) on the same 4-step latents: whole decode, first chunk, time to the first frames of a 4-step turn
   (animegamer.bench.decode);
 - ``fast_path``: the half-second turn: the game's whole turn (play_turn: MLLM, the 4-step student, the streamed
-  decode) eager and compiled, bf16 and FP8 (per-tensor on the large linears; per-row on all, as the ``fp8`` option),
+  decode) eager and compiled, bf16 and FP8 (per-tensor on the large linears, as the ``fp8`` option; per-row on all),
   with the stage (e) small decoder, part by part and end to end, the time to the first frames and the peak memory;
   the VAE decode and writing the clip timed beside (animegamer.bench.fastpath);
 - ``official``: random weights in the official release's on-disk layout (SAT decoder directory, peft agent .bin,

@@ -11,11 +11,11 @@ only), then the streamed decode to uint8 frames on the host. Rows:
     eager                       LoRA merged, nothing compiled
     compiled                    the transformer blocks and the small decoder's memory blocks under torch.compile
                                 (regional, static shapes)
-    compiled, fp8 tensor large  the transformer's large linears (attention q/k/v/out, feed-forward) in FP8 with
-                                one scale per tensor, the AdaLN modulation linears in bf16 (animegamer.models.fp8),
-                                compiled
+    compiled, fp8 tensor large  the inference option ``fp8``: the transformer's large linears (attention q/k/v/out,
+                                feed-forward) in FP8 with one scale per tensor, the AdaLN modulation linears in bf16
+                                (animegamer.models.fp8), compiled
     eager, fp8 tensor large     the same eagerly (torchao's FP8 pays off only under torch.compile)
-    compiled, fp8 row all       every block linear, one scale per row: the inference option ``fp8`` today
+    compiled, fp8 row all       every block linear, one scale per row (torchao's finer scaling), compiled
 
 FP8 rows need a CUDA GPU of capability >= 8.9 and torchao; compiled rows need ``compile``. Each row starts from a
 fresh copy of the bf16 transformer.
