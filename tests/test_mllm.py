@@ -184,9 +184,13 @@ def test_packed_rows_give_the_same_loss_as_padded_rows(mllm_cfg, stage_b_items):
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
 
 
-def test_cached_decoding_equals_full_forward(mllm_cfg):
+# window: Mistral's sliding-window attention shorter than the prompt; the cached path keeps a plain KV cache (no
+# host copy per layer) and must still attend as the windowed full forward does
+@pytest.mark.parametrize("window", [None, 24])
+def test_cached_decoding_equals_full_forward(mllm_cfg, window):
     model = make_model(mllm_cfg)
     scramble(model, 4)
+    model.llm.config.sliding_window = window
     g = torch.Generator().manual_seed(0)
     history = [
         HistoryTurn("Character: Qiqi; Motion: quickly run; Background: park.",
@@ -217,6 +221,11 @@ def test_cached_decoding_equals_full_forward(mllm_cfg):
         assert best == getattr(pred.values, name)
         tied &= bool(torch.allclose(probs, probs.mean().expand_as(probs)))
     assert not tied  # the comparison is not between uniform distributions
+    if window is not None:  # the window shapes these outputs: without it they differ
+        model.llm.config.sliding_window = None
+        with torch.no_grad():
+            unwindowed, _ = model.transformer(embeds)
+        assert len(seq.input_ids) > 2 * window and not torch.allclose(unwindowed, hidden, atol=1e-3)
 
 
 def test_save_and_reload_identical(tmp_path, mllm_cfg, stage_b_items):

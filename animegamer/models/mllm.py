@@ -177,6 +177,7 @@ class AnimeGamerMLLM(nn.Module):
         self._value_columns = {
             f: torch.tensor([i - base_vocab for i in self.layout.value_ids[f]]) for f in STATE_FIELDS
         }
+        self._on_device: dict[tuple[str, str, torch.device], torch.Tensor] = {}  # see device_table
 
     @classmethod
     def from_config(
@@ -292,7 +293,28 @@ class AnimeGamerMLLM(nn.Module):
         Every value token is an added token, so only the small new head runs.
         """
         new = self.new_token_head(hidden.to(self.new_token_head.weight.dtype)).float()
-        return new[..., self._value_columns[field].to(new.device)]
+        return new[..., self.device_table("columns", field, new.device)]
+
+    def device_table(self, kind: str, field: str, device: torch.device | str) -> torch.Tensor:
+        """A small constant id table on ``device``, copied there once per device and kept: ``columns`` (``field``'s
+        value tokens as columns of the new-token head), ``values`` (their token ids) or ``step`` (``field``'s close
+        tag and the next field's open tag). A copy from host memory makes the host wait for the GPU's queue, so
+        state decoding, which runs mid-turn, must not make one per field."""
+        device = torch.device(device)
+        key = (kind, field, device)
+        if key not in self._on_device:
+            layout = self.layout
+            if kind == "columns":
+                table = self._value_columns[field]
+            elif kind == "values":
+                table = torch.tensor(layout.value_ids[field])
+            elif kind == "step":
+                following = STATE_FIELDS[STATE_FIELDS.index(field) + 1]
+                table = torch.tensor([layout.close_ids[field], layout.open_ids[following]])
+            else:
+                raise ValueError(f"unknown table kind {kind!r}: columns | values | step")
+            self._on_device[key] = table.to(device)
+        return self._on_device[key]
 
     def predict_shots(self, slot_hidden: torch.Tensor) -> torch.Tensor:
         """Hidden states at a turn's slots (..., N, hidden) -> predicted s_a (..., N, shot_dim), float32."""

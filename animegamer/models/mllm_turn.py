@@ -76,8 +76,14 @@ def prefill_turn(model, history: list[HistoryTurn], instruction: str) -> Prefill
         embeds = model.embed(input_ids, positions, shots)
     else:
         embeds = model.embed(input_ids)
-    hidden, cache = model.transformer(embeds, use_cache=True)  # (1, T, hidden)
-    shot_embeds = model.predict_shots(hidden[0, seq.slot_positions[-1]])  # (N, shot_dim)
+    from transformers import DynamicCache  # heavy: imported where a model runs, as everywhere in the package
+
+    # A plain cache, not the sliding-window one transformers picks for Mistral: that one copies a host scalar to the
+    # GPU in every layer as it first stores keys, and each copy makes the host wait for the GPU mid-prefill. The
+    # window is still applied by the attention mask (from the config); the cache only stops cropping its keys.
+    hidden, cache = model.transformer(embeds, use_cache=True, past_key_values=DynamicCache())  # (1, T, hidden)
+    slots = seq.slot_positions[-1]  # consecutive positions: a slice, not an index tensor copied from the host
+    shot_embeds = model.predict_shots(hidden[0, slots[0] : slots[0] + len(slots)])  # (N, shot_dim)
     return PrefilledTurn(seq, shot_embeds, hidden[0, -1], cache)
 
 
@@ -97,9 +103,10 @@ def decode_states(model, prefilled: PrefilledTurn) -> tuple[dict[str, int], dict
         dists.append(logits.softmax(-1))
         if i + 1 == len(STATE_FIELDS):
             break
-        value_ids = torch.tensor(layout.value_ids[name], device=device)  # (num_values,)
-        tags = torch.tensor([layout.close_ids[name], layout.open_ids[STATE_FIELDS[i + 1]]], device=device)
-        step = torch.cat([value_ids[choices[-1]].view(1), tags])[None]  # (1, 3): value, close tag, next open tag
+        value_ids = model.device_table("values", name, device)  # (num_values,)
+        tags = model.device_table("step", name, device)  # (2,): close tag, next open tag
+        # value, close tag, next open tag (1, 3); index_select keeps the choice on the device (t[0-d tensor] syncs)
+        step = torch.cat([value_ids.index_select(0, choices[-1].view(1)), tags])[None]
         hidden, cache = model.transformer(model.embed(step), past_key_values=cache, use_cache=True)
         last = hidden[0, -1]
     picked = torch.stack(choices).tolist()  # the one transfer to the host
