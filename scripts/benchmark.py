@@ -250,19 +250,24 @@ def main(argv: list[str] | None = None) -> dict:
         atomic_write_text(out / "benchmark.md", table)
         return table
 
+    # The inference models: the trained stages' LoRA settings, frozen weights in cfg.dtype, the VAE with the decoder.
+    def inference_decoder():
+        decoder_cfg = stage_a_cfg.decoder
+        decoder_cfg.dtype, decoder_cfg.gradient_checkpointing = cfg.dtype, False
+        return build_decoder(arch, decoder_cfg, device, with_vae=True, seed=cfg.seed)
+
+    def inference_mllm(tokenizer_dir: Path):
+        mllm_cfg = stage_b_cfg.mllm
+        mllm_cfg.dtype, mllm_cfg.gradient_checkpointing = cfg.dtype, False
+        return build_mllm(arch, mllm_cfg, device, tokenizer_dir, seed=cfg.seed)
+
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer_dir = build_tokenizer(Path(tmp) / "tokenizer", arch.tokenizer_vocab)
         for part in cfg.parts:
             say(f"{part} ...")
             try:
                 if part == "turn":
-                    # The inference models: the trained stages' LoRA settings, frozen weights in cfg.dtype.
-                    decoder_cfg = stage_a_cfg.decoder
-                    decoder_cfg.dtype, decoder_cfg.gradient_checkpointing = cfg.dtype, False
-                    mllm_cfg = stage_b_cfg.mllm
-                    mllm_cfg.dtype, mllm_cfg.gradient_checkpointing = cfg.dtype, False
-                    decoder = build_decoder(arch, decoder_cfg, device, with_vae=True, seed=cfg.seed)
-                    mllm = build_mllm(arch, mllm_cfg, device, tokenizer_dir, seed=cfg.seed)
+                    decoder, mllm = inference_decoder(), inference_mllm(tokenizer_dir)
                     counts.add("decoder_transformer", decoder.transformer)
                     counts.add("vae", decoder.vae)
                     counts.add("mllm", mllm)
@@ -282,9 +287,7 @@ def main(argv: list[str] | None = None) -> dict:
                     )
                     del decoder, mllm
                 elif part == "options":
-                    decoder_cfg = stage_a_cfg.decoder
-                    decoder_cfg.dtype, decoder_cfg.gradient_checkpointing = cfg.dtype, False
-                    decoder = build_decoder(arch, decoder_cfg, device, with_vae=True, seed=cfg.seed)
+                    decoder = inference_decoder()
                     g = torch.Generator().manual_seed(cfg.seed)
                     shape = decoder.null_shot_embeds(1).shape  # (1, N, H): a random shot representation
                     shot = torch.randn(shape, generator=g).to(decoder.dtype)
@@ -292,25 +295,19 @@ def main(argv: list[str] | None = None) -> dict:
                                                       cfg.warmup, cfg.repeats)
                     del decoder
                 elif part == "decode":
-                    decoder_cfg = stage_a_cfg.decoder
-                    decoder_cfg.dtype, decoder_cfg.gradient_checkpointing = cfg.dtype, False
-                    decoder = build_decoder(arch, decoder_cfg, device, with_vae=True, seed=cfg.seed)
+                    decoder = inference_decoder()
                     g = torch.Generator().manual_seed(cfg.seed)
                     shot = torch.randn(decoder.null_shot_embeds(1).shape, generator=g).to(decoder.dtype)
                     result["decode"] = bench_decode(decoder, shot, torch.tensor([3]), cfg.sampling, device,
                                                     cfg.warmup, cfg.repeats, cfg.compile, cfg.preset)
                     del decoder
                 elif part == "fast_path":
-                    decoder_cfg = stage_a_cfg.decoder
-                    decoder_cfg.dtype, decoder_cfg.gradient_checkpointing = cfg.dtype, False
-                    mllm_cfg = stage_b_cfg.mllm
-                    mllm_cfg.dtype, mllm_cfg.gradient_checkpointing = cfg.dtype, False
-                    decoder = build_decoder(arch, decoder_cfg, device, with_vae=True, seed=cfg.seed)
-                    mllm = build_mllm(arch, mllm_cfg, device, tokenizer_dir, seed=cfg.seed)
+                    decoder, mllm = inference_decoder(), inference_mllm(tokenizer_dir)
                     small = build_small_decoder(decoder, cfg.preset, seed=cfg.seed)
                     counts.add("small_decoder", small)
                     settings = FastPathSettings(cfg.sampling, cfg.history_turns, cfg.warmup, cfg.repeats,
                                                 cfg.compile, cfg.compile_backend, cfg.seed)
+
                     def on_row(section):  # each row saved as it ends: a run stopped later keeps them
                         result["fast_path"] = section
                         save()
