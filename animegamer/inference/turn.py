@@ -175,6 +175,14 @@ class Turn:
         }
 
 
+def remove_clip_files(stem: Path) -> None:
+    """Remove ``<stem>.mp4`` and ``<stem>.gif`` if they are files (whatever else sits there is not a clip of ours)."""
+    for suffix in (".mp4", ".gif"):
+        path = stem.with_suffix(suffix)
+        if not path.is_dir():
+            path.unlink(missing_ok=True)
+
+
 def write_turn_clip(turn: Turn, frames: np.ndarray, stem: Path, fps: float) -> tuple[Path, Path]:
     """Write ``turn``'s clip (:func:`write_clip`) and only then set ``turn.clip`` and ``turn.gif``, so that no
     reader ever sees a path to a missing or half-written file (a turn rendered again has no paths while it is
@@ -185,8 +193,7 @@ def write_turn_clip(turn: Turn, frames: np.ndarray, stem: Path, fps: float) -> t
     try:
         mp4, gif = write_clip(frames, stem, fps=fps)
     except BaseException:
-        for suffix in (".mp4", ".gif"):
-            stem.with_suffix(suffix).unlink(missing_ok=True)
+        remove_clip_files(stem)
         raise
     turn.gif, turn.clip = str(gif), str(mp4)
     return mp4, gif
@@ -321,7 +328,6 @@ class AnimeGamer:
         except BaseException:
             if stem is not None:
                 turn.clip = turn.gif = ""
-                for suffix in (".mp4", ".gif"):
-                    stem.with_suffix(suffix).unlink(missing_ok=True)
+                remove_clip_files(stem)
             raise
         return frames
