@@ -29,7 +29,7 @@ from typing import TextIO
 from animegamer.cli import fail, no_bars_in_logs, parse_config
 from animegamer.config import InferenceConfig
 from animegamer.inference.contact_sheet import state_bar
-from animegamer.inference.game import SAVE_NAME, GameSession
+from animegamer.inference.game import SAVE_NAME, GameSession, one_line
 from animegamer.inference.session import build_session, check_play_settings
 from animegamer.inference.turn import Turn
 from animegamer.inference.vocabulary import Vocabulary, load_vocabulary
@@ -104,12 +104,6 @@ def read_lines(lines: TextIO, out: TextIO, prompt=None) -> Iterator[str]:
         if not raw:
             return
         yield raw
-
-
-def one_line(exc: BaseException) -> str:
-    """An error as one line of at most 300 characters (a CUDA out-of-memory message spans several)."""
-    text = " ".join(str(exc).split())
-    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def failure(exc: BaseException, line: str, turns: int) -> str:

@@ -44,10 +44,10 @@ from animegamer.states import CharacterState
 SAVE_NAME = "game.save"  # a game's default save file, inside its own output directory
 
 
-def short(exc: BaseException, limit: int = 300) -> str:
-    """An error's message as one line of at most ``limit`` characters."""
+def one_line(exc: BaseException) -> str:
+    """An error as one line of at most 300 characters (a CUDA out-of-memory message spans several)."""
     text = " ".join(str(exc).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def check_game_settings(seed: int, history_turns: int) -> None:
@@ -87,7 +87,7 @@ class GameSession:
     # the turns as last saved or loaded: the game has unsaved changes when they differ (same Turn objects or not)
     saved_turns: list[Turn] = field(default_factory=list, repr=False)
     # writes the clips in the background, in turn order (None: each clip is written before play returns)
-    writer: ClipWriter | None = field(default_factory=ClipWriter, repr=False)
+    writer: ClipWriter | None = field(default_factory=ClipWriter, repr=False, compare=False)
 
     def __post_init__(self):
         if self.seed is None:
@@ -143,7 +143,7 @@ class GameSession:
         if self.writer is None:
             return []
         return [f"the clip of {failed.label} was not written ({type(failed.error).__name__}: "
-                f"{short(failed.error)}); the turn is played without it" for failed in self.writer.failures()]
+                f"{one_line(failed.error)}); the turn is played without it" for failed in self.writer.failures()]
 
     def undo(self) -> Turn:
         """Take back the last turn, once its clip is written, and remove its clip (mp4 and gif)."""
