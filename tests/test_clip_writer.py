@@ -23,6 +23,7 @@ from animegamer.inference.web import WebGame, display_clip
 from animegamer.play import load_game, run
 from tests.conftest import make_clip_frames
 from tests.helpers.game import GAME
+from tests.test_game_failures import FailingRenderer
 
 ROOT = Path(__file__).resolve().parents[1]
 K = 2  # history_turns of tiny_overrides
@@ -213,6 +214,32 @@ def test_ctrl_c_while_a_clip_is_written_keeps_the_turn_and_still_autosaves(playe
     else:
         assert saved_clips(tmp_path / "game.save") == [str(tmp_path / "turn_000.mp4")]
     assert game.writer.wait() and clip_files(tmp_path) == ["turn_000.gif", "turn_000.mp4"]  # no temp file
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt(), RuntimeError("CUDA out of memory.")])
+def test_a_turn_that_fails_while_the_last_clip_is_written_leaves_both_as_they_should_be(played, tmp_path, error):
+    """The next turn fails (Ctrl-C, an error in a model) while the clip of the turn before is still being written:
+    that turn is played with its whole clip, the failed one leaves nothing, and leaving saves the game."""
+    session, _ = played
+    game = held_game(played, tmp_path, interrupt=1)  # Ctrl-C while waiting for turn 0's clip: it stays pending
+    game.game.renderer = FailingRenderer(session.game.renderer, None)
+    script = iter([GAME[0], GAME[1]])
+
+    class Lines(io.StringIO):
+        def readline(self, *args):
+            line = next(script, "")
+            if line == GAME[1]:  # the second turn fails after its first frames are decoded
+                game.game.renderer.error = error
+            return line + "\n" if line else ""
+
+    out = io.StringIO()
+    final = run(game, Lines(), out, games_dir=tmp_path)
+    text = out.getvalue()
+    assert "interrupted: turn 0 is played; its clip is still being written" in text and len(final.turns) == 1
+    assert ("cancelled; the game is as it was (1 turns)" if isinstance(error, KeyboardInterrupt)
+            else "error: the turn failed (RuntimeError: CUDA out of memory.); the game is as it was (1 turns)") in text
+    assert saved_clips(tmp_path / "game.save") == [str(tmp_path / "turn_000.mp4")] and "Traceback" not in text
+    assert clip_files(tmp_path) == ["turn_000.gif", "turn_000.mp4"]  # nothing of turn 1, no temp file
 
 
 def test_an_exiting_process_finishes_the_clip_being_written(tmp_path):
