@@ -98,10 +98,12 @@ def test_a_failed_turn_leaves_no_half_of_its_clip(played, tmp_path, monkeypatch,
         game.game.renderer = FailingRenderer(session.game.renderer, ERRORS[case])
         # one latent frame per VAE batch: the tiny clip decodes in three chunks, so its first frames come early
         monkeypatch.setattr(session.game.renderer.decoder.vae, "num_latent_frames_batch_size", 1)
-    previews = []
+    stages = []
     with pytest.raises((OSError, RuntimeError, ZeroDivisionError)):
-        game.play(GAME[1], preview=lambda frames, gif: previews.append(gif))
-    assert case == "disk-full-on-gif" or previews  # the early gif was written before the failure
+        game.play(GAME[1], progress=lambda stage, done: stages.append(stage))
+    # the early gif (the terminal's progress line names it) was written before the failure
+    assert case == "disk-full-on-gif" or any(stage.startswith("first ") and stage.endswith(
+        f" frames: {tmp_path / 'turn_001.gif'}") for stage in stages)
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # nothing of turn 1 on disk
     assert len(game.turns) == 1
 

@@ -109,8 +109,8 @@ def on_device(module: torch.nn.Module, device: str, offload: bool):
 
 # hears what a turn is doing now ("MLLM: ...", "denoising 3/20", "decoding", ...) and the fraction of it done
 Progress = Callable[[str, float], None]
-# gets a clip's first decoded frames (t, H, W, 3) uint8 and the gif they were written to, before the rest decode
-Preview = Callable[[np.ndarray, Path], None]
+# gets a clip's first decoded frames (t, H, W, 3) uint8 as soon as they exist, before the rest decode
+Preview = Callable[[np.ndarray], None]
 # gets the whole clip's frames (T, H, W, 3) uint8 as soon as they are decoded, before its files are written
 Decoded = Callable[[np.ndarray], None]
 
@@ -272,10 +272,10 @@ class AnimeGamer:
         """Render ``turn``'s clip and write it to ``out_dir`` (:func:`write_turn_clip`; None: not written); returns
         the frames (T, H, W, 3) uint8. The clip depends on the game seed and the turn index only, so a re-render
         gives the same clip. ``motion_level`` overrides the predicted one (the release renders the level as it
-        parsed it). With ``progress`` or ``preview``, the first decoded chunk of a clip that decodes in several goes
-        to the turn's gif at once and to ``preview(frames, gif)``; the whole clip replaces it, and goes to
-        ``decoded(frames)`` as soon as it is decoded. A failed or interrupted render leaves no part of the turn's
-        clip (no gif or mp4 at its stem).
+        parsed it). The first decoded chunk of a clip that decodes in several goes to ``preview(frames)`` as soon
+        as it exists, or, with ``progress`` alone (the terminal, which names the file), to the turn's gif at once,
+        which the whole clip replaces; the whole clip goes to ``decoded(frames)`` as soon as it is decoded. A failed
+        or interrupted render leaves no part of the turn's clip (no gif or mp4 at its stem).
 
         Without ``writer`` the clip is written before this returns (what scripts that need the files at once use).
         With one, the write is queued on it (``turn.writing``) and this returns as soon as the frames are decoded;
@@ -306,12 +306,13 @@ class AnimeGamer:
         try:
             for chunk in renderer.decode(latents):  # (t, H, W, 3) uint8
                 chunks.append(chunk)
-                if len(chunks) == 1 and count > 1 and stem is not None and (progress or preview):
-                    first_gif = write_gif(stem.with_suffix(".gif"), chunk, fps=renderer.fps)  # replaced below
+                if len(chunks) == 1 and count > 1 and preview:  # shown from memory: no file in their way
+                    preview(chunk)
                     if progress:
-                        progress(f"first {len(chunk)} frames: {first_gif}", 0.9)
-                    if preview:
-                        preview(chunk, first_gif)
+                        progress(f"first {len(chunk)} frames", 0.9)
+                elif len(chunks) == 1 and count > 1 and progress and stem is not None:
+                    first_gif = write_gif(stem.with_suffix(".gif"), chunk, fps=renderer.fps)  # replaced below
+                    progress(f"first {len(chunk)} frames: {first_gif}", 0.9)
             frames = np.concatenate(chunks)  # (T, H, W, 3)
             if decoded:
                 decoded(frames)

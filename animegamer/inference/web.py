@@ -207,7 +207,7 @@ class WebGame:
 
         def turn_worker():
             try:
-                events.put(("turn", session.play(text, progress, lambda frames, gif: events.put(("frames", frames)),
+                events.put(("turn", session.play(text, progress, lambda frames: events.put(("frames", frames)),
                                                  lambda frames: events.put(("clip", frames)))))
             except Exception as exc:  # a turn may fail in a model; the game must survive it
                 events.put(("failed", exc))
