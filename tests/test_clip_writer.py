@@ -22,8 +22,7 @@ from animegamer.inference.saved import read_save
 from animegamer.inference.web import WebGame, display_clip
 from animegamer.play import load_game, run
 from tests.conftest import make_clip_frames
-from tests.helpers.game import GAME
-from tests.test_game_failures import FailingRenderer
+from tests.helpers.game import GAME, FailingRenderer
 
 ROOT = Path(__file__).resolve().parents[1]
 K = 2  # history_turns of tiny_overrides

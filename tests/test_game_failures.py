@@ -26,30 +26,9 @@ from animegamer.inference.vocabulary import Vocabulary
 from animegamer.inference.web import WebGame, as_text, large_clip
 from animegamer.play import run
 from tests.conftest import make_clip_frames
-from tests.helpers.game import GAME, TINY, rewrite, tiny_overrides, turn0
+from tests.helpers.game import GAME, TINY, FailingRenderer, rewrite, tiny_overrides, turn0
 
 K = 2  # history_turns of tiny_overrides
-
-
-class FailingRenderer:
-    """The real renderer; its next clip raises ``error`` after the clip's first frames were decoded (the game shows
-    them when it listens for them)."""
-
-    def __init__(self, renderer, error: BaseException | None):
-        self.renderer, self.fps, self.error = renderer, renderer.fps, error
-
-    def latents(self, *args):
-        return self.renderer.latents(*args)
-
-    def chunk_count(self, latents):
-        return self.renderer.chunk_count(latents)
-
-    def decode(self, latents):
-        error, self.error = self.error, None
-        for chunk in self.renderer.decode(latents):
-            yield chunk
-            if error is not None:
-                raise error
 
 
 ERRORS = {
