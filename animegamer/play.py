@@ -12,6 +12,10 @@ however the game ends. ``:load`` saves the current game's unsaved turns the same
 plays in a new directory of its own. ``:save FILE`` replaces only an earlier saved game. A turn that fails (for any
 reason), a save that cannot be loaded and Ctrl-C during a turn each print one line and keep the game exactly as it
 was; Ctrl-C at the prompt does not leave the game either (``:quit`` or end of input does).
+
+A turn's result (its values and the character's bars) is printed as soon as the turn is decoded; its clip is
+written in the background and its ``clip:`` line follows when it is written, before the next prompt (a clip that
+could not be written is one ``error:`` line, and the turn stays played).
 """
 
 from __future__ import annotations
@@ -25,8 +29,9 @@ from typing import TextIO
 from animegamer.cli import fail, no_bars_in_logs, parse_config
 from animegamer.config import InferenceConfig
 from animegamer.inference.contact_sheet import state_bar
-from animegamer.inference.game import SAVE_NAME, GameSession
+from animegamer.inference.game import SAVE_NAME, GameSession, one_line
 from animegamer.inference.session import build_session, check_play_settings
+from animegamer.inference.turn import Turn
 from animegamer.inference.vocabulary import Vocabulary, load_vocabulary
 
 HELP = """commands:
@@ -101,12 +106,6 @@ def read_lines(lines: TextIO, out: TextIO, prompt=None) -> Iterator[str]:
         yield raw
 
 
-def one_line(exc: BaseException) -> str:
-    """An error as one line of at most 300 characters (a CUDA out-of-memory message spans several)."""
-    text = " ".join(str(exc).split())
-    return text if len(text) <= 300 else text[:297] + "..."
-
-
 def failure(exc: BaseException, line: str, turns: int) -> str:
     """The one line saying why a command did not happen: Ctrl-C, a bad instruction or file (ValueError, IndexError,
     OSError), or anything else that failed in a model (a GPU out of memory, a setting that breaks the sampler)."""
@@ -117,15 +116,35 @@ def failure(exc: BaseException, line: str, turns: int) -> str:
     return f"error: the turn failed ({type(exc).__name__}: {one_line(exc)}); the game is as it was ({turns} turns)"
 
 
-def autosave(session: GameSession, out: TextIO, why: str = "before leaving") -> bool:
-    """Unsaved turns are saved to the game's directory instead of being lost; False when they could not be."""
+def settle(session: GameSession, out: TextIO) -> None:
+    """Wait for the clips being written and say which could not be (one ``error:`` line each)."""
+    session.wait()
+    for failure in session.clip_failures():
+        print(f"error: {failure}", file=out)
+
+
+def report_clip(session: GameSession, turn: Turn, out: TextIO) -> None:
+    """The line of a turn's clip once it is written (in the background), or why it could not be; Ctrl-C while
+    waiting leaves the turn played and its clip being written."""
+    try:
+        settle(session, out)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: turn {turn.index} is played; its clip is still being written", file=out)
+        return
+    if turn.clip:
+        print(f"  clip: {turn.clip}", file=out)
+
+
+def autosave(session: GameSession, out: TextIO, why: str = "before leaving", wait: bool = True) -> bool:
+    """Unsaved turns are saved to the game's directory instead of being lost; False when they could not be.
+    ``wait=False`` saves without waiting for the clips being written (after Ctrl-C interrupted the waiting)."""
     if not (session.unsaved and session.turns):
         return True
     folder = Path(session.output_dir)
     # game.save, or beside it when something that is not a save sits there (a save replaces only a save)
     for path in [folder / SAVE_NAME, *(folder / f"game-{n}.save" for n in range(2, 10))]:
         try:
-            session.save(path)
+            session.save(path, wait=wait)
         except ValueError as exc:
             refused = exc
             continue
@@ -143,6 +162,7 @@ def load_game(session: GameSession, file: str, games_dir: Path, out: TextIO) -> 
     touch the current game's); the current game's unsaved turns are saved first. A save that cannot be loaded,
     or a current game that cannot be saved, raises ValueError/OSError and changes nothing."""
     loaded = GameSession.load(file, session.game, output_dir=games_dir)
+    settle(session, out)
     if not autosave(session, out, "before loading"):
         raise ValueError(f"{file} not loaded: the current game's unsaved turns could not be saved")
     loaded.output_dir = new_game_dir(games_dir)
@@ -172,6 +192,7 @@ def run(session: GameSession, lines: TextIO, out: TextIO, vocabulary: Vocabulary
                 continue
             command, _, arg = line.partition(" ")
             before, turns_before = session, list(session.turns)  # what a failed or interrupted command restores
+            played = None  # the turn this command played: its clip is being written
             try:
                 if command == ":quit":
                     break
@@ -206,20 +227,31 @@ def run(session: GameSession, lines: TextIO, out: TextIO, vocabulary: Vocabulary
                     finally:
                         if progress:
                             progress.clear()
+                    played = turn
                     v = turn.values
                     print(f"turn {turn.index}: {turn.instruction}", file=out)
                     print(f"  motion level {v.motion_level}  social {v.social}  entertainment {v.entertainment}  "
                           f"stamina {v.stamina:+d}", file=out)
-                    if turn.clip:
-                        print(f"  clip: {turn.clip}", file=out)
                     show_state(session, out)
+                    out.flush()  # the result is on screen while the clip is written
             except (KeyboardInterrupt, Exception) as exc:  # the command did not happen; the game goes on
                 session = before
                 session.turns[:] = turns_before
+                if played is not None:  # played, then interrupted while its result was shown: its clip goes too
+                    session.remove_clip(played)
+                    played = None
                 print(failure(exc, line, len(session.turns)), file=out)
+            if played is not None:  # before the next prompt, so that a log reads in the same order every time
+                report_clip(session, played, out)
             out.flush()
-    finally:  # however the game ends, its unsaved turns are kept
-        autosave(session, out)
+    finally:  # however the game ends, its clips are written and its unsaved turns are kept
+        waited = True
+        try:
+            settle(session, out)
+        except KeyboardInterrupt:  # the writes go on (and end before the process does); the save must not wait
+            print("\ninterrupted: saving without waiting for the clips being written", file=out)
+            waited = False
+        autosave(session, out, wait=waited)
     return session
 
 

@@ -46,6 +46,7 @@ def test_save_load_then_next_turn_matches_continuing(tiny_cfg, tmp_path):
     assert torch.equal(resumed.shot_embeds, continued.shot_embeds)
     from animegamer.data.video import read_video
 
+    assert continued.wait_clip() and resumed.wait_clip()  # the clips are written in the background
     a, _ = read_video(continued.clip)
     b, _ = read_video(resumed.clip)
     assert a.shape == (9, 48, 64, 3) and np.array_equal(a, b)

@@ -168,7 +168,7 @@ def test_web_load_serves_only_files_inside_the_tab_folder(played, tmp_path):
     # the view itself refuses any clip outside the session folder, symlinks followed
     (Path(loaded.output_dir) / "turn_009.mp4").symlink_to(readme)
     for path in (readme, "/etc/passwd", str(Path(loaded.output_dir) / "turn_009.mp4")):
-        loaded.turns[-1].clip = path
+        loaded.turns[-1].clip = loaded.turns[-1].shown = path
         assert game.view(loaded, "")[2] is None
 
     # a bad save: the current game stays, the status names the field

@@ -110,6 +110,7 @@ def test_browser_game(shipped, calls, tmp_path):
         *_, view = web.play("", "", "", "", text, session)
         session = view[0]
     assert [name for name, _ in calls] == ["render_turn", "play_turn"] * 3
+    assert session.wait()  # the clips are written in the background
     same_turns(session.turns, reference)
 
 

@@ -77,7 +77,11 @@ def test_hints_warnings_progress_and_help(shipped, tmp_path):
     assert [s.split("  ")[0] for s in stages] == ["turn 0: MLLM: the next game state", "turn 0: denoising 1/2",
                                                     "turn 0: denoising 2/2", "turn 0: decoding",
                                                     f"turn 0: first 3 frames: {tmp_path / 'turn_000.gif'}",
-                                                    "turn 0: writing the clip"]  # SpriteWorld: 3 of 9 frames first
+                                                    ]  # SpriteWorld: 3 of 9 frames first
+    # the result as soon as the turn is decoded, the clip's line once it is written (in the background), before
+    # the next command's output
+    clip = text.index(f"  clip: {tmp_path / 'turn_000.mp4'}\n")
+    assert text.index("  stamina", text.index("turn 0: Character: Bob")) < clip < text.index("commands:")
     assert f"backgrounds: {', '.join(vocabulary.backgrounds[:2])}" in text and "play ball with Luna" in text  # :help
     assert final.turns == [] and "before leaving" not in text  # undone: nothing to save
 

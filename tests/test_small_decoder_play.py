@@ -66,6 +66,7 @@ def test_a_game_plays_with_the_small_decoder(tiny_mistral_dir, tiny_cogvideox_di
     session = build_session(cfg)
     assert isinstance(session.game.renderer.small_decoder, CausalLatentDecoder)
     turn = session.play("Character: Qiqi; Motion: quickly run; Background: park.")
+    assert turn.wait_clip()  # written in the background
     frames, _ = read_video(turn.clip)
     assert frames.shape == (9, 48, 64, 3)
 

@@ -9,6 +9,12 @@
 Each turn's decoder seed is derived from (session seed, turn index), so a loaded game continues exactly as the
 original would have. A save is untrusted input when loaded (:mod:`animegamer.inference.saved`): every field is
 checked and its clip paths are never opened.
+
+A session writes its clips off the turn's critical path (its :class:`ClipWriter`, one thread, in turn order):
+``play`` returns as soon as the turn's frames are decoded, and ``turn.clip`` is set once the clip is written
+(``turn.wait_clip()``, ``session.wait()``). Whatever needs the files waits for the writes first: undo, save, and
+rendering a turn again; :meth:`GameSession.clip_failures` says which clips could not be written (the turns stay
+played). ``GameSession(..., writer=None)`` writes each clip before ``play`` returns.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from animegamer.inference.clip_writer import ClipWriter
 from animegamer.inference.saved import (
     MAX_HISTORY_TURNS,
     MAX_SEED,
@@ -30,11 +37,17 @@ from animegamer.inference.saved import (
     read_save,
     turn_key,
 )
-from animegamer.inference.turn import AnimeGamer, Preview, Progress, Turn
+from animegamer.inference.turn import AnimeGamer, Decoded, Preview, Progress, Turn
 from animegamer.io import atomic_path
 from animegamer.states import CharacterState
 
 SAVE_NAME = "game.save"  # a game's default save file, inside its own output directory
+
+
+def one_line(exc: BaseException) -> str:
+    """An error as one line of at most 300 characters (a CUDA out-of-memory message spans several)."""
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def check_game_settings(seed: int, history_turns: int) -> None:
@@ -73,6 +86,8 @@ class GameSession:
     turns: list[Turn] = field(default_factory=list)
     # the turns as last saved or loaded: the game has unsaved changes when they differ (same Turn objects or not)
     saved_turns: list[Turn] = field(default_factory=list, repr=False)
+    # writes the clips in the background, in turn order (None: each clip is written before play returns)
+    writer: ClipWriter | None = field(default_factory=ClipWriter, repr=False, compare=False)
 
     def __post_init__(self):
         if self.seed is None:
@@ -94,30 +109,68 @@ class GameSession:
         """The character's state now."""
         return self.turns[-1].state if self.turns else CharacterState()
 
-    def play(self, instruction: str, progress: Progress | None = None, preview: Preview | None = None) -> Turn:
-        """The next turn (:meth:`AnimeGamer.play_turn`), its clip written to this session's output directory;
-        ``progress`` hears each stage of the turn, ``preview`` the clip's first frames while the rest decode."""
+    def play(self, instruction: str, progress: Progress | None = None, preview: Preview | None = None,
+             decoded: Decoded | None = None) -> Turn:
+        """The next turn (:meth:`AnimeGamer.play_turn`), its clip written to this session's output directory, in
+        the background with a writer (the turn returns once its frames are decoded); ``progress`` hears each stage
+        of the turn, ``preview`` the clip's first frames while the rest decode, ``decoded`` the whole clip's frames
+        before they are written."""
         turn = self.game.play_turn(self.turns, instruction, seed=self.seed, out_dir=self.output_dir,
-                                   progress=progress, preview=preview)
+                                   progress=progress, preview=preview, decoded=decoded, writer=self.writer)
         self.turns.append(turn)
         return turn
 
-    def render_turn(self, turn: Turn, progress: Progress | None = None, preview: Preview | None = None) -> None:
-        """Render ``turn``'s clip again into this session's output directory (a loaded game's last turn); no-op
+    def render_turn(self, turn: Turn, progress: Progress | None = None, preview: Preview | None = None,
+                    decoded: Decoded | None = None):
+        """Render ``turn``'s clip again into this session's output directory (a loaded game's last turn), once the
+        clips being written are (the same turn's among them); returns its frames (T, H, W, 3) uint8, or None
         without a decoder."""
-        if self.game.renderer is not None:
-            self.game.render_turn(turn, self.output_dir, seed=self.seed, progress=progress, preview=preview)
+        if self.game.renderer is None:
+            return None
+        self.wait()
+        return self.game.render_turn(turn, self.output_dir, seed=self.seed, progress=progress, preview=preview,
+                                     decoded=decoded, writer=self.writer)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until every clip handed to the writer is written or has failed (:meth:`clip_failures`); False if
+        ``timeout`` ran out first. Ctrl-C interrupts the waiting, never a write."""
+        return self.writer is None or self.writer.wait(timeout)
+
+    def clip_failures(self) -> list[str]:
+        """One line for each clip whose background write failed since the last call (without waiting): neither of
+        its files exists and its turn stays played (its shot and state are the game; the clip can be rendered
+        again)."""
+        if self.writer is None:
+            return []
+        return [f"the clip of {failed.label} was not written ({type(failed.error).__name__}: "
+                f"{one_line(failed.error)}); the turn is played without it" for failed in self.writer.failures()]
 
     def undo(self) -> Turn:
+        """Take back the last turn, once its clip is written, and remove its clip (mp4 and gif)."""
         if not self.turns:
             raise IndexError("nothing to undo")
-        return self.turns.pop()
+        self.wait()
+        turn = self.turns.pop()
+        self.remove_clip(turn)
+        return turn
 
-    def save(self, path: str | Path) -> Path:
+    def remove_clip(self, turn: Turn) -> None:
+        """Remove ``turn``'s clip files once the clips being written are, and clear its paths (a turn taken
+        back, or played by a command that was then interrupted)."""
+        self.wait()
+        paths, turn.clip, turn.gif = [turn.clip, turn.gif], "", ""
+        for path in paths:
+            if path:
+                Path(path).unlink(missing_ok=True)
+
+    def save(self, path: str | Path, wait: bool = True) -> Path:
         """One atomic, fsynced safetensors file: the shots as tensors, everything else as JSON metadata
         (format in :mod:`animegamer.inference.saved`). It replaces only an earlier save (:func:`check_save_target`)
-        and keeps that file's permissions."""
+        and keeps that file's permissions. It waits for the clips being written first, so that the save names
+        them (``wait=False``: a clip still being written is saved without its path, which a load never reads)."""
         mode = check_save_target(path)
+        if wait:
+            self.wait()
         meta = {
             "format": SAVE_FORMAT,
             "seed": self.seed,

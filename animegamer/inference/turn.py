@@ -13,7 +13,10 @@ plays a turn.
    follows from them;
 4. sample the clip's latents from s_a and the motion level, with the turn's own seed (:func:`turn_seed`);
 5. decode them chunk by chunk; the first frames are reported as soon as they exist;
-6. write the clip: ``turn_000.mp4`` and ``turn_000.gif`` (:func:`write_clip`: both or neither).
+6. write the clip: ``turn_000.gif`` and ``turn_000.mp4`` (:func:`write_turn_clip`: both or neither), at once, or,
+   given a :class:`~animegamer.inference.clip_writer.ClipWriter`, in its thread while the game goes on: the turn
+   returns as soon as its frames are decoded, and ``turn.clip`` / ``turn.gif`` are set once both files exist
+   (:meth:`Turn.wait_clip` waits for them).
 
 Steps 4-6 are :meth:`AnimeGamer.render_turn`, which renders a turn predicted earlier (inference_Decoder.py) or
 loaded from a save. What a turn needs from the models are two small protocols, :class:`StatePredictor` (the MLLM)
@@ -34,6 +37,7 @@ import numpy as np
 import torch
 
 from animegamer.data.video import write_gif, write_mp4
+from animegamer.inference.clip_writer import ClipWriter, PendingWrite
 from animegamer.inference.saved import check_shot
 from animegamer.models.mllm_turn import HistoryTurn, TurnPrediction
 from animegamer.states import MAX_INSTRUCTION_CHARS, CharacterState, StateValues, parse_instruction
@@ -105,8 +109,10 @@ def on_device(module: torch.nn.Module, device: str, offload: bool):
 
 # hears what a turn is doing now ("MLLM: ...", "denoising 3/20", "decoding", ...) and the fraction of it done
 Progress = Callable[[str, float], None]
-# gets a clip's first decoded frames (t, H, W, 3) uint8 and the gif they were written to, before the rest decode
-Preview = Callable[[np.ndarray, Path], None]
+# gets a clip's first decoded frames (t, H, W, 3) uint8 as soon as they exist, before the rest decode
+Preview = Callable[[np.ndarray], None]
+# gets the whole clip's frames (T, H, W, 3) uint8 as soon as they are decoded, before its files are written
+Decoded = Callable[[np.ndarray], None]
 
 
 def turn_seed(seed: int, index: int) -> int:
@@ -145,6 +151,17 @@ class Turn:
     gif: str = ""
     value_probs: dict[str, dict[int, float]] = field(default_factory=dict, repr=False)  # not saved
     release_values: list[int] | None = field(default=None, repr=False)  # compat released only; not saved
+    # the clip being written in a ClipWriter's thread (None: written at once, or not rendered); not saved
+    writing: PendingWrite | None = field(default=None, repr=False, compare=False)
+    shown: str = field(default="", repr=False, compare=False)  # the clip as a page shows it (web.py); not saved
+
+    def wait_clip(self, timeout: float | None = None) -> bool:
+        """Wait until this turn's clip is written, if it is being written in the background; True when its files
+        exist (``clip`` and ``gif`` are then set), False when the write failed (``writing.error`` says why; neither
+        file exists), the turn has no clip, or ``timeout`` ran out."""
+        if self.writing is not None:
+            self.writing.wait(timeout)
+        return bool(self.clip)
 
     def summary(self) -> dict:
         return {
@@ -156,6 +173,30 @@ class Turn:
             "clip": self.clip,
             "gif": self.gif,
         }
+
+
+def remove_clip_files(stem: Path) -> None:
+    """Remove ``<stem>.mp4`` and ``<stem>.gif`` if they are files (whatever else sits there is not a clip of ours)."""
+    for suffix in (".mp4", ".gif"):
+        path = stem.with_suffix(suffix)
+        if not path.is_dir():
+            path.unlink(missing_ok=True)
+
+
+def write_turn_clip(turn: Turn, frames: np.ndarray, stem: Path, fps: float) -> tuple[Path, Path]:
+    """Write ``turn``'s clip (:func:`write_clip`) and only then set ``turn.clip`` and ``turn.gif``, so that no
+    reader ever sees a path to a missing or half-written file (a turn rendered again has no paths while it is
+    written). If it fails, neither file is left at ``stem`` (an earlier render's or the first frames' gif
+    included) and the error is raised. Run at once by :meth:`AnimeGamer.render_turn`, or in a
+    :class:`ClipWriter`'s thread."""
+    turn.clip = turn.gif = ""
+    try:
+        mp4, gif = write_clip(frames, stem, fps=fps)
+    except BaseException:
+        remove_clip_files(stem)
+        raise
+    turn.gif, turn.clip = str(gif), str(mp4)
+    return mp4, gif
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -188,11 +229,13 @@ class AnimeGamer:
 
     def play_turn(self, history: Sequence[Turn], instruction: str, *, index: int | None = None,
                   seed: int | None = None, out_dir: str | Path | None = None, render: bool = True,
-                  progress: Progress | None = None, preview: Preview | None = None) -> Turn:
+                  progress: Progress | None = None, preview: Preview | None = None,
+                  decoded: Decoded | None = None, writer: ClipWriter | None = None) -> Turn:
         """The next turn of a game whose turns so far are ``history``: parse, window, predict, then (with a renderer
         and ``render``) :meth:`render_turn`. ``index`` is the turn's number in the game (default ``len(history)``;
         given, ``history`` need only hold the last ``history_turns`` turns, at least one, as a long game keeps them).
-        ``seed`` is the game's (default: this object's)."""
+        ``seed`` is the game's (default: this object's). With ``writer`` the turn returns before its clip is
+        written (:meth:`render_turn`)."""
         if self.predictor is None:
             raise ValueError("this game has no MLLM: it can only render turns predicted before (render_turn)")
         # 1. parse: every check before any model runs
@@ -218,18 +261,27 @@ class AnimeGamer:
         )
         # 4-6. sample, decode (streamed), write
         if render and self.renderer is not None:
-            self.render_turn(turn, out_dir, seed=seed, progress=progress, preview=preview)
+            self.render_turn(turn, out_dir, seed=seed, progress=progress, preview=preview, decoded=decoded,
+                             writer=writer)
         return turn
 
     def render_turn(self, turn: Turn, out_dir: str | Path | None, *, seed: int | None = None,
                     motion_level: int | None = None, progress: Progress | None = None,
-                    preview: Preview | None = None) -> np.ndarray:
-        """Render ``turn``'s clip and write it to ``out_dir`` (:func:`write_clip`; None: not written); returns the
-        frames (T, H, W, 3) uint8. The clip depends on the game seed and the turn index only, so a re-render gives
-        the same clip. ``motion_level`` overrides the predicted one (the release renders the level as it parsed
-        it). With ``progress`` or ``preview``, the first decoded chunk of a clip that decodes in several goes to the
-        turn's gif at once and to ``preview(frames, gif)``; the whole clip replaces it. A failed or interrupted
-        render leaves no part of the turn's clip (no gif or mp4 at its stem)."""
+                    preview: Preview | None = None, decoded: Decoded | None = None,
+                    writer: ClipWriter | None = None) -> np.ndarray:
+        """Render ``turn``'s clip and write it to ``out_dir`` (:func:`write_turn_clip`; None: not written); returns
+        the frames (T, H, W, 3) uint8. The clip depends on the game seed and the turn index only, so a re-render
+        gives the same clip. ``motion_level`` overrides the predicted one (the release renders the level as it
+        parsed it). The first decoded chunk of a clip that decodes in several goes to ``preview(frames)`` as soon
+        as it exists, or, with ``progress`` alone (the terminal, which names the file), to the turn's gif at once,
+        which the whole clip replaces; the whole clip goes to ``decoded(frames)`` as soon as it is decoded. A failed
+        or interrupted render leaves no part of the turn's clip (no gif or mp4 at its stem).
+
+        Without ``writer`` the clip is written before this returns (what scripts that need the files at once use).
+        With one, the write is queued on it (``turn.writing``) and this returns as soon as the frames are decoded;
+        ``turn.clip`` and ``turn.gif`` are set when both files exist (:meth:`Turn.wait_clip`), and a write that
+        fails leaves neither file and the paths empty. Wait for a pending write of the same turn before rendering
+        it again (:class:`~animegamer.inference.game.GameSession` does)."""
         if self.renderer is None:
             raise ValueError("this game has no decoder: it cannot render clips")
         renderer = self.renderer
@@ -254,23 +306,29 @@ class AnimeGamer:
         try:
             for chunk in renderer.decode(latents):  # (t, H, W, 3) uint8
                 chunks.append(chunk)
-                if len(chunks) == 1 and count > 1 and stem is not None and (progress or preview):
-                    first_gif = write_gif(stem.with_suffix(".gif"), chunk, fps=renderer.fps)  # replaced below
+                if len(chunks) == 1 and count > 1 and preview:  # shown from memory: no file in their way
+                    preview(chunk)
                     if progress:
-                        progress(f"first {len(chunk)} frames: {first_gif}", 0.9)
-                    if preview:
-                        preview(chunk, first_gif)
+                        progress(f"first {len(chunk)} frames", 0.9)
+                elif len(chunks) == 1 and count > 1 and progress and stem is not None:
+                    first_gif = write_gif(stem.with_suffix(".gif"), chunk, fps=renderer.fps)  # replaced below
+                    progress(f"first {len(chunk)} frames: {first_gif}", 0.9)
             frames = np.concatenate(chunks)  # (T, H, W, 3)
-            # 6. write the clip: gif and mp4, both or neither
-            if stem is not None:
+            if decoded:
+                decoded(frames)
+            # 6. write the clip: gif and mp4, both or neither; at once, or queued on the writer (the last step: once
+            # queued, the write is the writer's, and nothing here can fail any more)
+            if stem is not None and writer is not None:
+                turn.writing = writer.submit(write_turn_clip, turn, frames, stem, renderer.fps,
+                                             label=f"turn {turn.index}")
+            elif stem is not None:
                 if progress:
                     progress("writing the clip", 0.95)
-                mp4, gif = write_clip(frames, stem, fps=renderer.fps)
-                turn.clip, turn.gif = str(mp4), str(gif)
+                turn.writing = None
+                write_turn_clip(turn, frames, stem, renderer.fps)
         except BaseException:
             if stem is not None:
                 turn.clip = turn.gif = ""
-                for suffix in (".mp4", ".gif"):
-                    stem.with_suffix(suffix).unlink(missing_ok=True)
+                remove_clip_files(stem)
             raise
         return frames

@@ -10,7 +10,10 @@ instruction and the warnings about words the model never saw come from the check
 
 A turn streams: :meth:`WebGame.play` is a generator whose views Gradio sends to the page as they come. The turn runs
 in a worker thread; when the VAE has decoded the clip's first latent-frame batch (:mod:`animegamer.sampling.streaming`:
-9 of 17 frames) the page shows them (``turn_XXX_first.mp4``, looping), and the whole clip replaces them.
+9 of 17 frames) the page shows them (``turn_XXX_first_xN_<digest>.mp4``, looping), and the whole clip replaces them
+as soon as it is decoded. What the page shows is written once, at display size, straight from the decoded frames
+(:func:`display_clip`); the turn's own ``turn_XXX.gif`` and ``.mp4`` are written in the background meanwhile
+(:class:`GameSession`'s writer), and a clip that could not be written is named in the next status line.
 """
 
 from __future__ import annotations
@@ -25,10 +28,12 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
+
 from animegamer.data.video import VideoReadError, probe_video, read_video, write_mp4
 from animegamer.inference.contact_sheet import readable_factor, upscale
 from animegamer.inference.game import SAVE_NAME, GameSession
-from animegamer.inference.turn import AnimeGamer, Progress
+from animegamer.inference.turn import AnimeGamer, Progress, clip_stem
 from animegamer.inference.vocabulary import Vocabulary
 from animegamer.io import path_inside
 from animegamer.states import STATE_MAX, CharacterState, TagError, parse_instruction
@@ -108,10 +113,40 @@ def large_clip(clip: Path) -> Path:
     return large
 
 
+def display_clip(frames: np.ndarray, stem: Path, fps: float) -> Path:
+    """(T, H, W, 3) uint8 frames as the page shows them, written once straight from memory: enlarged by nearest
+    neighbour to about :data:`CLIP_HEIGHT` rows, ``<stem>_xN_<digest>.mp4`` (N = 1 for a clip large already). The
+    name carries a digest of the frames, so a turn undone and played again gets a new file, never the old one;
+    older copies beside it are removed."""
+    factor = readable_factor(frames.shape[1], CLIP_HEIGHT)
+    frames = np.ascontiguousarray(frames)
+    digest = hashlib.sha256(repr(frames.shape).encode() + frames.tobytes()).hexdigest()[:16]
+    large = stem.with_name(f"{stem.name}_x{factor}_{digest}.mp4")
+    if not large.is_file():
+        write_mp4(large, upscale(frames, factor) if factor > 1 else frames, fps=fps)
+    for stale in stem.parent.glob(f"{glob_escape(stem.name)}_x*_*.mp4"):
+        if stale != large:
+            stale.unlink(missing_ok=True)
+    return large
+
+
 def remove_clip(clip: Path) -> None:
     """``clip`` and its enlarged copies (:func:`large_clip`), if they exist."""
     for path in [clip, *clip.parent.glob(f"{glob_escape(clip.stem)}_x*_*.mp4")]:
         path.unlink(missing_ok=True)
+
+
+def clip_notes(session: GameSession | None) -> str:
+    """A line for the status for each clip that could not be written since the last notes (the turn is played)."""
+    failures = session.clip_failures() if session is not None else []
+    return "".join(f"  \n**Clip not written:** {as_text(failure)}" for failure in failures)
+
+
+def remove_turn_views(stem: Path) -> None:
+    """What the page was given of the turn at ``stem``: its first frames and its whole clip at display size."""
+    remove_clip(stem.with_name(f"{stem.name}_first.mp4"))
+    for copy in stem.parent.glob(f"{glob_escape(stem.name)}_x*_*.mp4"):
+        copy.unlink(missing_ok=True)
 
 
 def glob_escape(name: str) -> str:
@@ -135,14 +170,21 @@ class WebGame:
         folder = Path(tempfile.mkdtemp(prefix="game_", dir=self.output_dir))
         return GameSession(self.game, output_dir=folder)
 
-    def view(self, session: GameSession | None, status: str, clip: str | Path | None = None):
-        """(session, status, clip path or None, bars HTML, history rows); the clip (the last turn's unless given)
-        enlarged for the page."""
-        if clip is None and session is not None and session.turns and session.turns[-1].clip:
-            clip = session.turns[-1].clip
+    def view(self, session: GameSession | None, status: str, clip: str | Path | None = None, notes: bool = True):
+        """(session, status, clip path or None, bars HTML, history rows). ``clip`` is a file at display size
+        (:func:`display_clip`); by default the last turn's as the page showed it, or its clip enlarged
+        (:func:`large_clip`). With ``notes``, the clips that could not be written since the last notes are named
+        after the status."""
+        if notes:
+            status += clip_notes(session)
+        large = clip is not None
+        if clip is None and session is not None and session.turns:
+            last = session.turns[-1]
+            clip, large = (last.shown, True) if last.shown else (last.clip or None, False)
         if clip is not None:
             try:
-                clip = str(large_clip(path_inside(session.output_dir, clip)))
+                clip = path_inside(session.output_dir, clip)
+                clip = str(clip if large else large_clip(clip))
             except ValueError:  # never reached by the game's own clips; a guard for whatever else set the path
                 clip = None
         return (session, status, clip, bars_html(session), history_rows(session))
@@ -160,32 +202,38 @@ class WebGame:
         session = session or self.new_session()
         warnings = self.vocabulary.unknown_words(text) if self.vocabulary else []
         # the turn index, bars and history while the turn runs (the worker thread changes them)
-        index, before = len(session.turns), self.view(session, "")
+        index, before = len(session.turns), self.view(session, "", notes=False)
         events: queue.Queue = queue.Queue()
 
         def turn_worker():
             try:
-                events.put(("turn", session.play(text, progress, lambda frames, gif: events.put(("frames", frames)))))
+                events.put(("turn", session.play(text, progress, lambda frames: events.put(("frames", frames)),
+                                                 lambda frames: events.put(("clip", frames)))))
             except Exception as exc:  # a turn may fail in a model; the game must survive it
                 events.put(("failed", exc))
 
         # the copied context carries Gradio's progress tracker into the thread
         threading.Thread(target=contextvars.copy_context().run, args=(turn_worker,), daemon=True).start()
+        stem, shown = clip_stem(session.output_dir, index), None
         while True:
             kind, value = events.get()
             if kind == "frames":  # (t, H, W, 3) uint8: the first decoded chunk
-                first = write_mp4(Path(session.output_dir) / f"turn_{index:03d}_first.mp4", value,
-                                  fps=self.game.renderer.fps)
+                first = display_clip(value, stem.with_name(f"{stem.name}_first"), session.game.renderer.fps)
                 _, status, clip, _, _ = self.view(session, f"Turn {index}: the first {len(value)} frames; the rest "
-                                                           "are decoding…", clip=first)
+                                                           "are decoding…", clip=first,
+                                                  notes=False)
                 yield (session, status, clip, *before[3:])
-            elif kind == "failed":  # nothing of the turn stays: render_turn removed its clip, this its preview
-                remove_clip(Path(session.output_dir) / f"turn_{index:03d}_first.mp4")
+            elif kind == "clip":  # the whole clip, decoded: on the page while its files are written
+                shown = display_clip(value, stem, session.game.renderer.fps)
+            elif kind == "failed":  # nothing of the turn stays: render_turn removed its clip, this what the page got
+                remove_turn_views(stem)
                 yield self.view(session, f"**Turn failed:** {type(value).__name__}: {as_text(value)}; the game is as "
                                          f"it was ({len(session.turns)} turns).")
                 return
             else:
                 break
+        if shown is not None:
+            value.shown = str(shown)
         v = value.values
         status = (f"Turn {value.index}: motion level {v.motion_level}, social {v.social}, "
                   f"entertainment {v.entertainment}, stamina {v.stamina:+d}")
@@ -196,7 +244,9 @@ class WebGame:
     def undo(self, session):
         if session is None or not session.turns:
             return self.view(session, "Nothing to undo.")
-        turn = session.undo()
+        turn = session.undo()  # waits for the clips being written, removes the turn's clip
+        remove_turn_views(clip_stem(session.output_dir, turn.index))
+        turn.shown = ""
         return self.view(session, f"Undid turn {turn.index}.")
 
     def save(self, session):
@@ -206,7 +256,7 @@ class WebGame:
             path = session.save(Path(session.output_dir) / SAVE_NAME)
         except (ValueError, OSError) as exc:  # a full disk, or something not a save in the tab's folder
             return None, f"**Not saved:** {as_text(exc)}"
-        return str(path), f"Saved {len(session.turns)} turns."
+        return str(path), f"Saved {len(session.turns)} turns." + clip_notes(session)
 
     def load(self, file, session):
         """Load an uploaded save into a fresh directory; a bad save leaves the current game as it was."""
@@ -221,7 +271,10 @@ class WebGame:
         status = f"Loaded {len(loaded.turns)} turns."
         if loaded.turns:
             try:
-                loaded.render_turn(loaded.turns[-1])
+                last = loaded.turns[-1]
+                frames = loaded.render_turn(last)  # its files are written in the background
+                if frames is not None:
+                    last.shown = str(display_clip(frames, clip_stem(folder, last.index), loaded.game.renderer.fps))
             except Exception as exc:  # the game is loaded; only its picture failed
                 status += f" The last clip could not be rendered ({type(exc).__name__}: {as_text(exc)})."
         return self.view(loaded, status)

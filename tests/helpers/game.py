@@ -1,5 +1,6 @@
 """What the game tests share: the tiny inference config and its overrides, a short game, a played two-turn game
-(the ``played`` fixture in conftest.py) and the tools that forge a save file from a real one."""
+(the ``played`` fixture in conftest.py), a renderer that fails on cue, and the tools that forge a save file from a
+real one."""
 
 from __future__ import annotations
 
@@ -24,6 +25,27 @@ def tiny_overrides(tiny_mistral_dir, tiny_cogvideox_dir, out):
         f"t5.path={tiny_cogvideox_dir}", "mllm_checkpoint=", "decoder_checkpoint=", "history_turns=2",
         "sampling.steps=2", "sampling.height=48", "sampling.width=64", "sampling.num_frames=9",
     ]
+
+
+class FailingRenderer:
+    """The real renderer; its next clip raises ``error`` after the clip's first frames were decoded (the game shows
+    them when it listens for them)."""
+
+    def __init__(self, renderer, error: BaseException | None):
+        self.renderer, self.fps, self.error = renderer, renderer.fps, error
+
+    def latents(self, *args):
+        return self.renderer.latents(*args)
+
+    def chunk_count(self, latents):
+        return self.renderer.chunk_count(latents)
+
+    def decode(self, latents):
+        error, self.error = self.error, None
+        for chunk in self.renderer.decode(latents):
+            yield chunk
+            if error is not None:
+                raise error
 
 
 def rewrite(save: Path, out: Path, meta_fn=None, tensors_fn=None) -> Path:
