@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
 import pytest
 import torch
 
 from animegamer import tiny
 from animegamer.config import CLIPConfig, T5Config, load_config
 from animegamer.inference.session import build_session
+from tests.helpers.clips import make_clip_frames
 from tests.helpers.game import GAME, TINY, tiny_overrides
+from tests.helpers.stage_runs import write_stage_a_data, write_stage_c_runs, write_stage_d_run
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -63,21 +64,6 @@ def tiny_mistral_dir(tmp_path_factory):
     return tiny.build_tiny_mistral(tmp_path_factory.mktemp("tiny_mistral"))
 
 
-def make_clip_frames(num_frames: int = 9, height: int = 48, width: int = 64, speed: float = 3.0, seed: int = 0):
-    """A square moving right at ``speed`` px/frame over a gradient background, (T, H, W, 3) uint8."""
-    rng = np.random.default_rng(seed)
-    base = np.zeros((height, width, 3), np.uint8)
-    base[..., 0] = np.linspace(20, 120, width, dtype=np.uint8)[None, :]
-    base[..., 2] = rng.integers(30, 60)
-    frames = []
-    for t in range(num_frames):
-        frame = base.copy()
-        x = int(4 + speed * t) % (width - 12)
-        frame[height // 2 - 6 : height // 2 + 6, x : x + 12] = (250, 200, 40)
-        frames.append(frame)
-    return np.stack(frames)
-
-
 @pytest.fixture
 def synthetic_clip(tmp_path):
     """A short mp4 written with the project's writer, and its frames."""
@@ -100,3 +86,22 @@ def played(tiny_mistral_dir, tiny_cogvideox_dir, tmp_path_factory):
     save = session.save(tmp_path_factory.mktemp("save") / "game.save")
     yield session, save
     torch.set_num_threads(before)
+
+
+# the stages' tiny inputs, built once per test module that asks (the stage tests and the engine tests)
+@pytest.fixture(scope="module")
+def stage_a_data(tmp_path_factory, tiny_clip_config, tiny_cogvideox_dir) -> dict:
+    """Stage (a)'s tiny clips with their features precomputed: ``write_stage_a_data``."""
+    return write_stage_a_data(tmp_path_factory.mktemp("stage_a_data"), tiny_clip_config, tiny_cogvideox_dir)
+
+
+@pytest.fixture(scope="module")
+def stage_c_runs(tmp_path_factory, tiny_cogvideox_dir, tiny_mistral_dir) -> dict:
+    """Stage (c)'s tiny data and its stage (a), (b) checkpoints: ``write_stage_c_runs``."""
+    return write_stage_c_runs(tmp_path_factory.mktemp("stage_c"), tiny_cogvideox_dir, tiny_mistral_dir)
+
+
+@pytest.fixture(scope="module")
+def stage_d_run(tmp_path_factory, tiny_cogvideox_dir) -> dict:
+    """Stage (d)'s tiny conditions and its stage (c) checkpoint: ``write_stage_d_run``."""
+    return write_stage_d_run(tmp_path_factory.mktemp("stage_d"), tiny_cogvideox_dir)

@@ -21,7 +21,7 @@ from animegamer.inference.game import GameSession
 from animegamer.inference.saved import read_save
 from animegamer.inference.web import WebGame, display_clip
 from animegamer.play import load_game, run
-from tests.conftest import make_clip_frames
+from tests.helpers.clips import make_clip_frames
 from tests.helpers.game import GAME, FailingRenderer
 
 ROOT = Path(__file__).resolve().parents[1]

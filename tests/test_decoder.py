@@ -13,6 +13,7 @@ from animegamer.inference.turn import clip_stem, write_clip
 from animegamer.models.decoder import AnimationShotDecoder
 from animegamer.models.shot_encoder import ActionAwareEncoder
 from animegamer.sampling.schedule import guidance_scales
+from tests.helpers.clips import make_clip_frames
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -169,8 +170,6 @@ def test_missing_checkpoint_names_the_readme(tmp_path):
 
 
 def test_vae_roundtrip_shapes(decoder):
-    from tests.conftest import make_clip_frames
-
     frames = torch.from_numpy(make_clip_frames(9, 48, 64))[None]  # (1, 9, 48, 64, 3)
     latents = decoder.encode_video(frames)
     assert latents.shape == (1, 3, 4, 6, 8) and latents.dtype == torch.float32

@@ -5,7 +5,7 @@ from animegamer.config import EncoderConfig
 from animegamer.models.clip_image import CLIPImageFeatures
 from animegamer.models.shot_encoder import ActionAwareEncoder
 from animegamer.models.t5_text import T5TextFeatures
-from tests.conftest import make_clip_frames
+from tests.helpers.clips import make_clip_frames
 
 TEXTS = ["Character: Qiqi; Motion: run fast; Background: forest.", "Qiqi sleeps in the bedroom"]
 

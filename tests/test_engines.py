@@ -30,14 +30,14 @@ from animegamer.cli import load_script
 from animegamer.models.decoder import AnimationShotDecoder
 from animegamer.models.shot_encoder import ActionAwareEncoder
 from animegamer.models.weights import load_state_dict_file
+from tests.helpers.stage_runs import (
+    STAGE_A_CONFIG,
+    STAGE_B_CONFIG,
+    STAGE_C_CONFIG,
+    STAGE_D_CONFIG,
+    stage_b_overrides,
+)
 from tests.helpers.stage_scripts import free_port, launch_engine
-from tests.test_stage_a import TINY_CONFIG as STAGE_A_CONFIG
-from tests.test_stage_a import data  # noqa: F401  (fixture)
-from tests.test_stage_b import stage_b_overrides
-from tests.test_stage_c import TINY_CONFIG as STAGE_C_CONFIG
-from tests.test_stage_c import runs  # noqa: F401  (fixture)
-from tests.test_stage_d import TINY_CONFIG as STAGE_D_CONFIG
-from tests.test_stage_d import run  # noqa: F401  (fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 ATOL, RTOL = 1e-5, 1e-4
@@ -58,19 +58,19 @@ def trained_weights(step_dir: Path) -> dict[str, torch.Tensor]:
 def stage_argv(stage: str, fixtures: dict, tmp_path: Path, out: Path) -> list[str]:
     """The arguments of a tiny run of ``stage`` into ``out``."""
     if stage == "a":
-        return ["--config", str(STAGE_A_CONFIG), *fixtures["data"]["overrides"], f"output_dir={out}",
+        return ["--config", str(STAGE_A_CONFIG), *fixtures["stage_a_data"]["overrides"], f"output_dir={out}",
                 "train.report_to=csv", "warmup_steps=1"]  # step 1 warms the encoder up, step 2 trains jointly
     if stage == "b":
-        return ["--config", str(ROOT / "configs/tiny/stage_b.yaml"),
+        return ["--config", str(STAGE_B_CONFIG),
                 *stage_b_overrides(tmp_path, fixtures["tiny_mistral_dir"], out), "data.history_turns=1"]
     if stage == "c":  # one predictions cache: the first run fills it, the others only train
-        return ["--config", str(STAGE_C_CONFIG), *fixtures["runs"]["overrides"], f"output_dir={out}",
+        return ["--config", str(STAGE_C_CONFIG), *fixtures["stage_c_runs"]["overrides"], f"output_dir={out}",
                 f"predictions_cache={tmp_path / 'predictions'}"]
-    return ["--config", str(STAGE_D_CONFIG), *fixtures["run"]["overrides"], f"output_dir={out}"]
+    return ["--config", str(STAGE_D_CONFIG), *fixtures["stage_d_run"]["overrides"], f"output_dir={out}"]
 
 
 SCRIPTS = {"a": "train_stage_a", "b": "train_stage_b", "c": "train_stage_c", "d": "train_stage_d"}
-FIXTURES = {"a": ["data"], "b": ["tiny_mistral_dir"], "c": ["runs"], "d": ["run"]}
+FIXTURES = {"a": ["stage_a_data"], "b": ["tiny_mistral_dir"], "c": ["stage_c_runs"], "d": ["stage_d_run"]}
 
 
 def launched(engine: str, stage: str, argv: list[str], out: Path) -> Path:
@@ -141,8 +141,7 @@ def test_engines_write_the_same_weights_and_zero2_resumes_exactly(stage, engines
 def test_a_launch_accelerate_cannot_see_stops_before_writing(stage, tmp_path, monkeypatch, capsys):
     """The launcher's WORLD_SIZE above the processes accelerate sees (its FSDP plugin on CPUs runs each process
     alone): one ``error:`` line, exit code 2, no output directory."""
-    config = {"a": STAGE_A_CONFIG, "b": ROOT / "configs/tiny/stage_b.yaml", "c": STAGE_C_CONFIG,
-              "d": STAGE_D_CONFIG}[stage]
+    config = {"a": STAGE_A_CONFIG, "b": STAGE_B_CONFIG, "c": STAGE_C_CONFIG, "d": STAGE_D_CONFIG}[stage]
     out = tmp_path / "run"
     monkeypatch.setenv("WORLD_SIZE", "2")
     capsys.readouterr()
@@ -153,11 +152,11 @@ def test_a_launch_accelerate_cannot_see_stops_before_writing(stage, tmp_path, mo
     assert not out.exists()
 
 
-def test_fsdp_on_cpu_processes_is_refused_by_every_process(run, tmp_path):  # noqa: F811
+def test_fsdp_on_cpu_processes_is_refused_by_every_process(stage_d_run, tmp_path):
     """The real case: the shipped FSDP config launched on 2 CPU processes."""
     out = tmp_path / "fsdp"
-    result = launch_engine("ddp", "train_stage_d", [*stage_argv("d", {"run": run}, tmp_path, out), *STEPS],
-                           config_file="fsdp_decoder.yaml")
+    argv = [*stage_argv("d", {"stage_d_run": stage_d_run}, tmp_path, out), *STEPS]
+    result = launch_engine("ddp", "train_stage_d", argv, config_file="fsdp_decoder.yaml")
     assert result.returncode != 0
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 2 and all("launcher started 2 processes (WORLD_SIZE)" in e for e in errors), errors
@@ -191,19 +190,19 @@ def test_fsdp2_saves_gather_full_weights_and_resume_continues_exactly(kind, requ
 
 
 @pytest.mark.gpu
-def test_stage_a_trains_under_accelerates_fsdp2_on_one_gpu(data, tmp_path):  # noqa: F811
+def test_stage_a_trains_under_accelerates_fsdp2_on_one_gpu(stage_a_data, tmp_path):
     """The shipped FSDP2 config end to end through accelerate (one process: its plugin needs a GPU): a 2-step run
     writes full trained parts (the shapes of an unsharded model's) and its checkpoint resumes."""
     out = tmp_path / "fsdp"
-    argv = [*stage_argv("a", {"data": data}, tmp_path, out), *STEPS]
+    argv = [*stage_argv("a", {"stage_a_data": stage_a_data}, tmp_path, out), *STEPS]
     result = launch_engine("ddp", "train_stage_a", argv, num_processes=1, config_file="fsdp_decoder.yaml")
     assert result.returncode == 0, result.stderr[-4000:]
     assert json.loads((out / "run_info.json").read_text())["distributed_type"] == "DistributedType.FSDP"
     step_1, step_2 = (trained_weights(out / "checkpoints" / f"step_000000{s}") for s in (1, 2))
     plain = load_script("scripts/train_stage_a.py")
     reference = plain.EncoderDecoder(
-        ActionAwareEncoder.from_config(data["cfg"].encoder),
-        AnimationShotDecoder.from_config(data["cfg"].decoder, with_vae=False),
+        ActionAwareEncoder.from_config(stage_a_data["cfg"].encoder),
+        AnimationShotDecoder.from_config(stage_a_data["cfg"].decoder, with_vae=False),
     )
     shapes = {name: tuple(p.shape) for name, p in reference.named_parameters() if p.requires_grad}
     assert len(step_2) == len(shapes) and sorted(tuple(v.shape) for v in step_2.values()) == sorted(shapes.values())

@@ -33,7 +33,7 @@ from animegamer.eval.systems import (
     majority_values,
 )
 from animegamer.states import ShotTags, StateValues, parse_tags
-from tests.conftest import make_clip_frames
+from tests.helpers.clips import make_clip_frames
 from tests.helpers.eval_data import eval_overrides, make_spriteworld
 from tests.helpers.llm_server import FakeChatServer
 

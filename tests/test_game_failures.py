@@ -25,7 +25,7 @@ from animegamer.inference.session import build_session
 from animegamer.inference.vocabulary import Vocabulary
 from animegamer.inference.web import WebGame, as_text, large_clip
 from animegamer.play import run
-from tests.conftest import make_clip_frames
+from tests.helpers.clips import make_clip_frames
 from tests.helpers.game import GAME, TINY, FailingRenderer, rewrite, tiny_overrides, turn0
 
 K = 2  # history_turns of tiny_overrides

@@ -7,7 +7,7 @@ import pytest
 
 from animegamer.data.video import VideoReadError, probe_video, read_video, write_gif, write_mp4
 from animegamer.io import atomic_write_json
-from tests.conftest import make_clip_frames
+from tests.helpers.clips import make_clip_frames
 
 ROOT = Path(__file__).resolve().parents[1]
 

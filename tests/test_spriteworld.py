@@ -28,15 +28,9 @@ from animegamer.spriteworld.world import (
     spec_from_instruction,
 )
 from animegamer.states import TagError, parse_instruction, parse_tags, read_game_file
+from tests.helpers.spriteworld import SPEC_KEYS, colour_mask, small_config
 
 ROOT = Path(__file__).resolve().parents[1]
-SPEC_KEYS = ("character", "action", "place", "time", "adverb", "friend")
-
-
-def small_config(out, **kw) -> SpriteWorldConfig:
-    values = dict(output_dir=str(out), num_films=6, shots_per_film=8, test_fraction=0.34, workers=2, speed_jitter=0.3)
-    values.update(kw)
-    return SpriteWorldConfig(**values)
 
 
 @pytest.fixture(scope="module")
@@ -252,10 +246,6 @@ def test_levels_are_monotone_in_motion_scope(dataset):
     assert all(motion_level(r.motion_scope, edges) == r.motion_level for r in dataset.records)
 
 
-def _colour_mask(frames: np.ndarray, colour, tol: float = 28.0) -> np.ndarray:
-    return np.linalg.norm(frames.astype(np.float64) - np.array(colour), axis=-1) < tol  # (T, H, W)
-
-
 def test_pixels_move_like_the_true_motion():
     """The character's hair moves a lot when running and hardly at all when sleeping, as motion_scope says."""
     kai = CHARACTERS["Kai"]
@@ -263,7 +253,7 @@ def test_pixels_move_like_the_true_motion():
     for action in ("sleep", "read", "walk", "run"):
         spec = ShotSpec("Kai", action, "bedroom" if action in ("sleep", "read") else "street", "noon",
                         ACTIONS[action].adverbs[-1])
-        mask = _colour_mask(render_shot(spec, 1), kai.hair)
+        mask = colour_mask(render_shot(spec, 1), kai.hair)
         assert mask.sum(axis=(1, 2)).min() > 5, action
         xs = [np.nonzero(m)[1].mean() for m in mask]
         travel[action] = np.abs(np.diff(xs)).mean()
@@ -272,7 +262,7 @@ def test_pixels_move_like_the_true_motion():
 
 def _hair_track(frames: np.ndarray, character: str) -> tuple[float, float]:
     """Horizontal start and mean per-frame step of a character's hair (its x centroid)."""
-    xs = [np.nonzero(m)[1].mean() for m in _colour_mask(frames, CHARACTERS[character].hair)]
+    xs = [np.nonzero(m)[1].mean() for m in colour_mask(frames, CHARACTERS[character].hair)]
     return xs[0], float(np.diff(xs).mean())
 
 
@@ -340,11 +330,11 @@ def test_split_is_by_film_and_deterministic():
 def test_characters_are_recognisable_by_colour():
     for name, ch in CHARACTERS.items():
         frames = render_shot(ShotSpec(name, "walk", "kitchen", "noon", "slowly"), 0)
-        own = _colour_mask(frames, ch.top).sum() / len(frames)
+        own = colour_mask(frames, ch.top).sum() / len(frames)
         assert own > 15, name
         for other, och in CHARACTERS.items():
             if other != name:
-                assert _colour_mask(frames, och.top).sum() / len(frames) < own / 5, (name, other)
+                assert colour_mask(frames, och.top).sum() / len(frames) < own / 5, (name, other)
 
 
 def test_night_is_darker_than_day_and_places_differ():
@@ -361,7 +351,7 @@ def test_night_is_darker_than_day_and_places_differ():
 def test_two_characters_in_social_shots():
     frames = render_shot(ShotSpec("Qiqi", "talk", "park", "noon", "happily", friend="Momo"), 0)
     for ch in ("Qiqi", "Momo"):
-        assert _colour_mask(frames, CHARACTERS[ch].top).sum(axis=(1, 2)).min() > 5
+        assert colour_mask(frames, CHARACTERS[ch].top).sum(axis=(1, 2)).min() > 5
     scene = animate(ShotSpec("Luna", "play", "beach", "noon", "happily", friend="Kai"), 0)
     assert all(len(f.figures) == 2 and f.props[0][0] == "ball" for f in scene.frames)
 

@@ -22,7 +22,7 @@ from animegamer.spriteworld.memory import (
     resolve_game,
 )
 from animegamer.states import TagError, parse_instruction, parse_tags, read_game_file
-from tests.test_spriteworld import SPEC_KEYS, _colour_mask, small_config
+from tests.helpers.spriteworld import SPEC_KEYS, colour_mask, small_config
 
 pytestmark = pytest.mark.slow  # an end-to-end run: `make test-fast` leaves it out
 
@@ -98,8 +98,8 @@ def test_the_companion_follows_after_a_social_shot_until_sleep():
     walk = shots[1]
     alone, followed = render_shot(walk, 0, num_frames=5), render_shot(walk, 0, num_frames=5, companion="Kai")
     right = slice(72, 96)
-    assert _colour_mask(followed[:, :, right], CHARACTERS["Kai"].top).sum() > 20
-    assert _colour_mask(alone[:, :, right], CHARACTERS["Kai"].top).sum() == 0
+    assert colour_mask(followed[:, :, right], CHARACTERS["Kai"].top).sum() > 20
+    assert colour_mask(alone[:, :, right], CHARACTERS["Kai"].top).sum() == 0
     with pytest.raises(ValueError, match="companion"):
         render_shot(walk, 0, companion="Qiqi")
 

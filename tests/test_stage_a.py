@@ -22,21 +22,18 @@ from animegamer.data.features import (
     read_skipped,
     select_frame,
 )
-from animegamer.data.manifest import ClipRecord, write_manifest
 from animegamer.data.tensor_store import TensorStore
-from animegamer.data.video import write_mp4
 from animegamer.models.decoder import AnimationShotDecoder
 from animegamer.models.shot_encoder import ActionAwareEncoder
 from animegamer.models.trained import load_decoder, load_encoder
 from animegamer.models.weights import load_state_dict_file
 from animegamer.training.checkpoint import list_checkpoints
-from tests.conftest import make_clip_frames
+from tests.helpers.clips import make_clip_frames
+from tests.helpers.stage_runs import STAGE_A_CONFIG
 
 pytestmark = pytest.mark.slow  # an end-to-end run: `make test-fast` leaves it out
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY_CONFIG = ROOT / "configs" / "tiny" / "stage_a.yaml"
-TAGS = "<S>{who}</S><MD>{what}</MD><EV>park</EV><ML>{level}</ML><MA>quickly</MA><SC>0</SC><ET>1</ET><ST>-1</ST>"
 
 
 train_stage_a = load_script("scripts/train_stage_a")
@@ -52,56 +49,9 @@ def single_torch_thread():
     torch.set_num_threads(before)
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory, tiny_clip_config, tiny_cogvideox_dir):
-    """Four captioned clips, one corrupt, one missing, one uncaptioned; features precomputed once."""
-    root = tmp_path_factory.mktemp("stage_a_data")
-    records = []
-    for i, (speed, level, who, what) in enumerate(
-        [(1, 1, "Qiqi", "sit"), (3, 2, "Sam", "walk"), (5, 4, "Mia", "run"), (7, 5, "Ken", "jump")]
-    ):
-        # 8 frames at 8 fps: one short of the 9 the VAE wants, so the last frame is repeated
-        write_mp4(root / f"clips/c{i}.mp4", make_clip_frames(8, 48, 64, speed=speed, seed=i), fps=8)
-        records.append(
-            ClipRecord(
-                f"film0_{i:05d}",
-                f"clips/c{i}.mp4",
-                "film0",
-                i,
-                2.0 * i,
-                2.0 * i + 2,
-                tags=TAGS.format(who=who, what=what, level=level),
-                motion_level=level,
-            )
-        )
-    (root / "clips/broken.mp4").write_bytes(b"\x00\x00\x00\x18ftypmp42 this is not a video")
-    tags = TAGS.format(who="Luna", what="fly", level=3)
-    records.append(ClipRecord("film1_00000", "clips/broken.mp4", "film1", 0, 0.0, 2.0, tags=tags))
-    records.append(ClipRecord("film1_00001", "clips/gone.mp4", "film1", 1, 2.0, 4.0, tags=tags))
-    write_mp4(root / "clips/untagged.mp4", make_clip_frames(9, 48, 64), fps=8)
-    records.append(ClipRecord("film1_00002", "clips/untagged.mp4", "film1", 2, 4.0, 6.0))
-    write_manifest(root / "clips.jsonl", records)
-    overrides = [
-        f"clip.checkpoint={tiny_clip_config.checkpoint}",
-        f"clip.model_config={tiny_clip_config.model_config}",
-        f"t5.path={tiny_cogvideox_dir}",
-        f"decoder.pretrained={tiny_cogvideox_dir}",
-        f"data.manifest={root / 'clips.jsonl'}",
-        f"data.features_dir={root / 'features'}",
-        "data.num_workers=0",
-        "data.height=48",  # smaller and shorter than SpriteWorld's 64x96x17: faster tests
-        "data.width=64",
-        "data.num_frames=9",
-        "train.log_every=1",
-        "train.lr_warmup_steps=0",
-    ]
-    cfg = load_config(TINY_CONFIG, overrides)
-    summary = precompute_features(cfg, progress=False)
-    return {"root": root, "overrides": overrides, "cfg": cfg, "summary": summary}
-
-
 def _run(tmp_dir, data, *extra):
-    argv = ["--config", str(TINY_CONFIG), *data["overrides"], f"output_dir={tmp_dir}", "train.report_to=csv", *extra]
+    argv = ["--config", str(STAGE_A_CONFIG), *data["overrides"], f"output_dir={tmp_dir}", "train.report_to=csv",
+            *extra]
     return train_stage_a.main(argv)
 
 
@@ -124,8 +74,8 @@ def test_frames_are_fitted_and_sampled():
     assert clip_frame_indices(9, 4) == [0, 3, 5, 8] and clip_frame_indices(17, 1) == [0]
 
 
-def test_precompute_stores_fields_and_reports_bad_clips(data, capsys):
-    cfg, summary = data["cfg"], data["summary"]
+def test_precompute_stores_fields_and_reports_bad_clips(stage_a_data, capsys):
+    cfg, summary = stage_a_data["cfg"], stage_a_data["summary"]
     store = TensorStore(cfg.data.features_dir)
     assert summary.written == 4 and sorted(store.clip_ids()) == [f"film0_{i:05d}" for i in range(4)]
     fields = store.load("film0_00000")
@@ -148,15 +98,15 @@ def test_precompute_stores_fields_and_reports_bad_clips(data, capsys):
     with pytest.raises(ValueError, match="no usable clips"):
         StageADataset(cfg.data.features_dir, [])
 
-    bad = load_config(TINY_CONFIG, data["overrides"] + ["data.height=32"])
+    bad = load_config(STAGE_A_CONFIG, stage_a_data["overrides"] + ["data.height=32"])
     with pytest.raises(ValueError, match="height: 48 -> 32"):
         precompute_features(bad, progress=False)
 
 
-def test_training_run_checkpoints_warmup_and_resume(data, tmp_path, capsys):
+def test_training_run_checkpoints_warmup_and_resume(stage_a_data, tmp_path, capsys):
     # 4 steps: 2 encoder-only warm-up steps, then 2 joint steps; a checkpoint after every step
     common = ["train.max_steps=4", "warmup_steps=2", "train.checkpoint_every=1", "train.keep_checkpoints=10"]
-    straight = _run(tmp_path / "a", data, *common)
+    straight = _run(tmp_path / "a", stage_a_data, *common)
     printed = capsys.readouterr()
     assert "broken.mp4" in printed.out and "gone.mp4" in printed.out  # bad clips reported by path
     steps = list_checkpoints(straight)
@@ -198,14 +148,14 @@ def test_training_run_checkpoints_warmup_and_resume(data, tmp_path, capsys):
     shot = targets.load("film0_00001")["shot_embeds"]
     assert shot.shape == (226, 32) and shot.dtype == torch.float32
     encoder = load_encoder(straight)
-    feats = TensorStore(data["cfg"].data.features_dir).load("film0_00001")
+    feats = TensorStore(stage_a_data["cfg"].data.features_dir).load("film0_00001")
     with torch.no_grad():
         expected = encoder(feats["clip_tokens"][:1].float(), feats["text_tokens"][None].float())[0]
     torch.testing.assert_close(shot, expected)
     assert json.loads((straight / "shot_targets/source.json").read_text())["step"] == 4
 
     # the trained decoder loads back onto the pretrained one
-    cfg = load_config(TINY_CONFIG, data["overrides"])
+    cfg = load_config(STAGE_A_CONFIG, stage_a_data["overrides"])
     decoder = load_decoder(straight, cfg.decoder, with_vae=False)
     torch.testing.assert_close(decoder.transformer.ofs_embedding.linear_2.weight, w[3]["motion.linear_2.weight"])
 
@@ -213,8 +163,8 @@ def test_training_run_checkpoints_warmup_and_resume(data, tmp_path, capsys):
     out = encode_shots.main(
         [
             "--config",
-            str(TINY_CONFIG),
-            *data["overrides"],
+            str(STAGE_A_CONFIG),
+            *stage_a_data["overrides"],
             f"output_dir={straight}",
             "--checkpoint",
             str(steps[1]),
@@ -230,8 +180,8 @@ def test_training_run_checkpoints_warmup_and_resume(data, tmp_path, capsys):
     assert json.loads((out / "source.json").read_text())["checkpoint"] == str(steps[1])
 
     # exact resume: 2 steps, stop, resume to 4 == 4 straight steps
-    _run(tmp_path / "b", data, *common[1:], "train.max_steps=2")
-    resumed = _run(tmp_path / "b", data, *common[1:], "train.max_steps=4", "--resume", "latest")
+    _run(tmp_path / "b", stage_a_data, *common[1:], "train.max_steps=2")
+    resumed = _run(tmp_path / "b", stage_a_data, *common[1:], "train.max_steps=4", "--resume", "latest")
     assert "resumed from" in capsys.readouterr().out
     final = _trained(list_checkpoints(resumed)[-1])
     for k, v in w[3].items():
@@ -239,8 +189,10 @@ def test_training_run_checkpoints_warmup_and_resume(data, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("motion_loss_weight", [0.0, 10.0])
-def test_overfitting_one_batch(data, motion_loss_weight):
-    cfg: StageAConfig = dataclasses.replace(data["cfg"], condition_dropout=0.0, motion_loss_weight=motion_loss_weight)
+def test_overfitting_one_batch(stage_a_data, motion_loss_weight):
+    cfg: StageAConfig = dataclasses.replace(
+        stage_a_data["cfg"], condition_dropout=0.0, motion_loss_weight=motion_loss_weight
+    )
     dataset, _ = build_stage_a_dataset(cfg.data)
     batch = {k: torch.stack([dataset[i][k] for i in range(2)]) for k in dataset[0]}
     torch.manual_seed(0)
@@ -260,10 +212,10 @@ def test_overfitting_one_batch(data, motion_loss_weight):
     assert losses[-1] < 0.5 * losses[0], losses
 
 
-def test_shot_noise_perturbs_what_the_decoder_reads_and_nothing_else(data):
+def test_shot_noise_perturbs_what_the_decoder_reads_and_nothing_else(stage_a_data):
     """shot_noise > 0: the decoder reads s_a + noise of that fraction of s_a's std (the MLLM's predictions are a
     little off); 0 leaves the paper's step as it was; the encoder still gets the gradient through the noise."""
-    cfg: StageAConfig = dataclasses.replace(data["cfg"], condition_dropout=0.0)
+    cfg: StageAConfig = dataclasses.replace(stage_a_data["cfg"], condition_dropout=0.0)
     dataset, _ = build_stage_a_dataset(cfg.data)
     batch = {k: torch.stack([dataset[i][k] for i in range(2)]) for k in dataset[0]}
     torch.manual_seed(0)
@@ -286,10 +238,10 @@ def test_shot_noise_perturbs_what_the_decoder_reads_and_nothing_else(data):
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in encoder.parameters() if p.requires_grad)
 
 
-def test_motion_guidance_drops_the_level_with_the_shot(data):
+def test_motion_guidance_drops_the_level_with_the_shot(stage_a_data):
     """With decoder.motion_guidance a dropped row trains the null shot at the null level 0 (what CFG's
     unconditional branch then samples with); without it the dropped row keeps its level."""
-    cfg: StageAConfig = dataclasses.replace(data["cfg"], condition_dropout=1.0)
+    cfg: StageAConfig = dataclasses.replace(stage_a_data["cfg"], condition_dropout=1.0)
     dataset, _ = build_stage_a_dataset(cfg.data)
     batch = {k: torch.stack([dataset[i][k] for i in range(2)]) for k in dataset[0]}
     torch.manual_seed(0)
@@ -320,17 +272,17 @@ def test_motion_guidance_drops_the_level_with_the_shot(data):
     assert abs(guided.item() - plain.item()) > 1e-6
 
 
-def test_malformed_manifest_is_one_clear_error(data, tmp_path, capsys):
+def test_malformed_manifest_is_one_clear_error(stage_a_data, tmp_path, capsys):
     manifest = tmp_path / "clips.jsonl"
-    lines = (data["root"] / "clips.jsonl").read_text().splitlines()
+    lines = (stage_a_data["root"] / "clips.jsonl").read_text().splitlines()
     manifest.write_text("\n".join([lines[0], "{not json", *lines[1:]]) + "\n")
     with pytest.raises(SystemExit):
-        _run(tmp_path / "run", data, f"data.manifest={manifest}", "train.max_steps=1")
+        _run(tmp_path / "run", stage_a_data, f"data.manifest={manifest}", "train.max_steps=1")
     assert f"{manifest}:2" in capsys.readouterr().err
 
 
-def test_a_bad_resume_fails_in_one_line_and_leaves_the_finished_run_alone(data, tmp_path, capsys):
-    out = _run(tmp_path / "done", data, "train.max_steps=1", "warmup_steps=0", "train.checkpoint_every=1")
+def test_a_bad_resume_fails_in_one_line_and_leaves_the_finished_run_alone(stage_a_data, tmp_path, capsys):
+    out = _run(tmp_path / "done", stage_a_data, "train.max_steps=1", "warmup_steps=0", "train.checkpoint_every=1")
     kept = {name: (out / name).read_bytes() for name in ("config.yaml", "run_info.json", "metrics.csv")}
     weights = out / "checkpoints" / "step_0000001" / "encoder" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-10])
@@ -338,7 +290,7 @@ def test_a_bad_resume_fails_in_one_line_and_leaves_the_finished_run_alone(data, 
     for resume, needle in [("latest", f"{weights}: damaged or truncated"),
                            (str(tmp_path / "nonexistent"), "checkpoint not found")]:
         with pytest.raises(SystemExit) as exit_info:
-            _run(out, data, "train.max_steps=2", "--resume", resume)
+            _run(out, stage_a_data, "train.max_steps=2", "--resume", resume)
         err = capsys.readouterr().err.strip()
         assert exit_info.value.code == 2 and err.startswith("error: ") and needle in err and "\n" not in err, err
         assert {name: (out / name).read_bytes() for name in kept} == kept
@@ -352,7 +304,7 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_two_process_cpu_run(data, tmp_path):
+def test_two_process_cpu_run(stage_a_data, tmp_path):
     # `accelerate launch --cpu --num_processes 2` starts ONE process (multi-CPU needs mpirun); torchrun's launcher
     # with ACCELERATE_USE_CPU=true starts two processes that talk over gloo.
     accelerate = Path(sys.executable).parent / "accelerate"
@@ -372,8 +324,8 @@ def test_two_process_cpu_run(data, tmp_path):
         str(_free_port()),
         str(ROOT / "scripts" / "train_stage_a.py"),
         "--config",
-        str(TINY_CONFIG),
-        *data["overrides"],
+        str(STAGE_A_CONFIG),
+        *stage_a_data["overrides"],
         f"output_dir={tmp_path}",
         "train.max_steps=2",
         "warmup_steps=1",

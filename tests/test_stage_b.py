@@ -20,9 +20,10 @@ from animegamer.models.weights import load_state_dict_file
 from animegamer.tokens import PAPER, TurnLayout
 from animegamer.training.batches import ResumableBatchSampler
 from tests.helpers.stage_b_data import clip_id, write_stage_b_data
+from tests.helpers.stage_runs import SHOT_DIM, stage_b_overrides
+from tests.helpers.stage_runs import STAGE_B_SLOTS as SLOTS
 
 ROOT = Path(__file__).resolve().parents[1]
-SLOTS, SHOT_DIM = 8, 32  # the tiny config's shot_dim; slots reduced from 226 for speed
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 
@@ -193,26 +194,6 @@ def test_history_noise_perturbs_the_history_shots_only(tmp_path, layout):
 
 
 # ---------------------------------------------------------------- the training script
-
-
-def stage_b_overrides(tmp_path, tiny_mistral_dir, output_dir, **extra) -> list[str]:
-    data = tmp_path / "data"
-    if not (data / "clips.jsonl").is_file():
-        write_stage_b_data(data, films=3, clips_per_film=5, num_slots=SLOTS, shot_dim=SHOT_DIM,
-                           missing=(clip_id(2, 4),))
-    values = {
-        "output_dir": str(output_dir),
-        "mllm.pretrained": str(tiny_mistral_dir),
-        "mllm.num_slots": SLOTS,
-        "data.manifest": str(data / "clips.jsonl"),
-        "data.split": "all",
-        "shot_targets": str(data / "shot_targets"),
-        "train.lr_scheduler": "constant",
-        "train.lr": 3e-3,
-        "train.checkpoint_every": 2,
-        **extra,
-    }
-    return [f"{k}={v}" for k, v in values.items()]
 
 
 def free_port() -> int:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from animegamer.cli import load_script
-from animegamer.config import MLLMConfig, load_config
+from animegamer.config import load_config
 from animegamer.data.manifest import read_manifest
 from animegamer.data.stage_b import clip_turn
 from animegamer.data.stage_c import (
@@ -19,25 +19,23 @@ from animegamer.data.stage_c import (
     select_windows,
 )
 from animegamer.data.tensor_store import TensorStore
-from animegamer.models.mllm import AnimeGamerMLLM
 from animegamer.models.mllm_turn import HistoryTurn, predict_turn
 from animegamer.models.trained import load_decoder
 from animegamer.models.weights import load_state_dict_file
 from animegamer.training.checkpoint import list_checkpoints
-from tests.helpers.stage_b_data import clip_id, write_stage_b_data
+from tests.helpers.stage_b_data import clip_id
+from tests.helpers.stage_runs import DECODER_SLOTS as SLOTS
+from tests.helpers.stage_runs import SHOT_DIM
+from tests.helpers.stage_runs import STAGE_C_CONFIG as TINY_CONFIG
+from tests.helpers.stage_runs import STAGE_C_NO_FEATURES as NO_FEATURES
+from tests.helpers.stage_runs import STAGE_C_NO_TARGET as NO_TARGET
 from tests.helpers.stage_scripts import (
     ROOT,
     check_bad_resumes_leave_the_run_alone,
     launch_two_processes,
     logged_losses,
-    tiny_decoder_config,
-    write_decoder_run,
 )
 
-TINY_CONFIG = ROOT / "configs" / "tiny" / "stage_c.yaml"
-SLOTS, SHOT_DIM = 226, 32  # the tiny CogVideoX's condition tokens and width
-LATENT_SHAPE = (4, 2, 4, 6)  # (C, F, h, w): 2 latent frames of 4x6, the smallest the tiny decoder takes
-NO_FEATURES, NO_TARGET = clip_id(1, 3), clip_id(0, 2)
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 
@@ -47,53 +45,6 @@ train_stage_c = load_script("scripts/train_stage_c")
 def _digest(directory: Path) -> dict[str, str]:
     return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(directory.rglob("*")) if p.is_file()}
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory, tiny_cogvideox_dir, tiny_mistral_dir):
-    """Two films of 4 captioned clips with latents and shot targets, a stage (a) and a stage (b) checkpoint.
-
-    One clip has no features and one no shot target (so its own window and the windows it is history of go).
-    The checkpoints hold non-trivial trained parts (LoRA B != 0), so starting from them is observable.
-    """
-    root = tmp_path_factory.mktemp("stage_c")
-    write_stage_b_data(root, films=2, clips_per_film=4, num_slots=SLOTS, shot_dim=SHOT_DIM, missing=(NO_TARGET,))
-    g = torch.Generator().manual_seed(0)
-    manifest = read_manifest(root / "clips.jsonl")
-    TensorStore(root / "features").write_shard(
-        {r.clip_id: {"latents": torch.randn(LATENT_SHAPE, generator=g)} for r in manifest.records
-         if r.clip_id != NO_FEATURES}
-    )
-
-    torch.manual_seed(0)
-    stage_a = root / "stage_a"
-    write_decoder_run(tiny_decoder_config(tiny_cogvideox_dir), stage_a, 7, g)
-
-    mllm_cfg = MLLMConfig(pretrained=str(tiny_mistral_dir), shot_dim=SHOT_DIM, lora_rank=4, lora_alpha=4,
-                          gradient_checkpointing=False, dtype="fp32")
-    mllm = AnimeGamerMLLM.from_config(mllm_cfg)
-    with torch.no_grad():
-        for name, p in mllm.named_parameters():
-            if "lora_B" in name:
-                p.add_(0.05 * torch.randn(p.shape, generator=g))
-    stage_b = root / "stage_b"
-    mllm.save_trained(stage_b / "checkpoints" / "step_0000005")
-    (stage_b / "checkpoints" / "latest").write_text("step_0000005\n")
-
-    overrides = [
-        f"decoder.pretrained={tiny_cogvideox_dir}",
-        f"mllm.pretrained={tiny_mistral_dir}",
-        f"data.manifest={root / 'clips.jsonl'}",
-        f"data.features_dir={root / 'features'}",
-        "data.split=all",
-        f"stage_a_checkpoint={stage_a / 'checkpoints' / 'latest'}",
-        f"stage_b_checkpoint={stage_b}",
-        f"shot_targets={root / 'shot_targets'}",
-        "train.log_every=1",
-        "train.report_to=csv",
-        "train.lr_warmup_steps=0",
-    ]
-    return {"root": root, "overrides": overrides, "stage_a": stage_a, "stage_b": stage_b}
 
 
 def _argv(runs, out: Path, *extra: str) -> list[str]:
@@ -106,7 +57,7 @@ def _trained(step_dir: Path) -> dict[str, torch.Tensor]:
                .items()}}
 
 
-def test_predictions_are_teacher_forced_made_once_and_checked(runs, tmp_path, monkeypatch, capsys):
+def test_predictions_are_teacher_forced_made_once_and_checked(stage_c_runs, tmp_path, monkeypatch, capsys):
     calls = []
     real = train_stage_c.load_frozen_mllm
 
@@ -115,9 +66,9 @@ def test_predictions_are_teacher_forced_made_once_and_checked(runs, tmp_path, mo
         return real(cfg, device)
 
     monkeypatch.setattr(train_stage_c, "load_frozen_mllm", counting)
-    stage_b_before = _digest(runs["stage_b"])
+    stage_b_before = _digest(stage_c_runs["stage_b"])
     out = tmp_path / "run"
-    train_stage_c.main(_argv(runs, out, "train.max_steps=1"))
+    train_stage_c.main(_argv(stage_c_runs, out, "train.max_steps=1"))
     printed = capsys.readouterr().out
     assert len(calls) == 1 and "MLLM predictions: 5 made, 0 already cached" in printed
 
@@ -131,7 +82,7 @@ def test_predictions_are_teacher_forced_made_once_and_checked(runs, tmp_path, mo
     assert "left out 3 clip(s)" in printed
 
     # a cached prediction is predict_turn on the teacher-forced history: stage (a) targets + true values
-    cfg = load_config(TINY_CONFIG, _argv(runs, out)[2:])
+    cfg = load_config(TINY_CONFIG, _argv(stage_c_runs, out)[2:])
     manifest = read_manifest(cfg.data.manifest)
     records, targets = manifest.by_id(), TensorStore(cfg.shot_targets)
     mllm = real(cfg, "cpu")
@@ -154,29 +105,29 @@ def test_predictions_are_teacher_forced_made_once_and_checked(runs, tmp_path, mo
     assert all(torch.equal(v, mllm.state_dict()[k]) for k, v in before.items())
     assert not any(p.requires_grad or p.grad is not None for p in mllm.parameters())
     torch.testing.assert_close(TensorStore(tmp_path / "again").load(window.current)["shot_embeds"], cached)
-    assert _digest(runs["stage_b"]) == stage_b_before
+    assert _digest(stage_c_runs["stage_b"]) == stage_b_before
 
     # a second run (a new output dir, the same cache) reuses the predictions and never loads the MLLM
     index_before = (out / "predictions" / "index.json").read_text()
     reuse = f"predictions_cache={out / 'predictions'}"
-    train_stage_c.main(_argv(runs, tmp_path / "rerun", "train.max_steps=1", reuse))
+    train_stage_c.main(_argv(stage_c_runs, tmp_path / "rerun", "train.max_steps=1", reuse))
     assert len(calls) == 1 and "MLLM predictions" not in capsys.readouterr().out
     assert (out / "predictions" / "index.json").read_text() == index_before
 
     # a cache made with other window settings is refused, not reused
     with pytest.raises(SystemExit):
-        train_stage_c.main(_argv(runs, out, "data.history_turns=1"))
+        train_stage_c.main(_argv(stage_c_runs, out, "data.history_turns=1"))
     assert "made with other windows" in capsys.readouterr().err and len(calls) == 1
     with pytest.raises(SystemExit):
-        train_stage_c.main(_argv(runs, tmp_path / "none", f"stage_a_checkpoint={tmp_path / 'nowhere'}"))
+        train_stage_c.main(_argv(stage_c_runs, tmp_path / "none", f"stage_a_checkpoint={tmp_path / 'nowhere'}"))
     assert "checkpoint not found" in capsys.readouterr().err and len(calls) == 1
 
 
-def test_own_history_predicts_each_film_from_its_own_earlier_predictions(runs, tmp_path, capsys):
+def test_own_history_predicts_each_film_from_its_own_earlier_predictions(stage_c_runs, tmp_path, capsys):
     """history=own: a clip's history is what the MLLM itself predicted for the earlier clips, played from the
     film's start (shots and values), as in a game; the cache keeps the values, is resumable, and is told apart
     from a teacher-forced one."""
-    cfg = load_config(TINY_CONFIG, _argv(runs, tmp_path / "x", "history=own")[2:])
+    cfg = load_config(TINY_CONFIG, _argv(stage_c_runs, tmp_path / "x", "history=own")[2:])
     assert cfg.history == "own"
     manifest = read_manifest(cfg.data.manifest)
     records, targets = manifest.by_id(), TensorStore(cfg.shot_targets)
@@ -202,7 +153,7 @@ def test_own_history_predicts_each_film_from_its_own_earlier_predictions(runs, t
         assert entry["values"].tolist() == [v.motion_level, v.social, v.entertainment, v.stamina]
     teacher = tmp_path / "teacher"
     fill_predictions(mllm, windows, manifest, targets, teacher, prediction_settings(
-        load_config(TINY_CONFIG, _argv(runs, tmp_path / "x")[2:])), progress=False)
+        load_config(TINY_CONFIG, _argv(stage_c_runs, tmp_path / "x")[2:])), progress=False)
     first, third = clip_id(1, 0), clip_id(1, 2)  # no history: the same; with history: not
     torch.testing.assert_close(TensorStore(teacher).load(first)["shot_embeds"], own.load(first)["shot_embeds"])
     assert not torch.allclose(TensorStore(teacher).load(third)["shot_embeds"], own.load(third)["shot_embeds"])
@@ -216,16 +167,16 @@ def test_own_history_predicts_each_film_from_its_own_earlier_predictions(runs, t
     torch.testing.assert_close(TensorStore(part).load(third)["shot_embeds"], own.load(third)["shot_embeds"])
     # a teacher-forced cache is refused for history=own, and the choice is checked
     with pytest.raises(SystemExit):
-        train_stage_c.main(_argv(runs, tmp_path / "mixed", "history=own", f"predictions_cache={teacher}"))
+        train_stage_c.main(_argv(stage_c_runs, tmp_path / "mixed", "history=own", f"predictions_cache={teacher}"))
     assert "made with other history" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        train_stage_c.main(_argv(runs, tmp_path / "bad", "history=mine"))
+        train_stage_c.main(_argv(stage_c_runs, tmp_path / "bad", "history=mine"))
     assert "history='mine' is not one of ['teacher', 'own']" in capsys.readouterr().err
 
 
-def test_only_the_decoder_trains_and_resume_is_exact(runs, tmp_path, capsys):
+def test_only_the_decoder_trains_and_resume_is_exact(stage_c_runs, tmp_path, capsys):
     common = ["train.checkpoint_every=1", "train.keep_checkpoints=10", "train.lr=3e-3"]
-    straight = train_stage_c.main(_argv(runs, tmp_path / "a", *common, "train.max_steps=4"))
+    straight = train_stage_c.main(_argv(stage_c_runs, tmp_path / "a", *common, "train.max_steps=4"))
     steps = list_checkpoints(straight)
     assert [p.name for p in steps] == [f"step_000000{i}" for i in (1, 2, 3, 4)]
     for name in ("decoder/adapter_config.json", "decoder/adapter_model.safetensors",
@@ -235,14 +186,14 @@ def test_only_the_decoder_trains_and_resume_is_exact(runs, tmp_path, capsys):
     assert not (steps[-1] / "encoder").exists()
 
     # it starts from stage (a)'s decoder and moves only its LoRA + motion embedding
-    start = _trained(runs["stage_a"] / "checkpoints" / "step_0000007")
+    start = _trained(stage_c_runs["stage_a"] / "checkpoints" / "step_0000007")
     w = [_trained(p) for p in steps]
     assert start.keys() == w[0].keys()
     assert all(torch.allclose(start[k], w[0][k], atol=5e-3) for k in start)  # one Adam step (lr 3e-3) away
     assert any(not torch.equal(w[0][k], w[3][k]) for k in start if "lora_B" in k)
     assert not torch.equal(w[0]["motion.linear_2.weight"], w[3]["motion.linear_2.weight"])
     optimizer = torch.load(steps[-1] / "optimizer.bin", weights_only=True)
-    cfg = load_config(TINY_CONFIG, _argv(runs, straight)[2:])
+    cfg = load_config(TINY_CONFIG, _argv(stage_c_runs, straight)[2:])
     decoder = load_decoder(steps[-1], cfg.decoder, with_vae=False)  # the inference loader takes the checkpoint
     trainable = decoder.trainable_parameters()
     assert sum(len(g["params"]) for g in optimizer["param_groups"]) == len(trainable) == len(optimizer["state"])
@@ -254,8 +205,10 @@ def test_only_the_decoder_trains_and_resume_is_exact(runs, tmp_path, capsys):
     assert len(losses) == 4 and all(torch.isfinite(torch.tensor(losses)))
 
     # exact resume: 2 steps, stop, resume to 4 == 4 straight steps
-    train_stage_c.main(_argv(runs, tmp_path / "b", *common, "train.max_steps=2"))
-    resumed = train_stage_c.main(_argv(runs, tmp_path / "b", *common, "train.max_steps=4", "--resume", "latest"))
+    train_stage_c.main(_argv(stage_c_runs, tmp_path / "b", *common, "train.max_steps=2"))
+    resumed = train_stage_c.main(
+        _argv(stage_c_runs, tmp_path / "b", *common, "train.max_steps=4", "--resume", "latest")
+    )
     assert "resumed from" in capsys.readouterr().out
     final = _trained(list_checkpoints(resumed)[-1])
     for k, v in w[3].items():
@@ -264,9 +217,9 @@ def test_only_the_decoder_trains_and_resume_is_exact(runs, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("motion_loss_weight", [0.0, 10.0])
-def test_overfitting_one_batch(runs, motion_loss_weight):
+def test_overfitting_one_batch(stage_c_runs, motion_loss_weight):
     overrides = ["condition_dropout=0.0", f"motion_loss_weight={motion_loss_weight}"]
-    cfg = load_config(TINY_CONFIG, _argv(runs, runs["root"] / "unused")[2:] + overrides)
+    cfg = load_config(TINY_CONFIG, _argv(stage_c_runs, stage_c_runs["root"] / "unused")[2:] + overrides)
     # the stage (a) targets stand in for MLLM predictions: the loss and the decoder are what is tested here
     items = [(clip_id(1, i), i + 1) for i in range(3)]
     dataset = StageCDataset(cfg.data.features_dir, cfg.shot_targets, items)
@@ -287,10 +240,11 @@ def test_overfitting_one_batch(runs, motion_loss_weight):
     assert all(torch.equal(p, frozen[n]) for n, p in decoder.named_parameters() if not p.requires_grad)
 
 
-def test_two_processes_share_the_predictions(runs, tmp_path):
+def test_two_processes_share_the_predictions(stage_c_runs, tmp_path):
     out = tmp_path / "ddp"
     result = launch_two_processes(
-        "train_stage_c", _argv(runs, out, "train.max_steps=2", "train.batch_size=1", "train.checkpoint_every=2"),
+        "train_stage_c",
+        _argv(stage_c_runs, out, "train.max_steps=2", "train.batch_size=1", "train.checkpoint_every=2"),
         TOKENIZERS_PARALLELISM="false",
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -298,7 +252,7 @@ def test_two_processes_share_the_predictions(runs, tmp_path):
     assert (out / "checkpoints" / "step_0000002" / "random_states_1.pkl").is_file()
     assert result.stdout.count("MLLM predictions: 5 made") == 1
     # the two processes' shares, gathered and written by the main one, are the single-process predictions
-    cfg = load_config(TINY_CONFIG, _argv(runs, out)[2:])
+    cfg = load_config(TINY_CONFIG, _argv(stage_c_runs, out)[2:])
     manifest = read_manifest(cfg.data.manifest)
     mllm = train_stage_c.load_frozen_mllm(cfg, "cpu")
     windows, _ = select_windows(cfg, manifest, mllm.layout)
@@ -334,6 +288,8 @@ def test_configs_line_up_with_stages_a_and_b():
     assert inference.decoder_checkpoint == f"{tiny.output_dir}/checkpoints/latest"
 
 
-def test_a_bad_resume_fails_in_one_line_and_leaves_the_finished_run_alone(runs, tmp_path, capsys):
-    out = train_stage_c.main(_argv(runs, tmp_path / "done", "train.max_steps=1", "train.checkpoint_every=1"))
-    check_bad_resumes_leave_the_run_alone(train_stage_c.main, lambda *extra: _argv(runs, out, *extra), out, capsys)
+def test_a_bad_resume_fails_in_one_line_and_leaves_the_finished_run_alone(stage_c_runs, tmp_path, capsys):
+    out = train_stage_c.main(_argv(stage_c_runs, tmp_path / "done", "train.max_steps=1", "train.checkpoint_every=1"))
+    check_bad_resumes_leave_the_run_alone(
+        train_stage_c.main, lambda *extra: _argv(stage_c_runs, out, *extra), out, capsys
+    )

@@ -22,46 +22,21 @@ from animegamer.training.distill import (
     target_x0,
     teacher_segment,
 )
-from tests.helpers.stage_b_data import clip_id, write_stage_b_data
+from tests.helpers.stage_runs import DECODER_SLOTS as SLOTS
+from tests.helpers.stage_runs import SHOT_DIM
+from tests.helpers.stage_runs import STAGE_D_CONFIG as TINY_CONFIG
+from tests.helpers.stage_runs import STAGE_D_UNCAPTIONED as UNCAPTIONED
 from tests.helpers.stage_scripts import (
     ROOT,
     check_bad_resumes_leave_the_run_alone,
     launch_two_processes,
     logged_losses,
-    tiny_decoder_config,
-    write_decoder_run,
 )
 
-TINY_CONFIG = ROOT / "configs" / "tiny" / "stage_d.yaml"
-SLOTS, SHOT_DIM = 226, 32
-UNCAPTIONED = clip_id(0, 3)
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 
 train_stage_d = load_script("scripts/train_stage_d")
-
-
-@pytest.fixture(scope="module")
-def run(tmp_path_factory, tiny_cogvideox_dir):
-    """A stage (c) checkpoint with non-trivial trained parts, and 4 conditions (one clip untagged: left out)."""
-    root = tmp_path_factory.mktemp("stage_d")
-    write_stage_b_data(root, films=1, clips_per_film=4, num_slots=SLOTS, shot_dim=SHOT_DIM, uncaptioned=(UNCAPTIONED,))
-    torch.manual_seed(0)
-    cfg = tiny_decoder_config(tiny_cogvideox_dir)
-    stage_c = root / "stage_c"
-    write_decoder_run(cfg, stage_c, 3, torch.Generator().manual_seed(1))
-    overrides = [
-        f"decoder.pretrained={tiny_cogvideox_dir}",
-        f"data.manifest={root / 'clips.jsonl'}",
-        f"stage_c_checkpoint={stage_c / 'checkpoints' / 'latest'}",
-        f"conditions={root / 'shot_targets'}",
-        "teacher.num_frames=5",  # 2 latent frames of 8x12
-        "teacher.steps=8",
-        "student_steps=2",
-        "train.log_every=1",
-        "train.lr_warmup_steps=0",
-    ]
-    return {"root": root, "overrides": overrides, "stage_c": stage_c, "decoder_cfg": cfg}
 
 
 def _argv(run, out: Path, *extra: str) -> list[str]:
@@ -90,9 +65,9 @@ def test_target_x0_is_what_the_ddim_jump_needs():
         target_x0(x, x_end, 0.5, 0.4)
 
 
-def test_teacher_segment_is_the_decoders_guided_ddim_sampler(run):
+def test_teacher_segment_is_the_decoders_guided_ddim_sampler(stage_d_run):
     """The whole teacher trajectory as one segment equals AnimationShotDecoder.sample with the DDIM scheduler."""
-    decoder = load_decoder(run["stage_c"], run["decoder_cfg"])
+    decoder = load_decoder(stage_d_run["stage_c"], stage_d_run["decoder_cfg"])
     # 4 steps: 1000 is a multiple, so diffusers' DDIM steps walk the grid too (as with the paper's 50)
     sampling = SamplingConfig(scheduler="ddim", steps=4, height=64, width=96, num_frames=5, guidance_scale=4.0)
     g = torch.Generator().manual_seed(3)
@@ -131,8 +106,8 @@ def test_sampler_record_round_trip_and_validation(tmp_path):
 # ---------------------------------------------------------------- the script
 
 
-def test_loss_falls_on_a_fixed_batch(run):
-    cfg = load_config(TINY_CONFIG, _argv(run, run["root"] / "unused")[2:])
+def test_loss_falls_on_a_fixed_batch(stage_d_run):
+    cfg = load_config(TINY_CONFIG, _argv(stage_d_run, stage_d_run["root"] / "unused")[2:])
     dataset, left_out = train_stage_d.build_dataset(cfg)
     assert len(dataset) == 3 and left_out == [f"{UNCAPTIONED}: no motion level (neither measured nor tagged)"]
     batch = {k: torch.stack([dataset[i][k] for i in range(3)]) for k in dataset[0]}
@@ -155,9 +130,9 @@ def test_loss_falls_on_a_fixed_batch(run):
     assert not any(p.requires_grad for p in teacher.parameters())
 
 
-def test_run_writes_a_decoder_checkpoint_and_resumes_exactly(run, tmp_path, capsys):
+def test_run_writes_a_decoder_checkpoint_and_resumes_exactly(stage_d_run, tmp_path, capsys):
     common = ["train.checkpoint_every=1", "train.keep_checkpoints=10"]
-    straight = train_stage_d.main(_argv(run, tmp_path / "a", *common, "train.max_steps=3"))
+    straight = train_stage_d.main(_argv(stage_d_run, tmp_path / "a", *common, "train.max_steps=3"))
     steps = list_checkpoints(straight)
     assert [p.name for p in steps] == ["step_0000001", "step_0000002", "step_0000003"]
     for name in ("adapter_model.safetensors", "motion_embedding.safetensors", "decoder_config.json", SAMPLER_FILE):
@@ -172,20 +147,22 @@ def test_run_writes_a_decoder_checkpoint_and_resumes_exactly(run, tmp_path, caps
     state = json.loads((steps[-1] / "trainer_state.json").read_text())
     assert state["step"] == 3 and len(state["sampler_timesteps"]) == 2
     # the student is a decoder checkpoint like any other, with its sampler recorded
-    cfg = load_config(TINY_CONFIG, _argv(run, straight)[2:])
+    cfg = load_config(TINY_CONFIG, _argv(stage_d_run, straight)[2:])
     load_decoder(steps[-1], cfg.decoder, with_vae=False)  # the inference loader takes it
     sampler = FewStepSampler.load(steps[-1] / "decoder", 1000)
     assert sampler.timesteps == tuple(state["sampler_timesteps"]) and sampler.teacher["steps"] == 8
-    start = load_state_dict_file(run["stage_c"] / "checkpoints/step_0000003/decoder/adapter_model.safetensors")
+    start = load_state_dict_file(stage_d_run["stage_c"] / "checkpoints/step_0000003/decoder/adapter_model.safetensors")
     final = load_state_dict_file(steps[-1] / "decoder" / "adapter_model.safetensors")
     assert start.keys() == final.keys() and any(not torch.equal(start[k], final[k]) for k in start)
 
-    train_stage_d.main(_argv(run, tmp_path / "b", *common, "train.max_steps=2"))
-    resumed = train_stage_d.main(_argv(run, tmp_path / "b", *common, "train.max_steps=3", "--resume", "latest"))
+    train_stage_d.main(_argv(stage_d_run, tmp_path / "b", *common, "train.max_steps=2"))
+    resumed = train_stage_d.main(
+        _argv(stage_d_run, tmp_path / "b", *common, "train.max_steps=3", "--resume", "latest")
+    )
     assert "resumed from" in capsys.readouterr().out
     with pytest.raises(SystemExit) as exit_info:  # another step plan cannot continue this run
-        train_stage_d.main(_argv(run, tmp_path / "b", *common, "train.max_steps=4", "student_steps=4", "--resume",
-                                 "latest"))
+        train_stage_d.main(_argv(stage_d_run, tmp_path / "b", *common, "train.max_steps=4", "student_steps=4",
+                                 "--resume", "latest"))
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == 2 and "the run distilled timesteps" in err and "\n" not in err, err
     again = load_state_dict_file(list_checkpoints(resumed)[-1] / "decoder" / "adapter_model.safetensors")
@@ -194,7 +171,7 @@ def test_run_writes_a_decoder_checkpoint_and_resumes_exactly(run, tmp_path, caps
     assert logged_losses(resumed)[-1] == pytest.approx(losses[-1], abs=1e-6)  # step 3's loss, after the resume
 
 
-def test_user_mistakes_exit_2_with_one_line(run, tmp_path, capsys):
+def test_user_mistakes_exit_2_with_one_line(stage_d_run, tmp_path, capsys):
     cases = {
         "teacher.scheduler=dpm": "teacher.scheduler='dpm'",
         "student_steps=9": "student_steps=9",
@@ -205,7 +182,7 @@ def test_user_mistakes_exit_2_with_one_line(run, tmp_path, capsys):
     }
     for override, message in cases.items():
         with pytest.raises(SystemExit) as exc:
-            train_stage_d.main(_argv(run, tmp_path / "bad", override))
+            train_stage_d.main(_argv(stage_d_run, tmp_path / "bad", override))
         err = capsys.readouterr().err.strip().splitlines()
         assert exc.value.code == 2 and err[-1].startswith("error: ") and message in err[-1], (override, err)
     assert not (tmp_path / "bad").exists()  # nothing written before the checks pass
@@ -225,11 +202,11 @@ def test_configs_line_up_with_stage_c():
     assert (paper.teacher.steps, paper.teacher.guidance_scale, paper.teacher.num_frames) == (50, 6.0, 17)
 
 
-def test_two_processes(run, tmp_path):
+def test_two_processes(stage_d_run, tmp_path):
     """The same script under accelerate with 2 CPU processes (DDP): one run, every rank's RNG state saved."""
     out = tmp_path / "ddp"
     result = launch_two_processes(
-        "train_stage_d", _argv(run, out, "train.max_steps=2", "train.batch_size=1", "train.checkpoint_every=2")
+        "train_stage_d", _argv(stage_d_run, out, "train.max_steps=2", "train.batch_size=1", "train.checkpoint_every=2")
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads((out / "run_info.json").read_text())["num_processes"] == 2
@@ -238,20 +215,24 @@ def test_two_processes(run, tmp_path):
     assert all(torch.isfinite(torch.tensor(logged_losses(out))))
 
 
-def test_a_bad_resume_fails_in_one_line_and_leaves_the_finished_run_alone(run, tmp_path, capsys):
-    out = train_stage_d.main(_argv(run, tmp_path / "done", "train.max_steps=1", "train.checkpoint_every=1"))
-    check_bad_resumes_leave_the_run_alone(train_stage_d.main, lambda *extra: _argv(run, out, *extra), out, capsys)
+def test_a_bad_resume_fails_in_one_line_and_leaves_the_finished_run_alone(stage_d_run, tmp_path, capsys):
+    out = train_stage_d.main(_argv(stage_d_run, tmp_path / "done", "train.max_steps=1", "train.checkpoint_every=1"))
+    check_bad_resumes_leave_the_run_alone(
+        train_stage_d.main, lambda *extra: _argv(stage_d_run, out, *extra), out, capsys
+    )
 
 
-def test_resume_without_an_rng_state_needs_allow_rng_reset(run, tmp_path, capsys):
-    out = train_stage_d.main(_argv(run, tmp_path / "done", "train.max_steps=1", "train.checkpoint_every=1"))
+def test_resume_without_an_rng_state_needs_allow_rng_reset(stage_d_run, tmp_path, capsys):
+    out = train_stage_d.main(_argv(stage_d_run, tmp_path / "done", "train.max_steps=1", "train.checkpoint_every=1"))
     (out / "checkpoints" / "step_0000001" / "random_states_0.pkl").unlink()
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:
-        train_stage_d.main(_argv(run, out, "train.max_steps=2", "--resume", "latest"))
+        train_stage_d.main(_argv(stage_d_run, out, "train.max_steps=2", "--resume", "latest"))
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == 2 and "train.allow_rng_reset=true" in err and "\n" not in err, err
-    train_stage_d.main(_argv(run, out, "train.max_steps=2", "train.allow_rng_reset=true", "--resume", "latest"))
+    train_stage_d.main(
+        _argv(stage_d_run, out, "train.max_steps=2", "train.allow_rng_reset=true", "--resume", "latest")
+    )
     assert "not an exact resume" in capsys.readouterr().err
     info = json.loads((out / "run_info.json").read_text())
     assert info["resumed_step"] == 1 and "random_states_0.pkl is missing" in info["rng_reset"]

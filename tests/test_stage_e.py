@@ -16,7 +16,7 @@ from animegamer.models.causal_decoder import CausalLatentDecoder
 from animegamer.models.vae import load_vae, vae_encode
 from animegamer.models.weights import load_state_dict_file
 from animegamer.training.checkpoint import list_checkpoints
-from tests.conftest import make_clip_frames
+from tests.helpers.clips import make_clip_frames
 from tests.helpers.stage_scripts import (
     ROOT,
     check_bad_resumes_leave_the_run_alone,
