@@ -9,6 +9,7 @@ import torch
 
 from animegamer import tiny
 from animegamer.config import CLIPConfig, T5Config, load_config
+from animegamer.data.video import write_mp4
 from animegamer.inference.session import build_session
 from tests.helpers.clips import make_clip_frames
 from tests.helpers.game import GAME, TINY, tiny_overrides
@@ -67,8 +68,6 @@ def tiny_mistral_dir(tmp_path_factory):
 @pytest.fixture
 def synthetic_clip(tmp_path):
     """A short mp4 written with the project's writer, and its frames."""
-    from animegamer.data.video import write_mp4
-
     frames = make_clip_frames()
     path = write_mp4(tmp_path / "clip.mp4", frames, fps=8)
     return path, frames

@@ -4,7 +4,6 @@ Selenium through Chromium (Debian's chromium + chromium-driver packages; `make b
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ import pytest
 
 from animegamer.config import load_config
 from animegamer.inference.vocabulary import load_vocabulary
+from tests.helpers.stage_scripts import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "spriteworld" / "inference.yaml"
@@ -23,12 +23,6 @@ CHROMEDRIVER = shutil.which("chromedriver")
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(CHROMIUM is None or CHROMEDRIVER is None,
                                 reason="no Chromium + chromedriver on this machine (`make browser` installs them)")]
 TIMEOUT = 240  # seconds for a turn on shared CPU cores
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -30,6 +30,7 @@ from animegamer.models.weights import load_state_dict_file
 from animegamer.training.checkpoint import list_checkpoints
 from tests.helpers.clips import make_clip_frames
 from tests.helpers.stage_runs import STAGE_A_CONFIG
+from tests.helpers.stage_scripts import free_port
 
 pytestmark = pytest.mark.slow  # an end-to-end run: `make test-fast` leaves it out
 
@@ -296,14 +297,6 @@ def test_a_bad_resume_fails_in_one_line_and_leaves_the_finished_run_alone(stage_
         assert {name: (out / name).read_bytes() for name in kept} == kept
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_two_process_cpu_run(stage_a_data, tmp_path):
     # `accelerate launch --cpu --num_processes 2` starts ONE process (multi-CPU needs mpirun); torchrun's launcher
     # with ACCELERATE_USE_CPU=true starts two processes that talk over gloo.
@@ -321,7 +314,7 @@ def test_two_process_cpu_run(stage_a_data, tmp_path):
         "--dynamo_backend",
         "no",
         "--main_process_port",
-        str(_free_port()),
+        str(free_port()),
         str(ROOT / "scripts" / "train_stage_a.py"),
         "--config",
         str(STAGE_A_CONFIG),

@@ -1,7 +1,6 @@
 import csv
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +21,7 @@ from animegamer.training.batches import ResumableBatchSampler
 from tests.helpers.stage_b_data import clip_id, write_stage_b_data
 from tests.helpers.stage_runs import SHOT_DIM, stage_b_overrides
 from tests.helpers.stage_runs import STAGE_B_SLOTS as SLOTS
+from tests.helpers.stage_scripts import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
@@ -194,12 +194,6 @@ def test_history_noise_perturbs_the_history_shots_only(tmp_path, layout):
 
 
 # ---------------------------------------------------------------- the training script
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def metrics(run_dir: Path) -> dict[str, list[float]]:
