@@ -55,6 +55,21 @@ def test_video_round_trip(tmp_path):
     assert gif.stat().st_size > 0 and gif.read_bytes()[:3] == b"GIF"
 
 
+def test_gif_holds_every_frame_close_to_the_source(tmp_path):
+    from PIL import Image
+
+    frames = make_clip_frames(9, 48, 64, speed=2.0)
+    gif = write_gif(tmp_path / "a.gif", frames, fps=8)
+    with Image.open(gif) as image:
+        assert image.n_frames == 9 and image.size == (64, 48) and image.info["loop"] == 0
+        assert image.info["duration"] == 120  # 8 fps: 125 ms, stored in hundredths of a second
+        for i, frame in enumerate(frames):
+            image.seek(i)
+            # a 256-colour palette per frame: close to the frame, not equal to it
+            assert np.abs(np.asarray(image.convert("RGB"), dtype=int) - frame).mean() < 6
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.gif"]  # written through a temp file, renamed
+
+
 def test_decord_backend_matches_pyav(synthetic_clip):
     pytest.importorskip("decord")
     path, frames = synthetic_clip

@@ -149,11 +149,13 @@ def mp4_stream(path: str | Path, fps: float = 8) -> Iterator[Callable[[np.ndarra
 
 
 def write_gif(path: str | Path, frames: np.ndarray, fps: float = 8) -> Path:
-    """Write frames as a looping gif, atomically."""
+    """Write frames as a looping gif, atomically. Each frame gets its own 256-colour palette by Pillow's fast octree
+    quantizer: on a 17-frame 480x720 clip about 12x faster than the median cut Pillow picks by default, with no
+    more error (docs/fast_turns.md)."""
     from PIL import Image
 
     frames = _as_uint8(frames)
-    images = [Image.fromarray(f) for f in frames]
+    images = [Image.fromarray(f).quantize(256, method=Image.Quantize.FASTOCTREE) for f in frames]
     path = Path(path)
     with atomic_path(path) as tmp:
         images[0].save(
