@@ -52,7 +52,7 @@ from pathlib import Path
 import torch
 
 from animegamer.bench.decode import bench_decode
-from animegamer.bench.fastpath import FastPathSettings, bench_fast_path
+from animegamer.bench.fastpath import FastPathSettings, bench_fast_path, rows_to_run
 from animegamer.bench.models import (
     ARCHITECTURES,
     ParameterCounts,
@@ -186,6 +186,11 @@ def parse(argv: list[str] | None) -> BenchmarkConfig:
         print("error: parts=[official] at --preset full builds and plays the 7B + 2B release on a GPU; use --device "
               "cuda (or --preset tiny on a CPU)", file=sys.stderr)
         raise SystemExit(2)
+    try:  # a misspelt row is refused before any model is built
+        rows_to_run("cpu", cfg.compile, tuple(cfg.fast_path_rows))
+    except ValueError as exc:
+        print(f"error: fast_path_rows: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     if cfg.device == "cuda" and not torch.cuda.is_available():
         print("error: device=cuda but no CUDA device is visible; use --device cpu (with --preset tiny)",
               file=sys.stderr)
@@ -221,6 +226,7 @@ def main(argv: list[str] | None = None) -> dict:
             "compile": cfg.compile,
             "compile_vae": cfg.compile_vae,
             "compile_backend": cfg.compile_backend,
+            "fast_path_rows": list(cfg.fast_path_rows),
             "merge_lora": cfg.merge_lora,
             "dtype": cfg.dtype,
             "threads": torch.get_num_threads(),
@@ -306,7 +312,7 @@ def main(argv: list[str] | None = None) -> dict:
                     small = build_small_decoder(decoder, cfg.preset, seed=cfg.seed)
                     counts.add("small_decoder", small)
                     settings = FastPathSettings(cfg.sampling, cfg.history_turns, cfg.warmup, cfg.repeats,
-                                                cfg.compile, cfg.compile_backend, cfg.seed)
+                                                cfg.compile, cfg.compile_backend, cfg.seed, tuple(cfg.fast_path_rows))
 
                     def on_row(section):  # each row saved as it ends: a run stopped later keeps them
                         result["fast_path"] = section

@@ -20,6 +20,19 @@ def test_rows_this_machine_runs():
     run, skipped = rows_to_run("cpu", compile=False)
     assert [r.name for r in run] == ["eager"] and any(s.startswith("compiled: compile=false") for s in skipped)
     assert len(names) == len(set(names)) == 5
+    run, skipped = rows_to_run("cpu", compile=True, names=("compiled",))
+    assert [r.name for r in run] == ["compiled"] and "eager: not asked for" in skipped
+    with pytest.raises(ValueError, match="no fast_path row \\['compield'\\]"):
+        rows_to_run("cpu", compile=True, names=("compield",))
+
+
+def test_a_misspelt_row_is_refused_before_any_model(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        load_script("scripts/benchmark.py").main(["--preset", "tiny", "--device", "cpu", f"output_dir={tmp_path}",
+                                                  "parts=[fast_path]", "fast_path_rows=[compield]"])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and err.startswith("error: fast_path_rows:") and "\n" not in err
+    assert not any(tmp_path.iterdir())  # nothing built, nothing written
 
 
 def test_fast_path_part_times_a_whole_turn_eager_and_compiled(tmp_path):
@@ -46,6 +59,11 @@ def test_fast_path_part_times_a_whole_turn_eager_and_compiled(tmp_path):
     assert fast["parameters"]["small_decoder"] < fast["parameters"]["vae_decoder"]
     assert len(fast["skipped"]) == 3  # the FP8 rows
     assert fast["writing"]["write_s"] is None or fast["writing"]["write_s"] > 0
+    only = load_script("scripts/benchmark.py").main([
+        "--preset", "tiny", "--device", "cpu", f"output_dir={tmp_path / 'only'}", "parts=[fast_path]", "repeats=1",
+        "warmup=0", "compile=true", "compile_backend=aot_eager", "fast_path_rows=[compiled]"])["fast_path"]
+    assert list(only["rows"]) == ["compiled"] and only["rows"]["compiled"]["latents_vs_eager"] is None
+    assert "eager: not asked for" in only["skipped"]
     table = markdown(result)
     assert "**The fast turn**" in table and "| compiled |" in table and "Not run: compiled, fp8" in table
     profile = (out / "profile_fast_turn.txt").read_text()

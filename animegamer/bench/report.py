@@ -39,6 +39,10 @@ def mfus_above_peak(result: dict[str, Any]) -> list[str]:
     return found
 
 
+def _rel(x: float | None) -> str:
+    return "—" if x is None else f"{x:.1e}"
+
+
 def _gb(x: float | None) -> str:
     return "—" if x is None else f"{x:.2f}"
 
@@ -147,7 +151,7 @@ def fast_path_table(result: dict[str, Any]) -> list[str]:
         lines.append(
             f"| {name} | {_s(row['mllm_s'])} | {_s(row['denoise_s'])} | {_mfu(row['denoise_mfu'])} | "
             f"{_s(row['small_decode_s'])} | {_s(row['turn_s'])} | {_s(row['time_to_first_frames_s'])} | "
-            f"{_s(row['turn_with_vae_s'])} | {_gb(row['peak_memory_gb'])} | {row['latents_vs_eager']:.1e} |"
+            f"{_s(row['turn_with_vae_s'])} | {_gb(row['peak_memory_gb'])} | {_rel(row['latents_vs_eager'])} |"
         )
     write = (f"writing the clip (gif + mp4, {st['frames'][0]} frames of {st['frames'][2]}x{st['frames'][1]}) "
              f"{_s(writing['write_s'])} s on this machine's CPU, off the turn's critical path"

@@ -242,6 +242,10 @@ class BenchmarkConfig:
         "inductor",
         help="torch.compile backend of the compiled rows (fast_path); aot_eager checks their structure on a CPU",
     )
+    fast_path_rows: list[str] = knob(
+        factory=list,
+        help="the fast_path rows to run, by name (animegamer.bench.fastpath.ROWS); empty: every row this device can",
+    )
     low_memory: bool = knob(
         True,
         help="also time a whole turn with offload=sequential + VAE tiling, and its peak memory",
