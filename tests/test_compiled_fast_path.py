@@ -4,24 +4,18 @@ frames (CPU: a light backend; GPU: inductor), and FP8 per-tensor on the large li
 import pytest
 import torch
 
-from animegamer.config import DecoderConfig
 from animegamer.models.causal_decoder import CausalLatentDecoder
 from animegamer.models.decoder import AnimationShotDecoder
 from animegamer.models.fp8 import fp8_large_layer_filter, fp8_layer_filter, fp8_unavailable, quantize_transformer_fp8
 from animegamer.sampling.fewstep import FewStepSampler, fewstep_sample
+from tests.helpers.decoders import tiny_lora_decoder
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 def _student(tiny_cogvideox_dir, dtype="fp32") -> AnimationShotDecoder:
-    torch.manual_seed(0)
-    cfg = DecoderConfig(pretrained=str(tiny_cogvideox_dir), lora_rank=4, lora_alpha=4, motion_embed_dim=16,
-                        gradient_checkpointing=False, dtype=dtype)
-    decoder = AnimationShotDecoder.from_config(cfg, with_vae=False).eval()
-    with torch.no_grad():
-        for p in decoder.lora_parameters():
-            p.add_(0.05 * torch.randn_like(p))
+    decoder = tiny_lora_decoder(tiny_cogvideox_dir, dtype)
     decoder.merge_lora()
     return decoder
 

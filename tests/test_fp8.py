@@ -3,24 +3,12 @@
 import pytest
 import torch
 
-from animegamer.config import DecoderConfig
-from animegamer.models.decoder import AnimationShotDecoder
 from animegamer.models.fp8 import fp8_layer_filter, fp8_unavailable, quantize_transformer_fp8
-
-
-def _decoder(tiny_cogvideox_dir, dtype="fp32"):
-    torch.manual_seed(0)
-    cfg = DecoderConfig(pretrained=str(tiny_cogvideox_dir), lora_rank=4, lora_alpha=4, motion_embed_dim=16,
-                        gradient_checkpointing=False, dtype=dtype)
-    decoder = AnimationShotDecoder.from_config(cfg, with_vae=False).eval()
-    with torch.no_grad():
-        for p in decoder.lora_parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    return decoder
+from tests.helpers.decoders import tiny_lora_decoder
 
 
 def test_layers_and_refusals(tiny_cogvideox_dir):
-    decoder = _decoder(tiny_cogvideox_dir)
+    decoder = tiny_lora_decoder(tiny_cogvideox_dir)
     names = [n for n, m in decoder.transformer.named_modules() if fp8_layer_filter(m, n)]
     # per block: q, k, v, out (base layers under the LoRA), AdaLN x2, feed-forward x2; never lora_A / lora_B
     blocks = len(decoder.transformer.transformer_blocks)
@@ -35,7 +23,7 @@ def test_layers_and_refusals(tiny_cogvideox_dir):
 def test_fp8_turn_is_close_to_bf16(tiny_cogvideox_dir):
     if fp8_unavailable("cuda"):
         pytest.skip(fp8_unavailable("cuda"))
-    decoder = _decoder(tiny_cogvideox_dir, dtype="bf16").to("cuda")
+    decoder = tiny_lora_decoder(tiny_cogvideox_dir, dtype="bf16").to("cuda")
     with pytest.raises(RuntimeError, match="merge the LoRA"):
         quantize_transformer_fp8(decoder)
     decoder.merge_lora()
