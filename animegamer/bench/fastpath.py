@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,13 +38,13 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from animegamer.bench.options import distilled_timesteps
+from animegamer.bench.options import distilled_timesteps, time_writing
 from animegamer.bench.timing import PeakMemory, count_flops, measure
 from animegamer.bench.turn import INSTRUCTIONS, make_history, relative_difference
 from animegamer.config import SamplingConfig
 from animegamer.inference.mllm_runner import MLLMPredictor
 from animegamer.inference.renderer import DecoderRenderer
-from animegamer.inference.turn import AnimeGamer, Turn, clip_stem, write_clip
+from animegamer.inference.turn import AnimeGamer, Turn
 from animegamer.io import atomic_write_text
 from animegamer.models.fp8 import fp8_unavailable, quantize_transformer_fp8
 from animegamer.sampling.fewstep import FewStepSampler
@@ -243,14 +242,3 @@ def profile_turn(predictor, renderer, window, instruction: str, shot: torch.Tens
     path = out_dir / "profile_fast_turn.txt"
     atomic_write_text(path, prof.key_averages().table(sort_by=sort, row_limit=50) + "\n")
     return path
-
-
-def time_writing(frames, fps: int, repeats: int = 3) -> dict:
-    """Seconds to write one clip as the game does (gif then mp4, :func:`write_clip`) on this machine's CPU; the
-    error in one line where it cannot (e.g. no ffmpeg)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            took = measure(lambda: write_clip(frames, clip_stem(tmp, 0), fps=fps), "cpu", 1, repeats)
-        except (OSError, RuntimeError, ImportError) as exc:
-            return {"write_s": None, "error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
-    return {"write_s": took.median, "raw_write_s": took.seconds}

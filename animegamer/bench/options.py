@@ -163,16 +163,21 @@ def decode_and_write(decoder, latents: torch.Tensor, fps: int, device, warmup: i
     (B, F, C, h, w) and writing its first clip as the game writes a turn (mp4 + gif, in a temporary directory)."""
     decode = measure(lambda: list(decode_chunks(decoder.vae, latents)), device, warmup, repeats)
     frames = torch.cat(list(decode_chunks(decoder.vae, latents)), dim=1)[0].numpy()  # (T, H, W, 3) uint8
-    with tempfile.TemporaryDirectory() as tmp:
-        def write():
-            write_clip(frames, clip_stem(tmp, 0), fps=fps)
-
-        profile = {"vae_decode_s": decode.median, "write_s": None, "frames": int(frames.shape[0]),
-                   "raw_vae_decode_s": decode.seconds, "raw_write_s": []}
-        try:
-            written = measure(write, "cpu", warmup, repeats)
-        except (OSError, RuntimeError, ImportError) as exc:  # e.g. no ffmpeg: the denoising rows still stand
-            profile["write_error"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
-        else:
-            profile["write_s"], profile["raw_write_s"] = written.median, written.seconds
+    written = time_writing(frames, fps, warmup, repeats)
+    profile = {"vae_decode_s": decode.median, "write_s": written["write_s"], "frames": int(frames.shape[0]),
+               "raw_vae_decode_s": decode.seconds, "raw_write_s": written.get("raw_write_s", [])}
+    if "error" in written:
+        profile["write_error"] = written["error"]
     return profile
+
+
+def time_writing(frames, fps: float, warmup: int = 1, repeats: int = 3) -> dict:
+    """Seconds to write one clip (T, H, W, 3) as the game does (gif then mp4, :func:`write_clip`, in a temporary
+    directory) on this machine's CPU: ``write_s`` and ``raw_write_s``; where it cannot (e.g. no ffmpeg),
+    ``write_s`` None and the ``error`` in one line, so the rows timed beside it still stand."""
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            took = measure(lambda: write_clip(frames, clip_stem(tmp, 0), fps=fps), "cpu", warmup, repeats)
+        except (OSError, RuntimeError, ImportError) as exc:
+            return {"write_s": None, "error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+    return {"write_s": took.median, "raw_write_s": took.seconds}
