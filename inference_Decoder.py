@@ -23,17 +23,21 @@ The results are untrusted input: every turn directory must lie inside ``output_d
 file must be what inference_MLLM.py writes, every shot must have the shape this config's models take
 (``mllm.num_slots`` x ``mllm.shot_dim``, whatever game.json says) and every instruction must be one the game
 accepts (at most 400 characters, printable). A missing checkpoint, a bad file, ``device=cuda`` without a GPU or an
-``output_dir`` that cannot be written stops the run with one line, before the decoder loads.
+``output_dir`` that cannot be written stops the run with one line, before the decoder loads. So does another
+inference_MLLM.py or inference_Decoder.py running in ``output_dir`` (named by its PID and command). A disk that
+fills while rendering stops the run with one line (exit 1): every file is complete or absent (the clips rendered
+before it stay, the game video and the contact sheet being written are removed); run it again with space.
 """
 
 from __future__ import annotations
 
+import sys
 from contextlib import ExitStack
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from animegamer.cli import fail, no_bars_in_logs, parse_config
+from animegamer.cli import fail, hold_output_dir, no_bars_in_logs, parse_config
 from animegamer.config import InferenceConfig
 from animegamer.data.video import mp4_stream, write_mp4
 from animegamer.inference.contact_sheet import (
@@ -85,6 +89,21 @@ def main(argv: list[str] | None = None) -> dict[str, Path]:
         fail(str(exc))
     if not turns:
         fail(f"{out}/game.json lists no turns")
+    with hold_output_dir(out, temp_depth=1):  # no inference_MLLM.py rewriting the results while we render them
+        try:
+            written = render(cfg, out, game, turns)
+        except OSError as exc:  # a full disk: every file is written whole or not at all (animegamer.io)
+            print(f"error: rendering stopped: {exc}", file=sys.stderr)
+            raise SystemExit(1) from None
+    print(f"wrote {len(turns)} clips: {out}/turn_XXX.mp4 (+ .gif)")
+    big = written.get("game_upscaled")
+    print(f"game video:     {written['game']}" + (f" (enlarged: {big})" if big else ""))
+    print(f"contact sheet:  {written['contact_sheet']}")
+    return written
+
+
+def render(cfg: InferenceConfig, out: Path, game: dict, turns: list) -> dict:
+    """Render every turn, the game videos and the contact sheets, holding ``out``; returns what was written."""
     try:  # compat released: the level the release parsed, through its own table
         levels = render_levels(cfg, [state for state, _ in turns])
     except ValueError as exc:
@@ -120,9 +139,6 @@ def main(argv: list[str] | None = None) -> dict[str, Path]:
                 name = SHEET_FILE if first == 0 else f"contact_sheet_{first:03d}.png"
                 contact_sheet(rows, out / name, frames_per_row=SHEET_FRAMES, scale=min(factor, 2))
                 rows = []
-    print(f"wrote {len(turns)} clips: {out}/turn_XXX.mp4 (+ .gif)")
-    print(f"game video:     {written['game']}" + (f" (x{factor}: {written['game_upscaled']})" if factor > 1 else ""))
-    print(f"contact sheet:  {written['contact_sheet']}")
     return written
 
 

@@ -17,7 +17,10 @@ embeddings and resamplers, with a warning.
 
 Also checked first: ``game`` is a text file (a directory or a pipe is refused without being opened; a UTF-8
 byte-order mark at its start is dropped), ``device`` (``cuda`` without a GPU is refused) and that ``output_dir``
-can be written.
+can be written. One run per ``output_dir``: while one runs, another inference_MLLM.py or inference_Decoder.py
+there is refused with one line naming its PID and command (a lock of a killed run is taken over, and its temp
+files are removed). A turn that cannot be written (a full disk) stops the run with one line, exit code 1: the
+turns before it stay written and listed, and no part of that turn is left.
 
 Results (format in animegamer/inference/mllm_runner.py, read by inference_Decoder.py); each turn costs the same to
 write, however long the game::
@@ -30,16 +33,17 @@ write, however long the game::
 
 from __future__ import annotations
 
+import sys
 from collections import deque
 
 from tqdm.auto import tqdm
 
-from animegamer.cli import fail, no_bars_in_logs, parse_config
+from animegamer.cli import fail, hold_output_dir, no_bars_in_logs, parse_config
 from animegamer.config import InferenceConfig
-from animegamer.inference.mllm_runner import InstructionError, ResultsWriter, validate_instruction
+from animegamer.inference.mllm_runner import InstructionError, ResultsWriteError, ResultsWriter, validate_instruction
 from animegamer.inference.preflight import check_device, check_output_dir
 from animegamer.inference.session import check_checkpoints
-from animegamer.io import resolve_checkpoint
+from animegamer.io import resolve_checkpoint, write_cause
 from animegamer.models.mllm import load_tokenizer
 from animegamer.official.game import build_game
 from animegamer.states import TagError, read_game_file
@@ -84,7 +88,12 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as exc:
         fail(str(exc))
     checkpoint = resolve_checkpoint(cfg.mllm_checkpoint) if cfg.mllm_checkpoint else None  # checked just above
+    with hold_output_dir(cfg.output_dir, temp_depth=1):  # one run per folder: a second would delete our turns
+        play(cfg, instructions, checkpoint)
 
+
+def play(cfg: InferenceConfig, instructions: list[str], checkpoint) -> None:
+    """Steps 2-3, holding ``output_dir``: build the game (MLLM only) and write each turn as soon as it exists."""
     # 2. the game, MLLM only (every inference option of cfg honoured: device, offload, merge_lora, seed, K;
     # compat released: the release's own turn)
     try:
@@ -106,19 +115,34 @@ def main(argv: list[str] | None = None) -> None:
         },
     }
     recent = deque(maxlen=max(cfg.history_turns, 1))  # what the next turn reads: the last K turns and the state
-    with ResultsWriter(cfg.output_dir, summary) as results:
+    try:
+        results = ResultsWriter(cfg.output_dir, summary)
+    except OSError as exc:  # a full disk before the first turn
+        print(f"error: could not start the results in {cfg.output_dir}: {write_cause(exc)}", file=sys.stderr)
+        sys.exit(1)
+    with results:
         for index, text in enumerate(tqdm(instructions, desc="turns", disable=None)):
             turn = game.play_turn(list(recent), text, index=index)
             recent.append(turn)
-            results.add(turn)
+            try:
+                results.add(turn)
+            except ResultsWriteError as exc:  # a full disk: the turns before it stay complete and listed
+                print(f"error: {exc}", file=sys.stderr)
+                sys.exit(1)
             v, s = turn.values, turn.state
             tqdm.write(
                 f"turn {turn.index:3d}  level {v.motion_level}  social {v.social}  ent {v.entertainment}  "
                 f"stamina {v.stamina:+d}  |  stamina {s.stamina:3d} social {s.social:3d} ent {s.entertainment:3d}  "
                 f"({turn.prompt_tokens} prompt tokens)"
             )
-        path = results.finish()
+        try:
+            path = results.finish()
+        except OSError as exc:
+            print(f"error: could not mark {cfg.output_dir} complete: {write_cause(exc)}; its {results.num_turns} "
+                  "turns are written and listed", file=sys.stderr)
+            sys.exit(1)
     print(f"wrote {results.num_turns} turns to {cfg.output_dir} ({path.name})")
+
 
 if __name__ == "__main__":
     main()

@@ -6,13 +6,15 @@ import argparse
 import importlib.util
 import json
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import Any, NoReturn
 
 from animegamer.config import ConfigError, config_help, load_config
 from animegamer.data.manifest import read_manifest
-from animegamer.io import atomic_write_json
+from animegamer.io import LOCK_NAME, DirectoryLocked, atomic_write_json, directory_lock, remove_stale_temps
 
 # an override example per config kind, shown in --help (tests load each one against its schema)
 OVERRIDE_EXAMPLES: dict[str, str] = {
@@ -110,6 +112,26 @@ def fail(message: str) -> NoReturn:
     """A user's mistake: one ``error: ...`` line on stderr and exit code 2, never a traceback."""
     print(f"error: {message}", file=sys.stderr)
     raise SystemExit(2)
+
+
+@contextmanager
+def hold_output_dir(directory: str | Path, temp_depth: int = 0) -> Iterator[None]:
+    """Run the block as the only program writing into ``directory``: a second one is refused with one ``error:``
+    line naming the holder's PID and command (exit 2); a lock left by a dead process is taken over. Temp files a
+    killed earlier run left there (and ``temp_depth`` folders down) are removed once the lock is held."""
+    command = " ".join([command_name(), *sys.argv[1:]])
+    try:
+        lock = directory_lock(directory, command)
+        lock.__enter__()
+    except DirectoryLocked as exc:
+        fail(str(exc))
+    except OSError as exc:  # e.g. the lock file's name taken by a link or a folder
+        fail(f"{directory}: cannot take the lock {LOCK_NAME} ({exc.strerror or exc})")
+    try:
+        remove_stale_temps(directory, temp_depth)
+        yield
+    finally:
+        lock.__exit__(None, None, None)
 
 
 def write_report(path: str | Path, report: dict, hide: tuple[str, ...] = ()) -> dict:

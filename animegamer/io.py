@@ -7,10 +7,13 @@ New files get the mode any normal writer would give them (0666 minus the process
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
+import stat
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -79,23 +82,59 @@ def atomic_write_jsonl(path: str | Path, rows: list[dict]) -> None:
 def read_format_json(path: Path, fmt: str, what: str) -> dict:
     """An untrusted JSON record whose ``format`` key must be ``fmt``: the dict, or a one-line ValueError
     (``what`` names the kind of file in the message)."""
-    try:
-        raw = json.loads(Path(path).read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+    raw = read_json_bounded(path)
     if not isinstance(raw, dict) or raw.get("format") != fmt:
         raise ValueError(f"{path}: not {what} (format {fmt!r} expected)")
     return raw
 
 
+MAX_RECORD_BYTES = 16 << 20  # a JSON record or config we read (the largest we write is a few kB)
+
+
+class LongNumber:
+    """An integer of more than ``LongNumber.DIGITS`` digits in untrusted JSON: kept as its length, never converted
+    (Python refuses past 4300 digits, with a message that names no file), so a field check names the field."""
+
+    DIGITS = 40
+
+    def __init__(self, digits: int):
+        self.digits = digits
+
+    def __repr__(self) -> str:
+        return f"a number of {self.digits} digits"
+
+
+def parse_json(text: str) -> Any:
+    """``json.loads`` for untrusted text: integers past ``LongNumber.DIGITS`` digits become :class:`LongNumber`."""
+    return json.loads(text, parse_int=lambda digits: int(digits) if len(digits) <= LongNumber.DIGITS
+                      else LongNumber(len(digits.lstrip("-"))))
+
+
+def read_json_bounded(path: str | Path, max_bytes: int = MAX_RECORD_BYTES) -> Any:
+    """An untrusted JSON file (:func:`read_text_bounded`, :func:`parse_json`): its value, or a one-line
+    ``ValueError`` naming it (not a regular file, too big, not UTF-8, not JSON). A missing file is
+    ``FileNotFoundError``."""
+    text = read_text_bounded(path, max_bytes)
+    try:
+        return parse_json(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        reason = f"{exc.msg} at line {exc.lineno}" if isinstance(exc, json.JSONDecodeError) else "nested too deep"
+        raise ValueError(f"{path}: not valid JSON ({reason})") from None
+
+
 def iter_jsonl(path: str | Path, error: type[Exception] = ValueError) -> Iterator[tuple[int, Any]]:
-    """``(line number, parsed JSON)`` for every non-blank line; a bad line raises ``error`` naming file:line."""
+    """``(line number, parsed JSON)`` for every non-blank line; a bad line raises ``error`` naming file:line. A path
+    that is not a regular file is refused before it is opened (:func:`check_regular_file`)."""
+    try:
+        check_regular_file(path)
+    except ValueError as exc:
+        raise error(str(exc)) from None
     with open(path, encoding="utf-8") as fh:
         for number, line in enumerate(fh, start=1):
             if not line.strip():
                 continue
             try:
-                yield number, json.loads(line)
+                yield number, parse_json(line)
             except json.JSONDecodeError as exc:
                 raise error(f"{path}:{number}: not valid JSON ({exc.msg})") from None
 
@@ -108,6 +147,127 @@ def path_inside(root: str | Path, path: str | Path) -> Path:
     if not resolved.is_relative_to(base):
         raise ValueError(f"{path} is outside {root}")
     return resolved
+
+
+def write_cause(exc: BaseException) -> str:
+    """Why a file could not be written, in words: ``File too large`` rather than safetensors' ``Error while
+    serializing: I/O error: File too large (os error 27)`` (safetensors raises its own error, not an OSError)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    text = " ".join(str(exc).split())
+    found = re.search(r"I/O error: (.*?)(?: \(os error \d+\))?$", text)
+    return found.group(1) if found else text[:300]
+
+
+# ---------------------------------------------------------------- reading files we did not write
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"))
+
+
+def check_regular_file(path: str | Path, max_bytes: int | None = None) -> os.stat_result:
+    """``path``'s stat (links followed) if it is a regular file of at most ``max_bytes``; otherwise a one-line
+    ``ValueError`` naming it. Call it before opening a file a user gave us: opening a named pipe blocks forever and a
+    device reads without end. A missing file is ``FileNotFoundError``; a link loop is a ``ValueError``."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: no such file") from None
+    except OSError as exc:  # ELOOP (a link to itself), ENAMETOOLONG, EACCES ...
+        raise ValueError(f"{path}: cannot be read ({exc.strerror})") from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a regular file")
+        raise ValueError(f"{path}: is {kind}, not a regular file")
+    if max_bytes is not None and st.st_size > max_bytes:
+        raise ValueError(f"{path}: {st.st_size:,} bytes, more than the {max_bytes:,} allowed for it")
+    return st
+
+
+def read_bytes_bounded(path: str | Path, max_bytes: int) -> bytes:
+    """A regular file's bytes, refused (``ValueError``, one line) past ``max_bytes`` or when it is not a regular file.
+    The size is checked before and while reading (a file may grow between the two)."""
+    check_regular_file(path, max_bytes)
+    with open(path, "rb") as fh:
+        data = fh.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ValueError(f"{path}: more than the {max_bytes:,} bytes allowed for it")
+    return data
+
+
+def read_text_bounded(path: str | Path, max_bytes: int) -> str:
+    """``read_bytes_bounded`` decoded as UTF-8; undecodable bytes are a one-line ``ValueError``."""
+    try:
+        return read_bytes_bounded(path, max_bytes).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+
+
+# ---------------------------------------------------------------- one run per directory
+
+LOCK_NAME = ".animegamer.lock"
+
+
+class DirectoryLocked(RuntimeError):
+    """Another live process holds the directory (the message names its PID and command)."""
+
+
+@contextmanager
+def directory_lock(directory: str | Path, command: str) -> Iterator[Path]:
+    """Hold ``directory`` for this process while the block runs; a second holder is refused with
+    ``DirectoryLocked`` naming the first one's PID and command.
+
+    The lock is an ``flock`` on ``directory/.animegamer.lock``: the kernel drops it when its process ends, however it
+    ends (``kill -9`` included), so a lock left by a dead process is simply taken over. The file stays (removing a
+    locked file races with the next taker); it holds the last holder's PID, command and start time for the message.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666 & ~current_umask())
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 4096).decode("utf-8", "replace")
+            try:
+                info = json.loads(holder)
+                who = f"PID {int(info['pid'])} ({str(info['command'])[:200]!r}, since {info['started']})"
+            except (ValueError, KeyError, TypeError):
+                who = "another process"
+            raise DirectoryLocked(f"{directory} is in use by {who}; wait for it to end or use another directory") \
+                from None
+        record = json.dumps({"pid": os.getpid(), "command": command,
+                             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n"
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, record.encode(), 0)
+        yield path
+    finally:
+        os.close(fd)  # closing the descriptor releases the flock
+
+
+def remove_stale_temps(directory: str | Path, depth: int = 0) -> list[Path]:
+    """Remove the temp files ``atomic_path`` leaves when its process is killed (``.<name>.<random>.tmp<suffix>``)
+    from ``directory`` and, ``depth`` levels down, its subdirectories (links are never followed); returns them.
+
+    Only safe while this process holds ``directory_lock(directory)``: another run's temp file is a file being
+    written."""
+    removed: list[Path] = []
+    folder = Path(directory)
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        if entry.is_dir(follow_symlinks=False):
+            if depth > 0:
+                removed += remove_stale_temps(entry.path, depth - 1)
+        elif _STALE_TEMP.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
+            os.unlink(entry.path)
+            removed.append(Path(entry.path))
+    return removed
+
+
+_STALE_TEMP = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp(\.[^/]*)?")  # atomic_path's mkstemp names
 
 
 # ---------------------------------------------------------------- checkpoint paths

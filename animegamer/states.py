@@ -220,16 +220,6 @@ def read_game_file(path: str) -> list[Instruction]:
     return instructions
 
 
-def read_tag_file(path: str) -> list[ShotTags]:
-    """Read a file of shot tag lines (one per line, blank lines skipped)."""
-    shots = []
-    with open(path, encoding="utf-8-sig") as fh:  # a byte-order mark at the start is dropped
-        for number, raw in enumerate(fh, start=1):
-            if raw.strip():
-                shots.append(parse_tags(raw.strip(), source=str(path), line=number))
-    return shots
-
-
 @dataclass
 class CharacterState:
     """The character's bars: stamina, social, entertainment, each 0..100, starting at 50."""

@@ -1,22 +1,27 @@
-"""Where the MLLM's share of a turn goes: eager vs its decoder layers under torch.compile, the host syncs of one turn,
-and a profiler table of each (random weights at the preset's size; a speed probe only).
+"""Where the MLLM's share of a turn goes: its turn with transformers' dynamic KV cache, with the static cache
+(animegamer.models.mllm_static) and with the static turn compiled; the host syncs of each and a profiler table (random
+weights at the preset's size; a speed probe only).
 
-    python research/mllm_host_overhead.py --out benchmarks/h200/fast_path --preset full --device cuda
-    python research/mllm_host_overhead.py --out /tmp/mllm --preset tiny --device cpu     # the structure, in seconds
+    python research/mllm_host_overhead.py --out benchmarks/h100/fast_path --preset full --device cuda
+    python research/mllm_host_overhead.py --out /tmp/mllm --preset tiny --device cpu     # the structure, in minutes
 
-Writes ``mllm_turn.json`` (seconds of 10 timed turns after 2 untimed, eager and compiled; the first compiled call;
-how far the compiled shot is from the eager one; the source lines of every host sync of one eager turn, on CUDA) and
-``mllm_profile_{eager,compiled}.txt`` (torch.profiler, sorted by device time on a GPU). The turn is
-:meth:`MLLMPredictor.predict_turn` with K=3 history turns, as the game plays it.
+Writes ``mllm_turn.json``: per mode (``dynamic``, ``static``, ``static compiled``) the seconds of 10 timed turns after
+2 untimed, the host syncs of one turn (``HostSyncCounter``, by kind and source line; on CUDA also
+``torch.cuda.set_sync_debug_mode``'s), how far its shot is from the dynamic turn's and whether its values are the
+same; for the compiled mode the first call and a call at another prompt length. Then the dynamic and static turns 20
+times each, turn about (``alternating_median_s``, ``alternating_min_s``: the same load for both).
+``mllm_profile_{mode}.txt``: torch.profiler, sorted by device time on a GPU. The turn is
+:meth:`MLLMPredictor.predict_turn` with K=3 history turns, as the game plays it; the compiled mode's state steps run
+in CUDA graphs on a GPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import torch
@@ -24,26 +29,16 @@ from torch.profiler import ProfilerActivity, profile
 
 from animegamer.bench.fastpath import history_turns
 from animegamer.bench.models import ARCHITECTURES, build_mllm, build_tokenizer
+from animegamer.bench.syncs import HostSyncCounter, cuda_sync_warnings
 from animegamer.bench.timing import measure
 from animegamer.bench.turn import INSTRUCTIONS
 from animegamer.config import StageBConfig, load_config
 from animegamer.inference.mllm_runner import MLLMPredictor
 from animegamer.inference.turn import AnimeGamer
 from animegamer.io import atomic_write_json, atomic_write_text
+from animegamer.models.mllm_static import compile_static_turn, uncompile_static_turn
 
 STAGE_B = {"full": "configs/stage_b.yaml", "tiny": "configs/tiny/stage_b.yaml"}
-
-
-def host_syncs(fn) -> list[str]:
-    """file:line of every synchronizing CUDA call ``fn`` makes (torch.cuda.set_sync_debug_mode)."""
-    torch.cuda.set_sync_debug_mode("warn")
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            fn()
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-    return [f"{Path(w.filename).name}:{w.lineno}" for w in caught]
 
 
 def profile_table(fn, device: str) -> str:
@@ -79,25 +74,52 @@ def main(argv: list[str] | None = None) -> dict:
         return predictor.predict_turn(window, text)
 
     result = {"preset": args.preset, "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-              "torch": torch.__version__, "build_s": time.perf_counter() - started}
-    reference = turn()
-    result["prompt_tokens"] = reference.prompt_tokens
-    result["eager_s"] = measure(turn, args.device, 2, 10).seconds
-    if args.device == "cuda":
-        result["host_syncs"] = host_syncs(turn)
-    atomic_write_text(out / "mllm_profile_eager.txt", profile_table(turn, args.device))
-    t = time.perf_counter()
-    mllm.compile_blocks(**({} if args.device == "cuda" else {"backend": "aot_eager"}))
-    compiled = turn()
-    result["compile_first_call_s"] = time.perf_counter() - t
-    result["compiled_shot_rel_diff"] = float(
-        (compiled.shot_embeds - reference.shot_embeds).norm() / reference.shot_embeds.norm())
-    result["compiled_values_equal"] = compiled.values == reference.values
-    t = time.perf_counter()
-    turn(INSTRUCTIONS[0])  # another prompt length
-    result["compiled_other_length_first_call_s"] = time.perf_counter() - t
-    result["compiled_s"] = measure(turn, args.device, 2, 10).seconds
-    atomic_write_text(out / "mllm_profile_compiled.txt", profile_table(turn, args.device))
+              "torch": torch.__version__, "build_s": time.perf_counter() - started, "modes": {}}
+    reference = None
+    for mode in ("dynamic", "static", "static compiled"):
+        mllm.kv_cache = "dynamic" if mode == "dynamic" else "static"
+        row: dict = {}
+        if mode == "static compiled":
+            compile_static_turn(mllm, mode="reduce-overhead" if args.device == "cuda" else None,
+                                **({} if args.device == "cuda" else {"backend": "aot_eager"}))
+            t = time.perf_counter()
+            turn()
+            row["compile_first_call_s"] = time.perf_counter() - t
+            t = time.perf_counter()
+            turn(INSTRUCTIONS[0])  # another prompt length
+            row["other_length_first_call_s"] = time.perf_counter() - t
+        else:  # the counter sees operators, not a compiled graph's kernels
+            turn()  # first: the id tables and KV buffers are copied / allocated once per model
+            with HostSyncCounter(host=[h.shot_embeds for h in window], device=args.device) as syncs:
+                turn()
+            row.update(host_syncs=syncs.count, host_sync_kinds=syncs.by_kind(),
+                       host_sync_events=[list(e) for e in syncs.events])
+        prediction = turn()
+        reference = reference or prediction
+        row["prompt_tokens"] = prediction.prompt_tokens
+        row["values_equal_dynamic"] = prediction.values == reference.values
+        row["shot_rel_diff_dynamic"] = float(
+            (prediction.shot_embeds - reference.shot_embeds).norm() / reference.shot_embeds.norm())
+        timing = measure(turn, args.device, 2, 10)
+        row["seconds"], row["median_s"] = timing.seconds, timing.median
+        if args.device == "cuda":
+            where = cuda_sync_warnings(turn)
+            row.update(cuda_syncs=len(where), cuda_sync_where=where)
+        atomic_write_text(out / f"mllm_profile_{mode.replace(' ', '_')}.txt", profile_table(turn, args.device))
+        result["modes"][mode] = row
+        atomic_write_json(out / "mllm_turn.json", result)  # each mode saved as it ends
+        print(f"{mode}: {row['median_s']:.4f} s, host syncs {row.get('host_syncs', '-')}"
+              f"{' / CUDA ' + str(row['cuda_syncs']) if 'cuda_syncs' in row else ''}", flush=True)
+    uncompile_static_turn(mllm)
+    # the two eager caches once more, turn about (the same load on a shared machine for both): 20 turns each
+    paired: dict[str, list[float]] = {"dynamic": [], "static": []}
+    for _ in range(20):
+        for mode, seconds in paired.items():
+            mllm.kv_cache = mode
+            seconds.append(measure(turn, args.device, 0, 1).seconds[0])
+    result["alternating_median_s"] = {mode: statistics.median(v) for mode, v in paired.items()}
+    result["alternating_min_s"] = {mode: min(v) for mode, v in paired.items()}
+    mllm.kv_cache = "static"
     result["total_s"] = time.perf_counter() - started
     atomic_write_json(out / "mllm_turn.json", result)
     return result

@@ -160,10 +160,13 @@ def merge_existing(result: dict, earlier: dict, measured: set[str]) -> None:
         result.pop("merged_from", None)
 
 
-def parse(argv: list[str] | None) -> BenchmarkConfig:
+def parse(argv: list[str] | None) -> tuple[BenchmarkConfig, float]:
+    """The run's config and its GPU memory cap in GB (0: none)."""
     def flags(parser):
         parser.add_argument("--preset", choices=sorted(PRESET_CONFIGS), help="model sizes (picks the config too)")
         parser.add_argument("--device", choices=["cuda", "cpu"], help="shortcut for device=...")
+        parser.add_argument("--memory-cap-gb", type=float, default=0.0,
+                            help="cap torch's GPU memory at this many GB (a smaller GPU's budget, e.g. 24); 0: none")
 
     cfg, args = parse_config(BenchmarkConfig, __doc__, argv, extra=flags)
     overrides = list(args.overrides)
@@ -195,11 +198,27 @@ def parse(argv: list[str] | None) -> BenchmarkConfig:
         print("error: device=cuda but no CUDA device is visible; use --device cpu (with --preset tiny)",
               file=sys.stderr)
         raise SystemExit(2)
-    return cfg
+    if args.memory_cap_gb < 0:
+        print(f"error: --memory-cap-gb must be >= 0 (got {args.memory_cap_gb})", file=sys.stderr)
+        raise SystemExit(2)
+    return cfg, args.memory_cap_gb
+
+
+def memory_cap(device: torch.device, cap_gb: float) -> dict:
+    """Cap torch's memory on the GPU at ``cap_gb`` (``torch.cuda.set_per_process_memory_fraction``); what was set.
+    On a CPU nothing is capped (recorded so)."""
+    if not cap_gb:
+        return {"gb": None}
+    if device.type != "cuda":
+        return {"gb": cap_gb, "applied": False, "why": "no GPU: the cap is a GPU memory fraction"}
+    total = torch.cuda.get_device_properties(device).total_memory
+    fraction = min(cap_gb * 1024**3 / total, 1.0)
+    torch.cuda.set_per_process_memory_fraction(fraction, device)
+    return {"gb": cap_gb, "applied": True, "fraction": fraction}
 
 
 def main(argv: list[str] | None = None) -> dict:
-    cfg = parse(argv)
+    cfg, cap_gb = parse(argv)
     started = time.perf_counter()
     device = torch.device(cfg.device)
     arch = ARCHITECTURES[cfg.preset]
@@ -207,6 +226,7 @@ def main(argv: list[str] | None = None) -> dict:
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
+    capped = memory_cap(device, cap_gb)
     stage_a_cfg = load_config(cfg.stage_a, schema=StageAConfig)
     stage_b_cfg = load_config(cfg.stage_b, schema=StageBConfig)
 
@@ -233,6 +253,7 @@ def main(argv: list[str] | None = None) -> dict:
             "parts": list(cfg.parts),
             "stage_a_config": cfg.stage_a,
             "stage_b_config": cfg.stage_b,
+            "memory_cap": capped,
         },
         "conventions": CONVENTIONS,
         "peak": {"dtype": str(peak_dtype).removeprefix("torch."), "size": cfg.matmul_size, "tflops": peak / 1e12},

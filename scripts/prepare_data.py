@@ -44,6 +44,12 @@ A corrupt or unreadable film is reported by path and skipped while the rest fini
 run. Decoder errors are counted per film: clips that would take a smeared frame are dropped, and a film with more
 than max_decode_errors is skipped. The summary at the end (and prepare_report.json) counts films, scenes, clips,
 captions, skipped films, the cut check and decoder errors per film.
+One run per output_dir: a second prepare_data.py there is refused (error: ... naming its PID, exit 2); temp files
+a killed run left are removed. SIGTERM stops a run as Ctrl-C does (exit 143), and the film workers never outlive
+the main process (on Linux the kernel kills them with it, kill -9 included). A clip that cannot be written whole
+(a full disk) is never published: its film is reported as skipped and the others go on. Rotation metadata (phone
+footage) is applied; a film with frames over 8192 pixels a side or 8K UHD in area, or without a video stream, is
+reported by path and skipped; film names that are not UTF-8 are stored and printed with \\x escapes.
 Next step: scripts/precompute_features.py with data.manifest=output_dir/clips.jsonl.
 """
 
@@ -52,6 +58,8 @@ from __future__ import annotations
 import hashlib
 import json
 import multiprocessing
+import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -62,7 +70,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from animegamer.cli import fail, parse_config
+from animegamer.cli import fail, hold_output_dir, parse_config
 from animegamer.config import PrepareDataConfig
 from animegamer.data.captioning import Captioner, caption_records
 from animegamer.data.characters import RegistryError, read_character_registry
@@ -76,6 +84,7 @@ from animegamer.data.films import (
     check_folders,
     find_films,
     init_worker,
+    printable,
     process_film,
 )
 from animegamer.data.manifest import ClipRecord, meta_path, read_manifest, write_manifest
@@ -135,7 +144,7 @@ def cut_films(cfg: PrepareDataConfig, films: dict[str, Path], cut: CutSettings, 
         signatures[film_id] = film_signature(path, cut, motion)
         saved = load_finished(out / "clips" / film_id, signatures[film_id])
         if saved is not None:
-            done[film_id] = {**saved, "source": str(path)}  # the film may have moved
+            done[film_id] = {**saved, "source": printable(str(path))}  # the film may have moved
         else:
             jobs.append(FilmJob(str(path), film_id, str(out), cut, motion))
     if done:
@@ -187,7 +196,8 @@ def pooled_films(jobs: list[FilmJob], workers: int, on_result: Callable[[FilmRes
     """
     # spawn: fresh interpreters, no inherited OpenCV/torch thread pools or locks
     context = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(min(workers, len(jobs)), mp_context=context, initializer=init_worker)
+    pool = ProcessPoolExecutor(min(workers, len(jobs)), mp_context=context, initializer=init_worker,
+                               initargs=(os.getpid(),))  # workers die with this process, even on kill -9
     died = "not cut: a worker process died (killed, out of memory?)"
     try:
         futures = {pool.submit(process_film, job): job for job in jobs}
@@ -195,7 +205,7 @@ def pooled_films(jobs: list[FilmJob], workers: int, on_result: Callable[[FilmRes
             try:
                 result = future.result()
             except BrokenProcessPool:
-                result = FilmResult(futures[future].film_id, futures[future].path, error=died)
+                result = FilmResult(futures[future].film_id, printable(futures[future].path), error=died)
             on_result(result)
     except BaseException:
         pool.shutdown(wait=False, cancel_futures=True)
@@ -245,14 +255,25 @@ def caption_meta(cfg: PrepareDataConfig, registry) -> dict:
     }
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, ``docker stop``, systemd): the run stops as on Ctrl-C, its workers with it."""
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated
+
+
 def main(argv: list[str] | None = None) -> dict:
     cfg, _ = parse_config(PrepareDataConfig, __doc__, argv)
+    previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         return prepare(cfg)
-    except KeyboardInterrupt:
-        print("interrupted: finished films and captions are kept; run the same command again to resume",
-              file=sys.stderr)
-        raise SystemExit(130) from None
+    except KeyboardInterrupt as exc:
+        how = "terminated" if isinstance(exc, Terminated) else "interrupted"
+        print(f"{how}: finished films and captions are kept; run the same command again to resume", file=sys.stderr)
+        raise SystemExit(143 if isinstance(exc, Terminated) else 130) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def carry_captions(records: list[ClipRecord], earlier: list[ClipRecord], fresh: set[str]) -> None:
@@ -270,7 +291,6 @@ def carry_captions(records: list[ClipRecord], earlier: list[ClipRecord], fresh: 
 def prepare(cfg: PrepareDataConfig) -> dict:
     started = time.perf_counter()
     out = Path(cfg.output_dir)
-    manifest_file = out / "clips.jsonl"
 
     # Everything that can be wrong with the config fails here, before hours of cutting.
     if not cfg.films:
@@ -301,7 +321,17 @@ def prepare(cfg: PrepareDataConfig) -> dict:
             fail(str(exc))
     print(f"prepare_data: {len(films)} film(s) -> {out} ({cut.height}x{cut.width}, {cut.fps} fps, "
           f"{cut.frames_per_clip} frames per {cut.clip_seconds:g} s clip, flow={motion.method})")
+    # one run per output_dir; the clip folders' temp files of a killed run go (output_dir/clips/<film_id>/)
+    with hold_output_dir(out, temp_depth=2):
+        return run(cfg, films, {printable(k): v for k, v in unusable.items()}, cut, motion, registry, captioner,
+                   started)
 
+
+def run(cfg: PrepareDataConfig, films: dict[str, Path], unusable: dict[str, str], cut: CutSettings,
+        motion: MotionSettings, registry, captioner, started: float) -> dict:
+    """Stages 1-4 and the summary, once ``prepare`` checked the settings and holds ``output_dir``."""
+    out = Path(cfg.output_dir)
+    manifest_file = out / "clips.jsonl"
     # 1-2. cut + motion, one worker per film.
     done, fresh, skipped = cut_films(cfg, films, cut, motion)
     skipped = {**unusable, **skipped}

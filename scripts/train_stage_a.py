@@ -57,9 +57,8 @@ from animegamer.models.shot_encoder import ActionAwareEncoder
 from animegamer.models.trained import DECODER_DIR, ENCODER_DIR, save_encoder
 from animegamer.models.weights import load_state_dict_file
 from animegamer.training.batches import resumable_batches
-from animegamer.training.checkpoint import check_resume, save_checkpoint, skip_model_weights_in_state
+from animegamer.training.checkpoint import save_checkpoint, skip_model_weights_in_state
 from animegamer.training.engines import (
-    check_world_size,
     configure_deepspeed,
     gather_trained_state,
     load_resume_weights,
@@ -69,7 +68,9 @@ from animegamer.training.engines import (
 )
 from animegamer.training.losses import diffusion_loss
 from animegamer.training.optim import build_optimizer, lr_factor
-from animegamer.training.run import build_accelerator, parse_stage_config, restore, start_run
+from animegamer.training.program import releases_output_dir, run_program
+from animegamer.training.recipe import resume_point
+from animegamer.training.run import build_accelerator, end_run, parse_stage_config, restore, start_run
 
 
 def load_weights(model: EncoderDecoder, path: Path) -> None:
@@ -111,12 +112,12 @@ def compute_loss(model, core: EncoderDecoder, batch: dict, cfg: StageAConfig) ->
     return diffusion_loss(prediction, target, latents, cfg.motion_loss_weight, cfg.motion_threshold)
 
 
+@releases_output_dir
 def main(argv: list[str] | None = None) -> Path:
     cfg = parse_stage_config(StageAConfig, __doc__, argv)
     train = cfg.train
 
     accelerator = build_accelerator(cfg.output_dir, train)
-    check_world_size(accelerator)
     skip_model_weights_in_state(accelerator)
     say = accelerator.print
 
@@ -124,7 +125,7 @@ def main(argv: list[str] | None = None) -> Path:
     # anything of the run is written: a failed retry leaves a finished run's config.yaml and run_info.json alone
     try:
         # the resume first: a mistyped path fails in a second, not after precomputing every clip's features
-        resume = check_resume(cfg.output_dir, train.resume, accelerator.num_processes, train.allow_rng_reset)
+        resume = resume_point(cfg, accelerator)
         if accelerator.num_processes == 1:
             summary = precompute_features(cfg, accelerator.device)
             if summary.written:
@@ -250,9 +251,9 @@ def main(argv: list[str] | None = None) -> Path:
         )
         say(f"shot targets: {targets}")
     accelerator.wait_for_everyone()
-    accelerator.end_training()
+    end_run(accelerator)
     return out
 
 
 if __name__ == "__main__":
-    main()
+    run_program(main)

@@ -40,16 +40,17 @@ from animegamer.io import atomic_write_text
 from animegamer.models.mllm import AnimeGamerMLLM, load_tokenizer
 from animegamer.tokens import TurnLayout, get_vocabulary
 from animegamer.training.batches import resumable_batches
-from animegamer.training.checkpoint import check_resume, save_checkpoint, skip_model_weights_in_state
+from animegamer.training.checkpoint import save_checkpoint, skip_model_weights_in_state
 from animegamer.training.engines import (
-    check_world_size,
     configure_deepspeed,
     gather_trained_state,
     optimizer_step,
     seed_process,
 )
 from animegamer.training.optim import build_optimizer, build_scheduler
-from animegamer.training.run import build_accelerator, parse_stage_config, restore, start_run
+from animegamer.training.program import releases_output_dir, run_program
+from animegamer.training.recipe import resume_point
+from animegamer.training.run import build_accelerator, end_run, parse_stage_config, restore, start_run
 
 LOSS_PARTS = ("loss", "ce", "mse", "cos", "state_acc")
 
@@ -93,18 +94,18 @@ def perturb_history(batch: dict, history_noise: float) -> dict:
     return {**batch, "history_shots": shots + history_noise * shots.detach().std() * torch.randn_like(shots)}
 
 
+@releases_output_dir
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_stage_config(StageBConfig, __doc__, argv)
     train = cfg.train
     out_dir = Path(cfg.output_dir)
     accelerator = build_accelerator(cfg.output_dir, train)
-    check_world_size(accelerator)
     skip_model_weights_in_state(accelerator)
     set_seed(cfg.seed)  # the same initialisation on every process
     # data and the resume checkpoint before the model (bad input fails in seconds, not after loading 7B) and before
     # anything of the run is written (a failed retry leaves a finished run's config.yaml and run_info.json alone)
     try:
-        resume = check_resume(out_dir, train.resume, accelerator.num_processes, train.allow_rng_reset)
+        resume = resume_point(cfg, accelerator)
         dataset = build_dataset(cfg, accelerator)
     except (ManifestError, FileNotFoundError, ValueError) as exc:  # CheckpointError is a ValueError
         fail(str(exc))
@@ -189,9 +190,9 @@ def main(argv: list[str] | None = None) -> None:
             checkpoint(step, local)
 
     progress.close()
-    accelerator.end_training()
+    end_run(accelerator)
     accelerator.print(f"done: {step} steps; checkpoints in {out_dir / 'checkpoints'}")
 
 
 if __name__ == "__main__":
-    main()
+    run_program(main)

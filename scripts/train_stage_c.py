@@ -53,9 +53,8 @@ from animegamer.models.mllm import AnimeGamerMLLM, load_tokenizer
 from animegamer.models.trained import DECODER_DIR, load_decoder
 from animegamer.tokens import TurnLayout, get_vocabulary
 from animegamer.training.batches import resumable_batches
-from animegamer.training.checkpoint import check_resume, save_checkpoint, skip_model_weights_in_state
+from animegamer.training.checkpoint import save_checkpoint, skip_model_weights_in_state
 from animegamer.training.engines import (
-    check_world_size,
     configure_deepspeed,
     gather_trained_state,
     load_resume_weights,
@@ -64,7 +63,9 @@ from animegamer.training.engines import (
 )
 from animegamer.training.losses import diffusion_loss
 from animegamer.training.optim import build_optimizer, build_scheduler
-from animegamer.training.run import build_accelerator, parse_stage_config, restore, start_run
+from animegamer.training.program import releases_output_dir, run_program
+from animegamer.training.recipe import resume_point
+from animegamer.training.run import build_accelerator, end_run, parse_stage_config, restore, start_run
 
 
 def load_frozen_mllm(cfg: StageCConfig, device: torch.device) -> AnimeGamerMLLM:
@@ -95,6 +96,7 @@ def compute_loss(model, decoder: AnimationShotDecoder, batch: dict, cfg: StageCC
     return diffusion_loss(prediction, target, latents, cfg.motion_loss_weight, cfg.motion_threshold)
 
 
+@releases_output_dir
 def main(argv: list[str] | None = None) -> Path:
     cfg = parse_stage_config(StageCConfig, __doc__, argv)
     if not cfg.predictions_cache:
@@ -102,7 +104,6 @@ def main(argv: list[str] | None = None) -> Path:
     train = cfg.train
 
     accelerator = build_accelerator(cfg.output_dir, train)
-    check_world_size(accelerator)
     skip_model_weights_in_state(accelerator)
     out = Path(cfg.output_dir)
     say = accelerator.print
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> Path:
     # ---- data, the resume checkpoint and the trained stage (a) decoder: bad input fails here, before the MLLM
     # loads and before anything of the run is written (a failed retry leaves a finished run's files alone)
     try:
-        resume = check_resume(cfg.output_dir, train.resume, accelerator.num_processes, train.allow_rng_reset)
+        resume = resume_point(cfg, accelerator)
         manifest = read_manifest(cfg.data.manifest)
         tokenizer, _ = load_tokenizer(cfg.mllm.pretrained, cfg.mllm.vocabulary, cfg.mllm.num_slots)
         layout = TurnLayout(tokenizer, get_vocabulary(cfg.mllm.vocabulary), cfg.mllm.num_slots)
@@ -228,10 +229,10 @@ def main(argv: list[str] | None = None) -> Path:
             checkpoint(step, {"loss": loss_value})
     progress.close()
     accelerator.wait_for_everyone()
-    accelerator.end_training()
+    end_run(accelerator)
     say(f"done: {step} steps; checkpoints in {out / 'checkpoints'}")
     return out
 
 
 if __name__ == "__main__":
-    main()
+    run_program(main)

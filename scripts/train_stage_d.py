@@ -57,7 +57,7 @@ from animegamer.models.trained import DECODER_DIR, load_decoder
 from animegamer.sampling.fewstep import SAMPLER_FILE, FewStepSampler, alpha_at, alpha_schedule
 from animegamer.sampling.schedule import guidance_scales
 from animegamer.training.batches import resumable_batches
-from animegamer.training.checkpoint import check_resume, save_checkpoint, skip_model_weights_in_state
+from animegamer.training.checkpoint import save_checkpoint, skip_model_weights_in_state
 from animegamer.training.distill import (
     ConditionDataset,
     segment_boundaries,
@@ -69,7 +69,6 @@ from animegamer.training.distill import (
     teacher_segment,
 )
 from animegamer.training.engines import (
-    check_world_size,
     configure_deepspeed,
     gather_trained_state,
     load_resume_weights,
@@ -77,7 +76,9 @@ from animegamer.training.engines import (
     seed_process,
 )
 from animegamer.training.optim import build_optimizer, build_scheduler
-from animegamer.training.run import build_accelerator, parse_stage_config, restore, start_run
+from animegamer.training.program import releases_output_dir, run_program
+from animegamer.training.recipe import resume_point
+from animegamer.training.run import build_accelerator, end_run, parse_stage_config, restore, start_run
 
 
 class Plan:
@@ -177,6 +178,7 @@ def compute_loss(model, teacher: AnimationShotDecoder, batch: dict, plan: Plan, 
     return torch.nn.functional.mse_loss(prediction, target)
 
 
+@releases_output_dir
 def main(argv: list[str] | None = None) -> Path:
     cfg = parse_stage_config(StageDConfig, __doc__, argv)
     train = cfg.train
@@ -187,14 +189,13 @@ def main(argv: list[str] | None = None) -> Path:
         fail(f"student_steps={cfg.student_steps} must be in 1..teacher.steps ({cfg.teacher.steps})")
 
     accelerator = build_accelerator(cfg.output_dir, train)
-    check_world_size(accelerator)
     skip_model_weights_in_state(accelerator)
     say = accelerator.print
 
     # ---- the resume checkpoint, the data, teacher and student: bad input fails here, before anything of the run is
     # written (a failed retry leaves a finished run's files alone) and, for the first two, before a model is built
     try:
-        resume = check_resume(cfg.output_dir, train.resume, accelerator.num_processes, train.allow_rng_reset)
+        resume = resume_point(cfg, accelerator)
         dataset, left_out = build_dataset(cfg)
         set_seed(cfg.seed)
         student = build_student(cfg)
@@ -289,10 +290,10 @@ def main(argv: list[str] | None = None) -> Path:
             checkpoint(step, {"loss": loss_value, "sampler_timesteps": list(plan.sampler.timesteps)})
     progress.close()
     accelerator.wait_for_everyone()
-    accelerator.end_training()
+    end_run(accelerator)
     say(f"done: {step} steps; checkpoints in {out / 'checkpoints'}")
     return out
 
 
 if __name__ == "__main__":
-    main()
+    run_program(main)

@@ -38,9 +38,8 @@ from animegamer.models.causal_decoder import WEIGHTS_FILE, CausalLatentDecoder, 
 from animegamer.models.trained import SMALL_DECODER_DIR
 from animegamer.models.weights import load_state_dict_file
 from animegamer.training.batches import resumable_batches
-from animegamer.training.checkpoint import check_resume, save_checkpoint, skip_model_weights_in_state
+from animegamer.training.checkpoint import save_checkpoint, skip_model_weights_in_state
 from animegamer.training.engines import (
-    check_world_size,
     configure_deepspeed,
     gather_trained_state,
     load_resume_weights,
@@ -48,7 +47,9 @@ from animegamer.training.engines import (
     seed_process,
 )
 from animegamer.training.optim import build_optimizer, build_scheduler
-from animegamer.training.run import build_accelerator, parse_stage_config, restore, start_run
+from animegamer.training.program import releases_output_dir, run_program
+from animegamer.training.recipe import resume_point
+from animegamer.training.run import build_accelerator, end_run, parse_stage_config, restore, start_run
 
 
 def build_model(cfg: StageEConfig, layout: tuple[int, int, int]) -> CausalLatentDecoder:
@@ -82,6 +83,7 @@ def compute_loss(model, batch: dict, cfg: StageEConfig, spatial: int) -> torch.T
     return torch.nn.functional.mse_loss(prediction.float(), target)
 
 
+@releases_output_dir
 def main(argv: list[str] | None = None) -> Path:
     cfg = parse_stage_config(StageEConfig, __doc__, argv)
     train = cfg.train
@@ -89,7 +91,6 @@ def main(argv: list[str] | None = None) -> Path:
         fail(f"crop_size={cfg.crop_size} must be >= 0 (0: whole frames)")
 
     accelerator = build_accelerator(cfg.output_dir, train)
-    check_world_size(accelerator)
     skip_model_weights_in_state(accelerator)
     out = Path(cfg.output_dir)
     say = accelerator.print
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> Path:
     # ---- the resume checkpoint, the VAE layout and the data: bad input fails here, before anything of the run is
     # written (a failed retry leaves a finished run's files alone)
     try:
-        resume = check_resume(cfg.output_dir, train.resume, accelerator.num_processes, train.allow_rng_reset)
+        resume = resume_point(cfg, accelerator)
         layout = read_vae_layout(cfg.vae)
         if accelerator.num_processes == 1:
             written = precompute_latents(cfg.data, cfg.vae, accelerator.device)
@@ -188,10 +189,10 @@ def main(argv: list[str] | None = None) -> Path:
             checkpoint(step, {"loss": loss_value})
     progress.close()
     accelerator.wait_for_everyone()
-    accelerator.end_training()
+    end_run(accelerator)
     say(f"done: {step} steps; checkpoints in {out / 'checkpoints'}")
     return out
 
 
 if __name__ == "__main__":
-    main()
+    run_program(main)

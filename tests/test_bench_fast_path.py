@@ -15,11 +15,13 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def test_rows_this_machine_runs():
     names = [row.name for row in ROWS]
     run, skipped = rows_to_run("cpu", compile=True)
-    assert [r.name for r in run] == ["eager", "compiled"]  # no FP8 on a CPU
+    assert [r.name for r in run] == ["eager", "eager, dynamic MLLM cache", "compiled",
+                                     "compiled, MLLM compiled"]  # no FP8 on a CPU
     assert len(skipped) == 3 and all("CUDA GPU" in s for s in skipped)
     run, skipped = rows_to_run("cpu", compile=False)
-    assert [r.name for r in run] == ["eager"] and any(s.startswith("compiled: compile=false") for s in skipped)
-    assert len(names) == len(set(names)) == 5
+    assert [r.name for r in run] == ["eager", "eager, dynamic MLLM cache"]
+    assert any(s.startswith("compiled: compile=false") for s in skipped)
+    assert len(names) == len(set(names)) == 7
     run, skipped = rows_to_run("cpu", compile=True, names=("compiled",))
     assert [r.name for r in run] == ["compiled"] and "eager: not asked for" in skipped
     with pytest.raises(ValueError, match="no fast_path row \\['compield'\\]"):
@@ -39,11 +41,17 @@ def test_fast_path_part_times_a_whole_turn_eager_and_compiled(tmp_path):
     out = tmp_path / "bench"
     result = load_script("scripts/benchmark.py").main([
         "--preset", "tiny", "--device", "cpu", f"output_dir={out}", "parts=[fast_path]", "repeats=1", "warmup=1",
-        "compile=true", "compile_backend=aot_eager", "profile=true"])
+        "compile=true", "compile_backend=aot_eager", "profile=true",
+        "fast_path_rows=[eager, 'eager, dynamic MLLM cache', compiled]"])
     assert not result["errors"]
     fast = json.loads((out / "benchmark.json").read_text())["fast_path"]
     rows = fast["rows"]
-    assert list(rows) == ["eager", "compiled"]
+    assert list(rows) == ["eager", "eager, dynamic MLLM cache", "compiled"]
+    # the MLLM's host syncs per turn: the static cache's one transfer against the dynamic cache's 8
+    assert rows["eager"]["mllm_host_syncs"] == rows["compiled"]["mllm_host_syncs"] == 1
+    assert rows["eager, dynamic MLLM cache"]["mllm_host_syncs"] == 8
+    assert rows["eager, dynamic MLLM cache"]["mllm_host_sync_kinds"] == {"from host": 5, "to host": 3}
+    assert rows["eager"]["mllm_kv_cache"] == "static" and rows["eager"]["mllm_host_syncs_cuda"] is None
     for row in rows.values():
         # the parts of the game's turn: MLLM + 4-step denoising + the small decoder, the first frame before the rest
         assert row["mllm_s"] > 0 and row["denoise_s"] > 0 and 0 < row["small_first_chunk_s"] <= row["small_decode_s"]
@@ -57,7 +65,7 @@ def test_fast_path_part_times_a_whole_turn_eager_and_compiled(tmp_path):
     assert fast["settings"]["latents"][1] == 3 and fast["settings"]["frames"][0] == 9  # 9 frames from 3 latents
     assert fast["vae_first_frames"] == 9 and fast["denoise_tflop"] > 0
     assert fast["parameters"]["small_decoder"] < fast["parameters"]["vae_decoder"]
-    assert len(fast["skipped"]) == 3  # the FP8 rows
+    assert len(fast["skipped"]) == 4  # the FP8 rows, the compiled MLLM (not asked for)
     assert fast["writing"]["write_s"] > 0 and len(fast["writing"]["raw_write_s"]) == 3  # imageio-ffmpeg is pinned
     only = load_script("scripts/benchmark.py").main([
         "--preset", "tiny", "--device", "cpu", f"output_dir={tmp_path / 'only'}", "parts=[fast_path]", "repeats=1",
@@ -65,6 +73,7 @@ def test_fast_path_part_times_a_whole_turn_eager_and_compiled(tmp_path):
     assert list(only["rows"]) == ["compiled"] and only["rows"]["compiled"]["latents_vs_eager"] is None
     assert "eager: not asked for" in only["skipped"]
     table = markdown(result)
-    assert "**The fast turn**" in table and "| compiled |" in table and "Not run: compiled, fp8" in table
+    assert "**The fast turn**" in table and "| compiled |" in table and "Not run: compiled, MLLM compiled" in table
+    assert "| eager, dynamic MLLM cache |" in table and "MLLM host syncs" in table
     profile = (out / "profile_fast_turn.txt").read_text()
     assert all(label in profile for label in ("mllm", "denoise", "decode"))

@@ -259,7 +259,7 @@ def test_prefill_and_state_decoding_from_a_restored_cache(tiny_mistral_dir):
     model = tiny_mllm(tiny_mistral_dir)
     history = make_history(1, 8, 32, seed=2)
     full = predict_turn(model, history, INSTRUCTION)
-    prefilled = prefill_turn(model, history, INSTRUCTION)
+    prefilled = prefill_turn(model, history, INSTRUCTION, kv_cache="dynamic")  # the static cache needs no crop
     length = prefilled.cache.get_seq_length()
     assert length == len(prefilled.sequence) == full.prompt_tokens
     first = decode_states(model, prefilled)
@@ -271,6 +271,8 @@ def test_prefill_and_state_decoding_from_a_restored_cache(tiny_mistral_dir):
     for field in first[1]:
         assert second[1][field] == pytest.approx(first[1][field], abs=1e-6)
     torch.testing.assert_close(prefilled.shot_embeds, full.shot_embeds)
+    static = prefill_turn(model, history, INSTRUCTION, kv_cache="static")  # its steps rewrite the same positions
+    assert decode_states(model, static)[0] == decode_states(model, static)[0] == first[0]
     # the plain path (transformers generate) reads the same slots from its own prefill
     torch.testing.assert_close(plain_generate(model, history, INSTRUCTION, 1), full.shot_embeds, rtol=1e-5, atol=1e-5)
 

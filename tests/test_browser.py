@@ -203,4 +203,7 @@ def test_two_turns_undo_save_load_in_chromium(server, browser, tmp_path):
     assert history(browser)[0][1] == f"Character: {hero}; Motion: happily eat; Background: morning kitchen."
     assert browser.find_element(By.CSS_SELECTOR, "#clip video").get_attribute("src")
     browser.save_screenshot(str(tmp_path / "3_loaded.png"))
-    assert len(list(out.glob("game_*"))) == 2  # the loaded game plays in a directory of its own
+    # the loaded game plays in a directory of its own; the game it replaced is freed, its folder with it (the
+    # player keeps what they downloaded)
+    games = list(out.glob("game_*"))
+    assert len(games) == 1 and games[0] != saves[0].parent and not saves[0].parent.exists()

@@ -107,9 +107,11 @@ ZERO = {"zero2": (2, "none"), "zero3": (3, "none"), "zero3_offload": (3, "cpu")}
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("stage", "engines", "resume"), ENGINE_CASES)
-def test_engines_write_the_same_weights_and_zero2_resumes_exactly(stage, engines, resume, request, tmp_path):
+def test_engines_write_the_same_weights_and_zero2_resumes_exactly(stage, engines, resume, request, tmp_path, capsys):
     """DDP and DeepSpeed from the same seed write the same trained weights at steps 1 and 2; with ``resume``, a
-    ZeRO-2 run killed after step 1's checkpoint and resumed writes exactly the uninterrupted run's step 2."""
+    ZeRO-2 run killed after step 1's checkpoint and resumed writes exactly the uninterrupted run's step 2, and
+    resumed on one process (which cannot load its partitioned optimizer state) is refused in one line before
+    DeepSpeed runs, even with ``train.allow_recipe_change=true``."""
     fixtures = {name: request.getfixturevalue(name) for name in FIXTURES[stage]}
     done = {}
     for engine in engines:
@@ -131,6 +133,14 @@ def test_engines_write_the_same_weights_and_zero2_resumes_exactly(stage, engines
     shutil.copytree(done["zero2"], killed)
     shutil.rmtree(killed / "checkpoints" / "step_0000002")
     (killed / "checkpoints" / "latest").write_text("step_0000001\n")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as refused:  # this process: one process, no DeepSpeed
+        load_script(f"scripts/{SCRIPTS[stage]}.py").main(
+            [*stage_argv(stage, fixtures, tmp_path, killed), *STEPS, "train.allow_recipe_change=true",
+             "train.resume=latest"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert refused.value.code == 2 and err[-1].startswith("error: ") and "Traceback" not in "\n".join(err)
+    assert "saved by 2 process(es) under DeepSpeed ZeRO-2; this run has 1 process(es)" in err[-1], err
     launched("zero2", stage, [*stage_argv(stage, fixtures, tmp_path, killed), *STEPS, "--resume", "latest"], killed)
     resumed = trained_weights(killed / "checkpoints" / "step_0000002")
     uninterrupted = trained_weights(done["zero2"] / "checkpoints" / "step_0000002")

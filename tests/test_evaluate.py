@@ -97,6 +97,11 @@ def test_evaluate_end_to_end(world, tiny_clip_config, tiny_cogvideox_dir, tiny_m
             assert r.settings.flow["levels"] == "measured" and "refitted by flow" in r.settings.flow["edges_from"]
             assert r.settings.flow["edges"] == sorted(r.settings.flow["edges"]) and len(r.settings.flow["edges"]) == 4
             assert r.settings.reference.startswith("ground-truth clip")
+            # SpriteWorld turns: who is drawn, 0/1, the friend columns only on turns with a friend in view
+            cast = truth[r.game_id].cast(r.turn)
+            assert v["hero_on_screen"] in (0.0, 1.0)
+            friend_keys = {"friend_named", "friend_remembered"} & set(v)
+            assert friend_keys == ({"friend_named" if cast.named else "friend_remembered"} if cast.friend else set())
         judged = [r for r in by_system[name] if r.turn == -1]
         assert len(judged) == 2 and all(r.values["judge_overall"] == 6.0 for r in judged)
         assert len(list((out / "clips" / name / games[0]).glob("turn_*.mp4"))) == 3
@@ -113,13 +118,14 @@ def test_evaluate_end_to_end(world, tiny_clip_config, tiny_cogvideox_dir, tiny_m
         expected = truth[r.game_id].shots[r.turn].values
         assert r.values["mae_f"] == abs(majority.motion_level - expected.motion_level)
         assert r.settings.flow["levels"] == "predicted" and "clip_i" in r.missing
+        assert r.missing["hero_on_screen"] == "the system renders no clip" and "hero_on_screen" not in r.values
     assert len(by_system["random"]) == 6
 
     # the main table: markdown with arrows, CSV with the means of the records
     table = (out / "table.md").read_text()
     assert table in printed
     header = ("| system | CLIP-I ↑ | DreamSim ↓ | CLIP-T ↑ | ACC-F ↑ | MAE-F ↓ | ACC-S ↑ | MAE-S ↓ | PSNR ↑ | SSIM ↑ "
-              "| s/turn ↓ | Overall ↑ | Instr. ↑ | Coher. ↑ | Char. ↑ |")
+              "| s/turn ↓ | Friend-N ↑ | Friend-R ↑ | Hero ↑ | Overall ↑ | Instr. ↑ | Coher. ↑ | Char. ↑ |")
     assert header in table
     lines = [line for line in table.splitlines() if line.startswith("| ") and "system" not in line]
     assert [line.split(" | ")[0] for line in lines] == ["| animegamer", "| gc_baseline", "| random", "| majority"]

@@ -14,6 +14,7 @@ from animegamer.inference.game import GameSession
 from animegamer.inference.session import build_session
 from animegamer.play import run
 from tests.helpers.game import GAME, TINY, tiny_overrides
+from tests.helpers.gradio_app import launch
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -113,7 +114,7 @@ def test_terminal_cli_scripted_session(tiny_cfg, tmp_path):
 
 
 @pytest.mark.slow
-def test_gradio_app_plays_two_turns_and_rejects_empty(tiny_cfg, tmp_path):
+def test_gradio_app_plays_two_turns_and_rejects_empty(tiny_cfg, tmp_path, monkeypatch):
     import os
 
     os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
@@ -126,7 +127,7 @@ def test_gradio_app_plays_two_turns_and_rejects_empty(tiny_cfg, tmp_path):
     assert compose_instruction("", "", "", "", "  dance  ") == "dance"
     template = build_session(tiny_cfg)
     app = build_app(template.game, tmp_path / "web")
-    app.launch(server_name="127.0.0.1", prevent_thread_lock=True, quiet=True)
+    launch(app, monkeypatch)
     try:
         client = Client(app.local_url, verbose=False)
         first = client.predict("Qiqi", "quickly", "run", "park", "", api_name="/play")

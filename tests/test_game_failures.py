@@ -119,8 +119,11 @@ def test_a_game_that_must_end_saves_its_turns_first(played, tmp_path, error):
     session, _ = played
     game = GameSession(dataclasses.replace(session.game, renderer=None), output_dir=tmp_path)
     out = io.StringIO()
-    with pytest.raises(type(error)):
+    if isinstance(error, OSError):  # EIO: the terminal is gone, which ends the game as end of input does
         run(game, BrokenInput([GAME[0], GAME[1]], error), out, games_dir=tmp_path)
+    else:
+        with pytest.raises(type(error)):
+            run(game, BrokenInput([GAME[0], GAME[1]], error), out, games_dir=tmp_path)
     assert f"saved 2 turns to {tmp_path / 'game.save'} before leaving" in out.getvalue()
     assert len(read_save(tmp_path / "game.save", history_turns=K).turns) == 2
 
@@ -244,11 +247,12 @@ def test_every_status_quoting_a_player_or_a_file_is_text(played, tmp_path, hosti
     _, status, *_ = web.load(str(bad), None)
     assert status.startswith("**Not loaded:**")
     shown_as_text(status, repr(("  " + hostile)[:60]))  # the message quotes the start of it
-    # a save named by the player: the message names the file
+    # a save named by the player: the message names the file (by its name: the server's folders are not shown)
     named = tmp_path / (" ".join(hostile.split()).replace("/", "_")[:80] + ".save")
     named.write_bytes(b"not a save")
     _, status, *_ = web.load(str(named), None)
-    shown_as_text(status, str(named))
+    shown_as_text(status, named.name)
+    assert str(tmp_path) not in status and as_text(str(tmp_path)) not in status
     # a character the world never saw: the warning quotes it
     views = list(web.play(hostile.replace(";", ","), "quickly", "run", "park", "", None))
     shown_as_text(views[-1][1], "")

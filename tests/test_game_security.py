@@ -235,7 +235,7 @@ def test_load_results_checks_records_and_shots(tmp_path):
         load_results(out)
     for broken in ("{broken", "[" * 100_000):
         (out / "game.json").write_text(broken)
-        with pytest.raises(ValueError, match="game.json: not readable JSON"):
+        with pytest.raises(ValueError, match="game.json: not valid JSON"):
             load_results(out)
 
 

@@ -49,7 +49,8 @@ def test_demo_game_writes_eight_turns(tmp_path, tiny_checkpoint):
     (out / "turn_009").mkdir(parents=True)  # a stale turn from a longer earlier game is removed
     load_entry_point().main(["--config", str(TINY), f"output_dir={out}", f"game={DEMO}",
                              f"mllm.pretrained={cfg.pretrained}", f"mllm_checkpoint={checkpoint}"])
-    assert sorted(p.name for p in out.iterdir()) == ["game.json", *[f"turn_{i:03d}" for i in range(8)], "turns.jsonl"]
+    turn_dirs = [f"turn_{i:03d}" for i in range(8)]
+    assert sorted(p.name for p in out.iterdir()) == [".animegamer.lock", "game.json", *turn_dirs, "turns.jsonl"]
     game, turns = load_results(out)
     assert game["complete"] and len(game["turns"]) == 8 and game["history_turns"] == 1
     assert game["mllm"]["checkpoint"] == str(checkpoint) and game["mllm"]["num_slots"] == 226

@@ -1,7 +1,6 @@
 """The MLLM results directory (animegamer.inference.mllm_runner: ResultsWriter, load_results) and the checks the two
 inference scripts run before any model loads (animegamer.inference.preflight)."""
 
-import importlib.util
 import json
 import os
 from pathlib import Path
@@ -16,37 +15,13 @@ from animegamer.data.video import mp4_stream, probe_video, read_video
 from animegamer.inference.contact_sheet import MAX_SHEET_PIXELS, contact_sheet
 from animegamer.inference.mllm_runner import ResultsWriter, load_results
 from animegamer.inference.preflight import check_device, check_output_dir
-from animegamer.inference.turn import Turn
 from animegamer.models.mllm import AnimeGamerMLLM
-from animegamer.states import CharacterState, StateValues
+from animegamer.states import CharacterState
+from tests.helpers.limits import run_python
+from tests.helpers.results import SHAPE, TINY, VALUES, entry, played, refuse_models, results_dir
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / "configs" / "tiny" / "inference.yaml"
-SHAPE = (226, 32)  # the tiny config's mllm.num_slots x mllm.shot_dim
-VALUES = StateValues(motion_level=2, social=1, entertainment=0, stamina=-1)
 NO_GPU = not torch.cuda.is_available()
-
-
-def entry(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def played(index: int, shape=SHAPE, instruction: str | None = None) -> Turn:
-    shot = torch.randn(*shape, generator=torch.Generator().manual_seed(index))
-    return Turn(index, instruction or f"Qiqi runs {index}", VALUES, CharacterState(), shot, 40)
-
-
-def results_dir(out: Path, turns: int = 2, shape=SHAPE, finish: bool = True) -> Path:
-    summary = {"game": "g.txt", "history_turns": 1, "seed": 3, "mllm": {"num_slots": shape[0], "shot_dim": shape[1]}}
-    with ResultsWriter(out, summary) as results:
-        for i in range(turns):
-            results.add(played(i, shape))
-        if finish:
-            results.finish()
-    return out
 
 
 def bytes_written() -> int:
@@ -248,14 +223,6 @@ def test_a_read_only_output_dir_is_refused(tmp_path):
 # ---------------------------------------------------------------------- the scripts, before any model loads
 
 
-def refuse_models(monkeypatch, module, *names):
-    def no_model(*args, **kwargs):
-        raise AssertionError("a model was loaded before the input was checked")
-
-    for name in names:
-        monkeypatch.setattr(module, name, no_model)
-
-
 def decoder_cases(tmp_path):
     (tmp_path / "file").write_text("x")
     cases = {
@@ -351,3 +318,43 @@ def test_a_long_game_gets_several_contact_sheets(tmp_path, tiny_cogvideox_dir, m
     assert heights[0] > heights[1]  # two rows, then the last one alone
     assert probe_video(written["game"]).num_frames == 3 * 9
     assert probe_video(written["game_upscaled"]).num_frames == 3 * 9
+
+
+WRITE_UNTIL_FULL = """
+import sys
+from pathlib import Path
+import torch
+from animegamer.inference.mllm_runner import ResultsWriteError, ResultsWriter
+from animegamer.inference.turn import Turn
+from animegamer.states import CharacterState, StateValues
+from tests.helpers.results import SHAPE, TINY, VALUES, entry, played, refuse_models, results_dir
+
+values = StateValues(motion_level=2, social=1, entertainment=0, stamina=-1)
+with ResultsWriter(Path(sys.argv[1]), {"game": "g.txt", "mllm": {"num_slots": 4, "shot_dim": 8}}) as results:
+    for index in range(200):
+        shot = torch.randn(4, 8, generator=torch.Generator().manual_seed(index))
+        try:
+            results.add(Turn(index, f"Qiqi runs {index}" + " far" * index, values, CharacterState(), shot, 40))
+        except ResultsWriteError as exc:
+            print(results.num_turns)
+            print(exc)
+            break
+"""
+
+
+@pytest.mark.parametrize("limit", [200, 1500, 4000])  # the first shot file; a turns.jsonl line, early and later
+def test_a_turn_that_cannot_be_written_leaves_the_turns_before_it_whole(tmp_path, limit):
+    """A full disk (a real file size limit) while the results are written: the writer says so in one line and the
+    directory holds exactly the turns before, each whole and listed once; no part of the failed turn stays."""
+    out = tmp_path / "out"
+    result = run_python(["-c", WRITE_UNTIL_FULL, str(out)], file_limit=limit, timeout=120)
+    assert result.returncode == 0, result.stderr
+    count, message = result.stdout.splitlines()
+    count = int(count)
+    assert f"could not write turn {count} to {out}" in message and "File too large" in message
+    assert f"the {count} turns before it are complete" in message
+    lines = (out / "turns.jsonl").read_bytes().decode().split("\n")
+    assert lines[-1] == "" and len(lines) - 1 == count  # only whole lines
+    assert [json.loads(line)["turn"] for line in lines[:-1]] == list(range(count))
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == [f"turn_{i:03d}" for i in range(count)]
+    assert not [p for p in out.rglob("*") if ".tmp" in p.name]

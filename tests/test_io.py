@@ -1,6 +1,8 @@
 """animegamer.io: atomic writes keep the umask's mode, are fsynced before the rename, and paths stay inside."""
 
 import os
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -62,3 +64,85 @@ def test_path_inside(tmp_path):
     for bad in ("..", "../root2", "/etc/passwd", "escape", "escape/x", "turn_000/../../x"):
         with pytest.raises(ValueError, match="outside"):
             path_inside(root, bad)
+
+
+# ---------------------------------------------------------------- bounded reads and directory locks
+
+def test_check_regular_file_refuses_pipes_devices_dirs_loops_and_big_files(tmp_path):
+    fifo = tmp_path / "turns.jsonl"
+    os.mkfifo(fifo)
+    loop = tmp_path / "weights.safetensors"
+    loop.symlink_to(loop)
+    big = tmp_path / "big.json"
+    big.write_bytes(b"x" * 101)
+    cases = {fifo: "named pipe", Path("/dev/zero"): "character device", tmp_path: "a directory",
+             loop: "cannot be read", big: "more than the 100"}
+    for path, words in cases.items():
+        with pytest.raises(ValueError, match=words) as info:
+            agio.check_regular_file(path, max_bytes=100)
+        assert str(path) in str(info.value) and "\n" not in str(info.value)
+    with pytest.raises(FileNotFoundError):
+        agio.check_regular_file(tmp_path / "missing")
+    ok = tmp_path / "ok.json"
+    ok.write_text("{}")
+    assert agio.check_regular_file(ok, max_bytes=100).st_size == 2
+
+
+def test_bounded_reads_return_the_content_or_refuse(tmp_path):
+    path = tmp_path / "state.json"
+    path.write_text("héllo")
+    assert agio.read_text_bounded(path, 100) == "héllo"
+    with pytest.raises(ValueError, match="more than the 3 allowed"):
+        agio.read_bytes_bounded(path, 3)
+    path.write_bytes(b"\xff\xfe")
+    with pytest.raises(ValueError, match="not UTF-8"):
+        agio.read_text_bounded(path, 100)
+    with pytest.raises(ValueError, match="character device"):
+        agio.read_bytes_bounded("/dev/zero", 100)
+
+
+def test_directory_lock_refuses_a_second_holder_and_is_taken_over_after_its_death(tmp_path):
+    import subprocess
+    import sys
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom animegamer.io import directory_lock\n"
+         "with directory_lock(sys.argv[1], 'train stage b'):\n    print('held', flush=True)\n    time.sleep(600)\n",
+         str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(agio.DirectoryLocked, match=rf"PID {holder.pid} \('train stage b'"):
+            with agio.directory_lock(tmp_path, "second"):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+    with agio.directory_lock(tmp_path, "third") as lock:  # the dead holder's lock is taken over
+        assert '"command": "third"' in lock.read_text()
+    with agio.directory_lock(tmp_path, "fourth"):  # released on leaving the block
+        pass
+
+
+def test_stale_temps_of_a_killed_writer_are_removed_and_nothing_else(tmp_path):
+    from animegamer.io import remove_stale_temps
+
+    run = tmp_path / "run"
+    killed = []  # what atomic_path leaves when its process is killed between mkstemp and the rename
+    for folder in (run, run / "clips", run / "clips" / "film", run / "clips" / "film" / "deeper"):
+        folder.mkdir(parents=True)
+        for name, suffix in (("clip", ".mp4"), ("film", ".json"), ("turns", "")):
+            fd, stale = tempfile.mkstemp(prefix=f".{name}.", suffix=f".tmp{suffix}", dir=folder)
+            os.close(fd)
+            killed.append(Path(stale))
+    keep = [run / "notes.tmp.txt", run / ".hidden", run / "clip.mp4", run / ".a.b.tmp", run / ".x.abc.tmp.mp4"]
+    for path in keep:
+        path.write_text("mine")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / ".x.abcdefgh.tmp.json").write_text("{}")
+    (run / "clips" / "link").symlink_to(tmp_path / "elsewhere")  # a link is never followed
+    removed = remove_stale_temps(run, depth=2)
+    assert sorted(removed) == sorted(p for p in killed if "deeper" not in p.parts)  # two folders down, no more
+    assert all(not p.exists() for p in removed) and all(p.read_text() == "mine" for p in keep)
+    assert (tmp_path / "elsewhere" / ".x.abcdefgh.tmp.json").exists()
+    assert all(p.exists() for p in killed if "deeper" in p.parts)
+    assert remove_stale_temps(tmp_path / "missing") == []

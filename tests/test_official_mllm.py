@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 
 import pytest
 import torch
@@ -152,9 +153,14 @@ def test_greedy_ids_teacher_forced(converted):
 
 
 def test_chain_to_decoder(converted):
-    """bf16 of the last turn's s_a is the decoder reference's conditioning."""
+    """bf16 of the turn's s_a that the decoder reference names as its source (``s_a_source``, e.g.
+    ``bf16(mllm_ref.safetensors[turn5.s_a])``) is the decoder reference's conditioning."""
     decoder_s_a = load_file(str(REF_DIR / "decoder_ref.safetensors"))["s_a"][0]
-    *_, (n, ref, history, caption) = reference_turns(converted["model"])
+    source = json.loads((REF_DIR / "decoder_ref.json").read_text())["s_a_source"]
+    match = re.fullmatch(r"bf16\(mllm_ref\.safetensors\[turn(\d+)\.s_a\]\)", source)
+    assert match, f"decoder_ref.json s_a_source {source!r} is not a turn's s_a of mllm_ref"
+    source_turn = int(match.group(1))
+    n, ref, history, caption = next(t for t in reference_turns(converted["model"]) if t[0] == source_turn)
     seq = agent.release_sequence(converted["model"], history, "", caption)
     shots = torch.stack([h.shot_embeds for h in history]) if history else None
     ours = agent.shot_pass(converted["model"], seq, shots, last_positions=True)["shot_embeds"]

@@ -43,7 +43,10 @@ def gif_frames(path) -> np.ndarray:
 @pytest.fixture(scope="module")
 def shipped(tmp_path_factory):
     """The shipped SpriteWorld game (2 denoising steps), the benchmark game and its reference turns, played by
-    calling play_turn directly."""
+    calling play_turn directly. One torch thread, as every test of this module runs (``one_thread``): a module
+    fixture is set up before a test's function fixtures, and 1 and 2 threads round a few pixels apart."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
     cfg = load_config(CONFIG, ["sampling.steps=2"])
     game = build_game(cfg)
     bench_game = BenchmarkGame("g0", "Qiqi", tuple(parse_tags(s) for s in SHOTS), Path("."))
@@ -52,6 +55,7 @@ def shipped(tmp_path_factory):
     turns: list[Turn] = []
     for text in instructions:
         turns.append(game.play_turn(turns, text, out_dir=out))
+    torch.set_num_threads(before)
     return cfg, game, bench_game, instructions, turns
 
 

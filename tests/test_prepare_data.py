@@ -1,17 +1,21 @@
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import imageio.v2 as imageio
+import imageio_ffmpeg
+import numpy as np
 import pytest
 
 from animegamer.cli import load_script
 from animegamer.data.manifest import read_manifest
-from animegamer.data.video import probe_video
+from animegamer.data.video import probe_video, read_video, write_mp4
 from animegamer.states import parse_tags
+from tests.helpers.limits import directory_held, python_env, run_python
 from tests.helpers.llm_server import FakeChatServer
 from tests.helpers.synthetic_films import make_film, moving_patch_frames
 
@@ -51,7 +55,8 @@ def args(films, out, *extra):
 
 
 def test_help_documents_the_whole_flow():
-    result = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, check=True)
+    result = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, check=True,
+                            env=python_env())  # this checkout's package, wherever the venv points
     for text in ("1. cut", "2. motion", "3. levels", "4. caption", "Resumable", "corrupt", "clips.jsonl",
                  "films=[]", "flow_threshold=0.2", "captioner.max_attempts=3", "refit_motion_bins=False"):
         assert text in result.stdout, text
@@ -228,7 +233,6 @@ def test_corrupt_data_in_the_middle_is_counted_and_smeared_clips_dropped(tmp_pat
 
 
 def test_ctrl_c_stops_at_once_and_keeps_finished_films(tmp_path):
-    import signal
     import time
 
     films = tmp_path / "films"
@@ -242,7 +246,7 @@ def test_ctrl_c_stops_at_once_and_keeps_finished_films(tmp_path):
     command = [sys.executable, str(SCRIPT), *args(films, out, "workers=2")]
     # SIGINT at its default in the child: an earlier test in this worker may leave it ignored, which a child inherits
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                               env=python_env(), preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     while not list(out.glob("clips/*/film.json")) and process.poll() is None:
         time.sleep(0.05)
     assert process.poll() is None, process.communicate()
@@ -312,3 +316,120 @@ def test_pipes_and_symlink_loops_are_reported_and_counted(tmp_path, capsys):
         assert sum(f"skipped {films / name}: " in line for line in printed.splitlines()) == 1
     report = json.loads((tmp_path / "out" / "prepare_report.json").read_text())
     assert report["films_skipped"] == 2
+
+
+# ---------------------------------------------------------------------- an unlucky machine: full disk, kills, locks
+
+
+def noisy_film(path: Path) -> None:
+    """A film whose clip is ~3x the size of a smooth film's (fresh noise every frame, too faint to read as cuts)."""
+    base = moving_patch_frames(40, 64, 96, 1.0).astype(int)
+    noise = np.random.default_rng(0).integers(-25, 26, base.shape)
+    write_mp4(path, np.clip(base + noise, 0, 255).astype(np.uint8), fps=16)
+
+
+@pytest.mark.parametrize("limit", [2_000, 6_000])
+def test_a_full_disk_fails_the_films_it_hits_and_publishes_no_undecodable_clip(tmp_path, limit):
+    """Under a real write limit (smooth clips ~3 kB, the noisy film's ~9.5 kB, records under 2 kB) a clip that
+    cannot be written whole is never published: its film is reported as failed, the others go on."""
+    films = tmp_path / "films"
+    make_film(films / "smooth.mp4", seconds=2.5)
+    make_film(films / "other.mp4", seconds=2.5, seed=4)
+    noisy_film(films / "noisy.mp4")
+    out = tmp_path / "out"
+    result = run_python([str(SCRIPT), *args(films, out)], file_limit=limit)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    report = json.loads((out / "prepare_report.json").read_text())
+    failed = {Path(source).stem for source in report["skipped"]}
+    assert "noisy" in failed and (failed == {"noisy"}) == (limit == 6_000), report["skipped"]
+    assert all("VideoWriteError" in error for error in report["skipped"].values())
+    for clip in out.rglob("*.mp4"):  # every clip published decodes whole
+        assert probe_video(clip).num_frames == 17 and len(read_video(clip)[0]) == 17
+    assert {p.parent.name for p in out.rglob("*.mp4")} == {"smooth", "other"} - failed
+    assert not [p for p in out.rglob(".*") if p.name != ".animegamer.lock"]  # no temp file anywhere
+
+
+def test_audio_only_films_and_names_that_are_not_utf8_are_handled_and_rerun(tmp_path):
+    films = tmp_path / "films"
+    make_film(films / "good.mp4")
+    names = [b"caf\xe9.mp4", b"\xff\xfe.mkv", b"half\xe2\x82.mp4"]  # Latin-1, junk, a cut-off UTF-8 sequence
+    for i, name in enumerate(names):
+        make_film(os.fsdecode(os.path.join(os.fsencode(films), name)), seed=i + 1)
+    subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-v", "error", "-f", "lavfi", "-i", "sine=duration=3",
+                    "-c:a", "aac", str(films / "song.mp4")], check=True)
+    out = tmp_path / "out"
+    for run in range(2):  # a rerun works and cuts nothing again
+        result = run_python([str(SCRIPT), *args(films, out)])
+        assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+        report = json.loads((out / "prepare_report.json").read_text(encoding="utf-8"))
+        assert (report["films_cut"], report["films_already_done"]) == ((4, 0) if run == 0 else (0, 4))
+    assert report["clips"] == 4 and report["films_skipped"] == 1
+    (song, error), = report["skipped"].items()
+    assert song == str(films / "song.mp4") and "no video stream" in error
+    sources = json.loads((out / "clips.meta.json").read_text(encoding="utf-8"))["films"].values()
+    assert sorted(sources) == sorted([str(films / "good.mp4"), str(films) + "/caf\\xe9.mp4",
+                                      str(films) + "/\\xff\\xfe.mkv", str(films) + "/half\\xe2\\x82.mp4"])
+
+
+def worker_pids(pid: int) -> list[int]:
+    """The film workers (multiprocessing spawn children) among the children of ``pid``."""
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return []
+    return [int(c) for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+
+
+def alive(pid: int) -> bool:
+    """A process that still runs (a zombie waiting for its reaper has ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads the process tree from Linux's /proc")
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
+def test_the_film_workers_do_not_outlive_the_main_process(tmp_path, how):
+    import time
+
+    films = tmp_path / "films"
+    for i in range(4):  # long enough that the workers are busy when the main process goes
+        make_film(films / f"film{i}.mp4", seconds=40.25, cuts=tuple(4.25 + 4.0 * k for k in range(9)), seed=i)
+    process = subprocess.Popen([sys.executable, str(SCRIPT), *args(films, tmp_path / "out", "workers=2")],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                               env=python_env())
+    deadline = time.monotonic() + 300
+    while len(workers := worker_pids(process.pid)) < 2 and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # polling the process tree: there is no event to wait for
+    assert len(workers) == 2 and process.poll() is None, process.communicate()
+    process.send_signal(how)
+    _, stderr = process.communicate(timeout=120)
+    deadline = time.monotonic() + 120
+    while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(alive(pid) for pid in workers), "a film worker outlived the main process"
+    if how == signal.SIGTERM:  # stopped like Ctrl-C: one line, finished films kept
+        assert process.returncode == 143 and "Traceback" not in stderr
+        assert any(line.startswith("terminated:") for line in stderr.splitlines()), stderr
+
+
+def test_a_second_run_into_the_same_output_dir_is_refused_and_stale_temps_are_cleaned(tmp_path):
+    films = tmp_path / "films"
+    make_film(films / "a.mp4")
+    out = tmp_path / "out"
+    (out / "clips" / "a").mkdir(parents=True)
+    stale = [out / ".clips.k3j_x9a2.tmp.jsonl", out / "clips" / "a" / ".00000.abcdefgh.tmp.mp4"]
+    for path in stale:  # what a killed run leaves
+        path.write_bytes(b"half")
+    keep = out / "clips" / "notes.tmp.txt"
+    keep.write_text("mine")
+    with directory_held(out) as holder:
+        result = run_python([str(SCRIPT), *args(films, out)])
+        assert result.returncode == 2 and result.stderr.startswith("error: "), result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1 and f"PID {holder}" in result.stderr
+        assert all(path.exists() for path in stale)  # the holder's files are not touched
+    result = run_python([str(SCRIPT), *args(films, out)])  # the holder gone: its lock is taken over
+    assert result.returncode == 0, result.stderr
+    assert not any(path.exists() for path in stale) and keep.read_text() == "mine"
+    assert read_manifest(out / "clips.jsonl").records[0].film_id == "a"

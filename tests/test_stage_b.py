@@ -257,7 +257,7 @@ def test_train_stage_b_resumes_exactly(tmp_path, tiny_mistral_dir, capsys, histo
     assert vocabulary.motions and set(vocabulary.motions) <= {t.motion for t in trained}
 
 
-def test_train_stage_b_two_processes(tmp_path, tiny_mistral_dir):
+def test_train_stage_b_two_processes(tmp_path, tiny_mistral_dir, capsys):
     out = tmp_path / "ddp"
     overrides = stage_b_overrides(tmp_path, tiny_mistral_dir, out, **{
         "train.max_steps": 3, "train.batch_size": 1, "data.history_turns": 1, "train.checkpoint_every": 3,
@@ -273,7 +273,8 @@ def test_train_stage_b_two_processes(tmp_path, tiny_mistral_dir):
 
     # `accelerate launch --cpu --num_processes 2` starts one process (multi-CPU wants mpirun); torchrun's launcher
     # with ACCELERATE_USE_CPU=true starts two that talk over gloo
-    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": str(ROOT)}  # this checkout's package, wherever the venv's points
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
            "--main_process_port", str(free_port()),
@@ -286,6 +287,20 @@ def test_train_stage_b_two_processes(tmp_path, tiny_mistral_dir):
     assert (final / "random_states_1.pkl").is_file() and (final / "mllm_trained.safetensors").is_file()
     assert len(metrics(out)["loss"]) == 3
     assert result.stdout.count("done: 3 steps") == 1  # printed by the main process only
+    # resumed on one process: other batches, not an exact resume; refused in one line unless allowed
+    script = load_script("scripts/train_stage_b.py")
+    resumed = ["--config", str(ROOT / "configs" / "tiny" / "stage_b.yaml"), *overrides, "train.max_steps=4",
+               "train.resume=latest"]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as refused:
+        script.main(resumed)
+    err = capsys.readouterr().err.strip()
+    assert refused.value.code == 2 and err.startswith("error: ") and "\n" not in err
+    assert "num_processes 2 -> 1" in err and "allow_recipe_change=true" in err
+    script.main([*resumed, "train.allow_recipe_change=true"])
+    changed = json.loads((out / "run_info.json").read_text())["recipe_changed"]
+    assert changed["num_processes"] == {"was": 2, "now": 1}
+    assert changed["distributed_type"]["was"] == "DistributedType.MULTI_CPU"
 
 
 # ---------------------------------------------------------------- bad input: one line, exit code 2, nothing written

@@ -116,16 +116,17 @@ def test_loss_falls_on_a_fixed_batch(stage_d_run):
     assert plan.latent_shape == (2, 4, 8, 12) and plan.boundaries == [0, 4, 8] and plan.times[-1] == -1
     optimizer = torch.optim.AdamW(student.trainable_parameters(), lr=1e-2)
     frozen = {n: p.clone() for n, p in student.named_parameters() if not p.requires_grad}
-    losses = []
-    for _ in range(8):
-        torch.manual_seed(1)  # the same noise every step: one fixed batch to fit
-        loss = train_stage_d.compute_loss(student, teacher, batch, plan, segment=0)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
-    assert all(torch.isfinite(torch.tensor(losses))), losses
-    assert all(b < a for a, b in pairwise(losses)) and losses[-1] < 0.9 * losses[0], losses
+    for segment in (0, 1):  # both segments of the 2-step student
+        losses = []
+        for _ in range(8):
+            torch.manual_seed(1)  # the same noise every step: one fixed batch to fit
+            loss = train_stage_d.compute_loss(student, teacher, batch, plan, segment=segment)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+        assert all(torch.isfinite(torch.tensor(losses))), losses
+        assert all(b < a for a, b in pairwise(losses)) and losses[-1] < 0.9 * losses[0], (segment, losses)
     assert all(torch.equal(p, frozen[n]) for n, p in student.named_parameters() if not p.requires_grad)
     assert not any(p.requires_grad for p in teacher.parameters())
 
@@ -160,15 +161,54 @@ def test_run_writes_a_decoder_checkpoint_and_resumes_exactly(stage_d_run, tmp_pa
         _argv(stage_d_run, tmp_path / "b", *common, "train.max_steps=3", "--resume", "latest")
     )
     assert "resumed from" in capsys.readouterr().out
-    with pytest.raises(SystemExit) as exit_info:  # another step plan cannot continue this run
-        train_stage_d.main(_argv(stage_d_run, tmp_path / "b", *common, "train.max_steps=4", "student_steps=4",
-                                 "--resume", "latest"))
-    err = capsys.readouterr().err.strip()
-    assert exit_info.value.code == 2 and "the run distilled timesteps" in err and "\n" not in err, err
+    # another step plan is another recipe; allowed, it still cannot continue this run
+    for allow, needle in [("false", "student_steps 2 -> 4"), ("true", "the run distilled timesteps")]:
+        with pytest.raises(SystemExit) as exit_info:
+            train_stage_d.main(_argv(stage_d_run, tmp_path / "b", *common, "train.max_steps=4", "student_steps=4",
+                                     f"train.allow_recipe_change={allow}", "--resume", "latest"))
+        err = capsys.readouterr().err.strip()
+        assert exit_info.value.code == 2 and needle in err and "\n" not in err, err
     again = load_state_dict_file(list_checkpoints(resumed)[-1] / "decoder" / "adapter_model.safetensors")
     for k, v in final.items():
         torch.testing.assert_close(again[k], v, rtol=0, atol=1e-6, msg=k)
     assert logged_losses(resumed)[-1] == pytest.approx(losses[-1], abs=1e-6)  # step 3's loss, after the resume
+
+
+def test_a_two_step_student_learns_and_renders_in_two_calls(stage_d_run, tmp_path):
+    """The recipe of configs/spriteworld/stage_d2.yaml at tiny size: a 2-step student's loss falls over a real run
+    (each segment's own loss, first logged vs last), and its checkpoint samples a clip in 2 transformer calls."""
+    out = train_stage_d.main(_argv(stage_d_run, tmp_path / "d2", "student_steps=2", "train.max_steps=16",
+                                   "train.lr=1.0e-2", "train.log_every=1", "train.checkpoint_every=16"))
+    rows = list(csv.DictReader(open(out / "metrics.csv")))
+    values = {k: [float(r["value"]) for r in rows if r["name"] == f"loss_segment_{k}"] for k in (0, 1)}
+    assert all(len(v) >= 3 and np.isfinite(v).all() for v in values.values()), values
+    # the noise differs every step, so a run's loss is noisy: the hard segment (from pure noise) falls clearly;
+    # both segments fall on a fixed batch (test_loss_falls_on_a_fixed_batch)
+    assert np.mean(values[0][-2:]) < 0.95 * np.mean(values[0][:2]), values
+    checkpoint = list_checkpoints(out)[-1]
+    cfg = load_config(TINY_CONFIG, _argv(stage_d_run, out)[2:])
+    student = load_decoder(checkpoint, cfg.decoder, with_vae=False)
+    sampler = FewStepSampler.load(checkpoint / "decoder", student.noise_scheduler.config.num_train_timesteps)
+    assert sampler.steps == 2 and sampler.timesteps == (999, 499)  # the 8-step teacher's steps 0 and 4
+    calls = []
+    hook = student.transformer.register_forward_hook(lambda *_: calls.append(1))
+    shots = torch.randn(1, SLOTS, SHOT_DIM, generator=torch.Generator().manual_seed(0))
+    noise = torch.randn(1, 2, 4, 8, 12, generator=torch.Generator().manual_seed(1))  # (B, F, C, h, w)
+    latents = fewstep_sample(student, shots, torch.tensor([2]), sampler, noise)
+    hook.remove()
+    assert len(calls) == 2 and latents.shape == noise.shape and torch.isfinite(latents).all()
+
+
+def test_spriteworld_fewer_step_students_are_stage_d_with_fewer_segments():
+    """stage_d2.yaml / stage_d1.yaml: the shipped student's recipe (teacher, data, budget) with 2 / 1 segments."""
+    four = load_config(ROOT / "configs/spriteworld/stage_d.yaml")
+    for name, steps in (("stage_d2", 2), ("stage_d1", 1)):
+        fewer = load_config(ROOT / "configs/spriteworld" / f"{name}.yaml")
+        assert fewer.student_steps == steps and fewer.output_dir == f"outputs/spriteworld/{name}"
+        assert (fewer.teacher, fewer.train, fewer.decoder, fewer.data) == (four.teacher, four.train, four.decoder,
+                                                                          four.data)
+        assert (fewer.stage_c_checkpoint, fewer.conditions, fewer.seed) == (four.stage_c_checkpoint,
+                                                                            four.conditions, four.seed)
 
 
 def test_user_mistakes_exit_2_with_one_line(stage_d_run, tmp_path, capsys):

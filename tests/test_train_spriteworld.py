@@ -110,6 +110,9 @@ def test_every_step_ran_and_wrote_its_outputs(mini_run):
                                              "eval_table_intervals.csv", "eval_table_intervals.json"]
     intervals = json.loads((ship / "eval_table_intervals.json").read_text())
     assert intervals["resamples"] == 2000 and {r["split"] for r in intervals["rows"]} >= {"all", "seen"}
+    # who is drawn: every SpriteWorld turn scores the protagonist, with its interval
+    assert any(r["metric"] == "hero_on_screen" and r["split"] == "all" for r in intervals["rows"])
+    assert "Hero ↑" in (ship / "eval_table.md").read_text()
 
 
 def test_eval_rows_run_some_rows_and_keep_the_others(mini_run, tmp_path):
@@ -171,7 +174,7 @@ def test_empty_scenery_is_each_clips_own_place_and_home(tmp_path):
     from animegamer.spriteworld import write_dataset
     from animegamer.spriteworld.home import HomeLook, home_background
     from animegamer.spriteworld.pretrain_vae import read_clips
-    from tests.test_spriteworld import small_config
+    from tests.helpers.spriteworld import small_config
 
     cfg = small_config(tmp_path, num_films=4, shots_per_film=8, memory=True, num_frames=5, workers=1)
     manifest = read_manifest(write_dataset(cfg, progress=False))

@@ -6,10 +6,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
 
-from animegamer.config import StageAConfig, TrainConfig
-from animegamer.models.weights import DamagedFileError, load_state_dict_file, save_state_dict_file
+from animegamer.config import TrainConfig
+from animegamer.models.weights import DamagedFileError, load_state_dict_file
 from animegamer.training import checkpoint
 from animegamer.training.batches import ResumableBatchSampler
 from animegamer.training.checkpoint import (
@@ -17,17 +16,15 @@ from animegamer.training.checkpoint import (
     check_resume,
     find_resume,
     list_checkpoints,
-    load_checkpoint,
     read_rng_state,
     replace_dir,
     resolve_checkpoint,
-    save_checkpoint,
-    skip_model_weights_in_state,
     write_dir_atomically,
 )
-from animegamer.training.optim import build_optimizer, build_scheduler, lr_factor
-from animegamer.training.run import build_accelerator, start_run, trim_metrics
+from animegamer.training.optim import build_optimizer, lr_factor
+from animegamer.training.run import trim_metrics
 from tests.helpers.pickle_trap import PickleTrap
+from tests.helpers.toy_run import toy_run
 
 
 def test_sampler_is_a_pure_function_of_position():
@@ -57,52 +54,10 @@ def test_lr_schedules():
         build_optimizer([], t)
 
 
-def _toy_run(tmp_path, steps, resume="", allow_rng_reset=False, keep=1):
-    """A stage script's shape on a Linear: check the resume, build, load it, start the run, train ``steps``."""
-    cfg = StageAConfig(output_dir=str(tmp_path))
-    cfg.train = TrainConfig(max_steps=4, lr=0.05, report_to="csv", checkpoint_every=2, resume=resume,
-                            allow_rng_reset=allow_rng_reset)
-    acc = build_accelerator(cfg.output_dir, cfg.train)
-    skip_model_weights_in_state(acc)
-    point = check_resume(cfg.output_dir, cfg.train.resume, acc.num_processes, cfg.train.allow_rng_reset)
-    torch.manual_seed(0)
-    model = nn.Linear(4, 1)
-    opt = build_optimizer(model.parameters(), cfg.train)
-    sched = build_scheduler(opt, cfg.train)
-    model, opt, sched = acc.prepare(model, opt, sched)
-    data = torch.arange(40, dtype=torch.float32).reshape(10, 4) / 40
-
-    def save(d):
-        save_state_dict_file(acc.unwrap_model(model).state_dict(), d / "model.safetensors")
-
-    def load(d):
-        acc.unwrap_model(model).load_state_dict(load_state_dict_file(d / "model.safetensors"))
-
-    step = 0
-    if point:
-        step = load_checkpoint(acc, point.path, load, cfg.train.allow_rng_reset)["step"]
-    start_run(acc, cfg, "toy", point)
-    batches = iter(ResumableBatchSampler(10, 2, seed=0, start_batch=step))
-    while step < steps:
-        idx = next(batches)
-        noise = torch.randn(2, 1)  # drawn from the (restored) global RNG
-        loss = (model(data[idx]) - noise).pow(2).mean()
-        acc.backward(loss)
-        opt.step()
-        sched.step()
-        opt.zero_grad()
-        step += 1
-        acc.log({"loss": loss.item()}, step=step)
-        if step % cfg.train.checkpoint_every == 0:
-            save_checkpoint(acc, cfg.output_dir, step, save, {"loss": loss.item()}, keep=keep)
-    acc.end_training()
-    return {k: v.clone() for k, v in acc.unwrap_model(model).state_dict().items()}
-
-
 def test_exact_resume_and_checkpoint_files(tmp_path):
-    straight = _toy_run(tmp_path / "a", 4)
-    _toy_run(tmp_path / "b", 2)
-    resumed = _toy_run(tmp_path / "b", 4, resume="latest")
+    straight = toy_run(tmp_path / "a", 4)
+    toy_run(tmp_path / "b", 2)
+    resumed = toy_run(tmp_path / "b", 4, resume="latest")
     for k in straight:
         assert torch.equal(straight[k], resumed[k]), k
     ckpts = list_checkpoints(tmp_path / "b")
@@ -129,8 +84,8 @@ def test_exact_resume_and_checkpoint_files(tmp_path):
 
 
 def test_resume_drops_the_metrics_rows_a_killed_run_logged_after_its_checkpoint(tmp_path):
-    _toy_run(tmp_path, 3)  # killed after step 3: checkpoint at 2, rows for 1..3
-    _toy_run(tmp_path, 4, resume="latest")  # resumes at 2, logs 3 and 4 again
+    toy_run(tmp_path, 3)  # killed after step 3: checkpoint at 2, rows for 1..3
+    toy_run(tmp_path, 4, resume="latest")  # resumes at 2, logs 3 and 4 again
     rows = list(csv.DictReader(open(tmp_path / "metrics.csv")))
     assert [int(r["step"]) for r in rows if r["name"] == "loss"] == [1, 2, 3, 4]
     assert not list(tmp_path.glob(".metrics*"))  # the atomic rewrite's temp file is gone
@@ -144,13 +99,13 @@ def test_resume_drops_the_metrics_rows_a_killed_run_logged_after_its_checkpoint(
 
 
 def test_a_missing_rng_state_fails_unless_allowed_and_then_is_recorded(tmp_path, capsys):
-    _toy_run(tmp_path, 2)
+    toy_run(tmp_path, 2)
     rng = tmp_path / "checkpoints" / "step_0000002" / "random_states_0.pkl"
     rng.unlink()
     with pytest.raises(CheckpointError, match=r"random_states_0\.pkl is missing.*allow_rng_reset=true"):
-        _toy_run(tmp_path, 4, resume="latest")
+        toy_run(tmp_path, 4, resume="latest")
     assert "resumed_step" not in json.loads((tmp_path / "run_info.json").read_text())  # nothing was rewritten
-    _toy_run(tmp_path, 4, resume="latest", allow_rng_reset=True)
+    toy_run(tmp_path, 4, resume="latest", allow_rng_reset=True)
     assert "WARNING" in capsys.readouterr().err
     info = json.loads((tmp_path / "run_info.json").read_text())
     assert info["resumed_step"] == 2 and "random_states_0.pkl is missing" in info["rng_reset"]
@@ -161,14 +116,14 @@ def test_a_missing_rng_state_fails_unless_allowed_and_then_is_recorded(tmp_path,
 
 
 def test_an_rng_state_holding_code_is_refused_and_never_run(tmp_path):
-    _toy_run(tmp_path, 2)
+    toy_run(tmp_path, 2)
     marker = tmp_path / "code_ran"
     rng = tmp_path / "checkpoints" / "step_0000002" / "random_states_0.pkl"
     torch.save({"random_state": PickleTrap(marker)}, rng)
     with pytest.raises(CheckpointError, match=r"random_states_0\.pkl cannot be read"):
         check_resume(tmp_path, "latest", num_processes=1)
     with pytest.raises(CheckpointError, match=r"random_states_0\.pkl cannot be read"):
-        _toy_run(tmp_path, 4, resume="latest")
+        toy_run(tmp_path, 4, resume="latest")
     assert not marker.exists()
     states, problem = read_rng_state(rng)
     assert states is None and problem and not marker.exists()
@@ -176,7 +131,7 @@ def test_an_rng_state_holding_code_is_refused_and_never_run(tmp_path):
 
 @pytest.mark.parametrize("name", ["optimizer.bin", "scheduler.bin", "model.safetensors", "trainer_state.json"])
 def test_a_truncated_checkpoint_file_is_named(tmp_path, name):
-    _toy_run(tmp_path, 2)
+    toy_run(tmp_path, 2)
     damaged = tmp_path / "checkpoints" / "step_0000002" / name
     damaged.write_bytes(damaged.read_bytes()[: damaged.stat().st_size // 2])
     with pytest.raises(CheckpointError, match="damaged") as err:
@@ -197,7 +152,7 @@ def test_torch_weights_that_are_not_a_zip_archive_are_named(tmp_path):
 def test_resaving_a_step_never_leaves_latest_naming_a_missing_directory(tmp_path, monkeypatch):
     """A run restarted in the same directory saves step 2 again over the old step 2 that ``latest`` names. After
     every deletion of a directory, ``latest`` must still name a complete checkpoint."""
-    _toy_run(tmp_path, 2, keep=10)
+    toy_run(tmp_path, 2, keep=10)
     latest = tmp_path / "checkpoints" / "latest"
     real_rmtree = shutil.rmtree
     deleted = []
@@ -218,7 +173,7 @@ def test_resaving_a_step_never_leaves_latest_naming_a_missing_directory(tmp_path
     monkeypatch.setattr(checkpoint.shutil, "rmtree", checked_rmtree)
     monkeypatch.setattr(checkpoint.os, "fsync", recording_fsync)
     before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "checkpoints" / "step_0000002").iterdir()}
-    _toy_run(tmp_path, 2, keep=10)  # a fresh run: saves step 2 again
+    toy_run(tmp_path, 2, keep=10)  # a fresh run: saves step 2 again
     step = tmp_path / "checkpoints" / "step_0000002"
     assert "step_0000002.tmp" in deleted  # the old contents, swapped out and then deleted
     assert {p.name: p.stat().st_mtime_ns for p in step.iterdir()} != before  # the new checkpoint is in place

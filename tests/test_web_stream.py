@@ -10,6 +10,7 @@ from animegamer.config import load_config
 from animegamer.data.video import read_video
 from animegamer.inference.session import build_session
 from tests.helpers.game import TINY, tiny_overrides
+from tests.helpers.gradio_app import launch
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -18,7 +19,7 @@ def _path(video) -> str:
     return video["video"] if isinstance(video, dict) else video
 
 
-def test_page_gets_the_first_frames_then_the_whole_clip(tiny_mistral_dir, tiny_cogvideox_dir, tmp_path):
+def test_page_gets_the_first_frames_then_the_whole_clip(tiny_mistral_dir, tiny_cogvideox_dir, tmp_path, monkeypatch):
     os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
     from gradio_client import Client
 
@@ -29,7 +30,7 @@ def test_page_gets_the_first_frames_then_the_whole_clip(tiny_mistral_dir, tiny_c
                              "sampling.num_frames=17"])
     template = build_session(cfg)
     app = build_app(template.game, tmp_path / "web")
-    app.launch(server_name="127.0.0.1", prevent_thread_lock=True, quiet=True)
+    launch(app, monkeypatch)
     try:
         client = Client(app.local_url, verbose=False)
         job = client.submit("Qiqi", "quickly", "run", "park", "", api_name="/play")

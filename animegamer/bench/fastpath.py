@@ -8,9 +8,13 @@ Every row plays the game's own turn, :meth:`animegamer.inference.turn.AnimeGamer
 history turns, the 4-step distilled student (the stage (d) student's timesteps; random weights, so a speed figure
 only), then the streamed decode to uint8 frames on the host. Rows:
 
-    eager                       LoRA merged, nothing compiled
+    eager                       LoRA merged, nothing compiled; the MLLM's static KV cache (``mllm.kv_cache``)
+    eager, dynamic MLLM cache   the same with the MLLM's dynamic cache (transformers', the turn before the static
+                                one): the host syncs it adds
     compiled                    the transformer blocks and the small decoder's memory blocks under torch.compile
                                 (regional, static shapes)
+    compiled, MLLM compiled     and the MLLM's static turn compiled (animegamer.models.mllm_static: the prefill with
+                                a dynamic length, the state steps in CUDA graphs on a GPU)
     compiled, fp8 tensor large  the inference option ``fp8``: the transformer's large linears (attention q/k/v/out,
                                 feed-forward) in FP8 with one scale per tensor, the AdaLN modulation linears in bf16
                                 (animegamer.models.fp8), compiled
@@ -20,17 +24,19 @@ only), then the streamed decode to uint8 frames on the host. Rows:
 FP8 rows need a CUDA GPU of capability >= 8.9 and torchao; compiled rows need ``compile``. Each row starts from a
 fresh copy of the bf16 transformer.
 
-Per row: the MLLM, the denoising, the decode with the small decoder and its first chunk, the whole turn timed end to
-end (play_turn, small decoder), the time to the first frames (MLLM + denoising + the small decoder's first chunk),
-the GPU peak during the turn, the denoising's MFU, and how far the row's latents are from the eager row's (relative
-L2: compile is the same arithmetic, FP8 is not). The VAE's decode (the same in every row) and writing the clip
-(mp4 + gif, which the game does off the turn's critical path) are timed once beside the rows.
+Per row: the MLLM and its host synchronisations per turn (:class:`animegamer.bench.syncs.HostSyncCounter`; on a GPU
+also ``torch.cuda.set_sync_debug_mode``'s count), the denoising, the decode with the small decoder and its first chunk,
+the whole turn timed end to end (play_turn, small decoder), the time to the first frames (MLLM + denoising + the small
+decoder's first chunk), the GPU peak during the turn, the denoising's MFU, and how far the row's latents are from the
+eager row's (relative L2: compile is the same arithmetic, FP8 is not). The VAE's decode (the same in every row) and
+writing the clip (mp4 + gif, which the game does off the turn's critical path) are timed once beside the rows.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import resource
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +45,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from animegamer.bench.options import distilled_timesteps, time_writing
+from animegamer.bench.syncs import HostSyncCounter, cuda_sync_warnings
 from animegamer.bench.timing import PeakMemory, count_flops, measure
 from animegamer.bench.turn import INSTRUCTIONS, make_history, relative_difference
 from animegamer.config import SamplingConfig
@@ -47,6 +54,7 @@ from animegamer.inference.renderer import DecoderRenderer
 from animegamer.inference.turn import AnimeGamer, Turn
 from animegamer.io import atomic_write_text
 from animegamer.models.fp8 import fp8_unavailable, quantize_transformer_fp8
+from animegamer.models.mllm_static import compile_static_turn, uncompile_static_turn
 from animegamer.sampling.fewstep import FewStepSampler
 from animegamer.sampling.presets import PresetSampler, effective_sampling
 from animegamer.states import CharacterState
@@ -71,11 +79,14 @@ class Row:
     name: str
     compiled: bool
     fp8: str = ""  # "" | "tensor large" | "row all"
+    mllm: str = "static"  # the MLLM's turn: static | dynamic (its KV cache) | compiled (the static turn compiled)
 
 
 ROWS = (
     Row("eager", False),
+    Row("eager, dynamic MLLM cache", False, mllm="dynamic"),
     Row("compiled", True),
+    Row("compiled, MLLM compiled", True, mllm="compiled"),
     Row("compiled, fp8 tensor large", True, "tensor large"),
     Row("eager, fp8 tensor large", False, "tensor large"),
     Row("compiled, fp8 row all", True, "row all"),
@@ -111,10 +122,14 @@ def history_turns(num_turns: int, num_slots: int, shot_dim: int, seed: int) -> l
     ]
 
 
-def _prepare(decoder, renderer: DecoderRenderer, pristine: tuple, row: Row, backend: str) -> int:
+def _prepare(decoder, renderer: DecoderRenderer, pristine: tuple, row: Row, backend: str, mllm) -> int:
     """Put fresh copies of the bf16 transformer and the small decoder in place, convert the transformer to FP8 and
-    compile what ``row`` asks for; returns the number of FP8 linears."""
+    compile what ``row`` asks for (the MLLM's turn too); returns the number of FP8 linears."""
     torch._dynamo.reset()  # the previous row's graphs hold its modules
+    uncompile_static_turn(mllm)
+    mllm.kv_cache = "dynamic" if row.mllm == "dynamic" else "static"
+    if row.mllm == "compiled":  # CUDA graphs for the state steps where there is a GPU
+        compile_static_turn(mllm, mode="reduce-overhead" if decoder.device.type == "cuda" else None, backend=backend)
     device = decoder.device
     decoder.transformer = None  # the previous row's copy goes before the next one arrives
     decoder.transformer = copy.deepcopy(pristine[0]).to(device)
@@ -183,8 +198,9 @@ def bench_fast_path(decoder, mllm, small, settings: FastPathSettings, device, pe
     reference = None
     for row in run:
         try:
-            fp8_layers = _prepare(decoder, with_small, pristine, row, s.compile_backend)
+            fp8_layers = _prepare(decoder, with_small, pristine, row, s.compile_backend, mllm)
             mllm_t = timed(lambda: predictor.predict_turn(window, instruction))
+            syncs = mllm_host_syncs(predictor, window, instruction, counted=row.mllm != "compiled")
             den = timed(lambda: with_small.latents(shot, MOTION_LEVEL, s.seed))  # compiles in the warm-up calls
             row_latents = with_small.latents(shot, MOTION_LEVEL, s.seed)
             dec = timed(lambda row_latents=row_latents: list(with_small.decode(row_latents)))
@@ -203,6 +219,8 @@ def bench_fast_path(decoder, mllm, small, settings: FastPathSettings, device, pe
                 "fp8": row.fp8 or None,
                 "fp8_layers": fp8_layers,
                 "mllm_s": mllm_t.median,
+                "mllm_kv_cache": row.mllm,
+                **syncs,
                 "denoise_s": den.median,
                 "small_decode_s": dec.median,
                 "small_first_chunk_s": first.median,
@@ -213,6 +231,7 @@ def bench_fast_path(decoder, mllm, small, settings: FastPathSettings, device, pe
                 "time_to_first_frames_s": mllm_t.median + den.median + first.median,
                 "time_to_first_frames_with_vae_s": mllm_t.median + den.median + vae_first.median,
                 "peak_memory_gb": peak.peak_gb if device.type == "cuda" else None,
+                "host_peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1024**3,  # so far
                 "denoise_mfu": call_flops / den.median / peak_flops if peak_flops else None,
                 "latents_vs_eager": None if reference is None else relative_difference(row_latents, reference),
                 "raw_turn_s": turn.seconds,
@@ -222,7 +241,24 @@ def bench_fast_path(decoder, mllm, small, settings: FastPathSettings, device, pe
         if on_row is not None:
             on_row(section)
     torch._dynamo.reset()
+    uncompile_static_turn(mllm)
+    mllm.kv_cache = "static"
     return section
+
+
+def mllm_host_syncs(predictor: MLLMPredictor, window, instruction: str, counted: bool = True) -> dict:
+    """Host synchronisations of one MLLM turn: ``mllm_host_syncs`` (:class:`HostSyncCounter`, by kind in
+    ``mllm_host_sync_kinds``; None for a compiled turn, whose kernels it does not see) and, on a GPU,
+    ``mllm_host_syncs_cuda`` (``torch.cuda.set_sync_debug_mode``'s warnings, file:line in ``..._where``)."""
+    found: dict = {"mllm_host_syncs": None, "mllm_host_sync_kinds": None, "mllm_host_syncs_cuda": None}
+    if counted:
+        with HostSyncCounter(host=[h.shot_embeds for h in window], device=predictor.device) as syncs:
+            predictor.predict_turn(window, instruction)
+        found.update(mllm_host_syncs=syncs.count, mllm_host_sync_kinds=syncs.by_kind())
+    if torch.device(predictor.device).type == "cuda":
+        where = cuda_sync_warnings(lambda: predictor.predict_turn(window, instruction))
+        found.update(mllm_host_syncs_cuda=len(where), mllm_host_syncs_cuda_where=where)
+    return found
 
 
 def profile_turn(predictor, renderer, window, instruction: str, shot: torch.Tensor, seed: int, device,

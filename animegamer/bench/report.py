@@ -128,6 +128,14 @@ def decode_table(result: dict[str, Any]) -> list[str]:
     return lines + ["", "Turn times leave out the MLLM (the turn part's) and writing the clip.", ""]
 
 
+def _syncs(row: dict[str, Any]) -> str:
+    """A row's MLLM host syncs: the counter's / CUDA's, whichever were measured."""
+    counts = [row.get("mllm_host_syncs"), row.get("mllm_host_syncs_cuda")]
+    if counts[1] is None:
+        return "" if counts[0] is None else str(counts[0])
+    return " / ".join("–" if c is None else str(c) for c in counts)
+
+
 def fast_path_table(result: dict[str, Any]) -> list[str]:
     """The ``fast_path`` part: the game's whole turn on the fast path, eager/compiled, bf16/FP8, small decoder."""
     fast = result.get("fast_path")
@@ -140,16 +148,16 @@ def fast_path_table(result: dict[str, Any]) -> list[str]:
         f"{params['small_decoder'] / 1e6:.2f} M parameters against the VAE decoder's "
         f"{params['vae_decoder'] / 1e6:.1f} M; 4-step denoising {fast['denoise_tflop']:.3g} TFLOP):",
         "",
-        "| row | MLLM (s) | denoising (s) | MFU | small decode (s) | turn (s) | first frames after (s) | "
-        "turn with the VAE (s) | peak (GB) | latents vs eager |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| row | MLLM (s) | MLLM host syncs | denoising (s) | MFU | small decode (s) | turn (s) | "
+        "first frames after (s) | turn with the VAE (s) | peak (GB) | latents vs eager |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name, row in fast["rows"].items():
         if "error" in row:
-            lines.append(f"| {name} | failed: {row['error']} |||||||||")
+            lines.append(f"| {name} | failed: {row['error']} ||||||||||")
             continue
         lines.append(
-            f"| {name} | {_s(row['mllm_s'])} | {_s(row['denoise_s'])} | {_mfu(row['denoise_mfu'])} | "
+            f"| {name} | {_s(row['mllm_s'])} | {_syncs(row)} | {_s(row['denoise_s'])} | {_mfu(row['denoise_mfu'])} | "
             f"{_s(row['small_decode_s'])} | {_s(row['turn_s'])} | {_s(row['time_to_first_frames_s'])} | "
             f"{_s(row['turn_with_vae_s'])} | {_gb(row['peak_memory_gb'])} | {_rel(row['latents_vs_eager'])} |"
         )
@@ -160,7 +168,8 @@ def fast_path_table(result: dict[str, Any]) -> list[str]:
         "",
         f"Turn: timed whole, no file written. First frames: MLLM + denoising + the small decoder's first chunk. "
         f"Turn with the VAE: MLLM + denoising + the VAE's decode ({_s(fast['vae_decode_s'])} s; its first chunk of "
-        f"{fast['vae_first_frames']} frames {_s(fast['vae_first_chunk_s'])} s). Latents vs eager: relative L2 "
+        f"{fast['vae_first_frames']} frames {_s(fast['vae_first_chunk_s'])} s). MLLM host syncs: per turn, counted "
+        f"by operator (HostSyncCounter) / by CUDA's sync debug mode on a GPU. Latents vs eager: relative L2 "
         f"distance of the row's 4-step latents from the eager row's. {write[0].upper() + write[1:]}.",
     ]
     if fast["skipped"]:

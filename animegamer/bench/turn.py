@@ -35,6 +35,7 @@ from animegamer.inference.mllm_runner import MLLMPredictor
 from animegamer.inference.renderer import DecoderRenderer
 from animegamer.inference.turn import AnimeGamer, Turn
 from animegamer.io import atomic_write_text
+from animegamer.models.mllm_static import is_fixed
 from animegamer.models.mllm_turn import HistoryTurn, decode_states, predict_turn, prefill_turn
 from animegamer.sampling.presets import fast_sampling
 from animegamer.sampling.schedule import guidance_scales, scheduler_step
@@ -223,12 +224,14 @@ def bench_turn(
         decoder.compile_blocks()
 
     prefilled = prefill_turn(mllm, history, instruction)
-    prompt_length = prefilled.cache.get_seq_length()
+    prompt_length = None if is_fixed(prefilled.cache) else prefilled.cache.get_seq_length()
 
     def states_from_cache():
         decode_states(mllm, prefilled)
-        # back to the prompt, so every call decodes from the same cache (crop takes minus the tokens to drop)
-        prefilled.cache.crop(prompt_length - prefilled.cache.get_seq_length())
+        # back to the prompt, so every call decodes from the same cache (crop takes minus the tokens to drop); the
+        # static cache's steps always write after the prompt, over the previous call's
+        if prompt_length is not None:
+            prefilled.cache.crop(prompt_length - prefilled.cache.get_seq_length())
 
     ours_pre, ours_pre_mem = part(lambda: prefill_turn(mllm, history, instruction))
     ours_states, ours_states_mem = part(states_from_cache)

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 # the choices of the fields that share them; a field's type says which values it takes (OmegaConf checks them)
 Dtype = Literal["fp32", "bf16", "fp16"]
-CacheMethod = Literal["none", "first_block", "taylorseer", "pab", "faster", "magcache"]  # models.cache.CACHE_METHODS
+CacheMethod = Literal["none", "first_block", "taylorseer", "pab", "faster", "magcache"]  # sampling.cache.CACHE_METHODS
 
 
 def knob(default: Any = MISSING, *, help: str, factory: Any = MISSING, device: bool = False, min: float | None = None
@@ -109,6 +109,10 @@ class MLLMConfig:
         help="eager | sdpa | flash_attention_2",
     )
     max_instruction_tokens: int = knob(96, help="an instruction longer than this is rejected before any model runs")
+    kv_cache: Literal["static", "dynamic"] = knob(
+        "static",
+        help="the turn's KV cache: static (fixed buffers, one host sync per turn) | dynamic (transformers' cache)",
+    )
 
 
 @dataclass
@@ -177,6 +181,11 @@ class TrainConfig:
         False,
         help="resume even if a process's saved RNG state is missing or unreadable (fresh random streams, recorded in "
              "run_info.json); otherwise that is an error, since the resume would not be exact",
+    )
+    allow_recipe_change: bool = knob(
+        False,
+        help="resume even if the recipe changed since the checkpoint (optimizer, schedule, batch, data, model, "
+             "number of processes; recorded in run_info.json); otherwise that is an error naming the keys",
     )
     compile: bool = knob(False, help="torch.compile the trained blocks")
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from animegamer.data.video import VideoReadError
+from animegamer.data.video import VideoReadError, upright_rgb, video_stream
 
 HISTOGRAM_BINS = (8, 4, 4)  # hue x saturation x value bins of the cut check's colour histogram
 
@@ -77,6 +77,15 @@ class Box:
 
     def crop(self, frame: np.ndarray) -> np.ndarray:
         return frame[self.y0 : self.y1, self.x0 : self.x1]
+
+    def stored(self, rotation: int, width: int, height: int) -> Box:
+        """This box of the upright picture in the frame as stored (``width`` x ``height``), whose display matrix
+        turns it ``rotation`` degrees counter-clockwise (:func:`animegamer.data.video.upright_rgb`)."""
+        turns = rotation // 90 % 4
+        upright = np.zeros((width, height) if turns % 2 else (height, width), dtype=bool)
+        upright[self.y0 : self.y1, self.x0 : self.x1] = True
+        rows, cols = np.nonzero(np.rot90(upright, -turns))  # back to the stored orientation
+        return Box(int(cols.min()), int(rows.min()), int(cols.max()) + 1, int(rows.max()) + 1)
 
     def to_list(self) -> list[int]:
         return [self.x0, self.y0, self.x1, self.y1]
@@ -137,8 +146,11 @@ class DecodeLog:
 # --------------------------------------------------------------------------------------------
 
 
-def detect_scenes(path: str | Path, box: Box | None = None, threshold: float = 27.0) -> list[tuple[float, float]]:
-    """Scenes of a film as [start, end) seconds with PySceneDetect's ContentDetector over the ``box`` crop.
+def detect_scenes(
+    path: str | Path, box: Box | None = None, threshold: float = 27.0, rotation: int = 0
+) -> list[tuple[float, float]]:
+    """Scenes of a film as [start, end) seconds with PySceneDetect's ContentDetector over the ``box`` crop (in the
+    upright picture of a film whose frames are stored turned by ``rotation``: PySceneDetect sees them as stored).
 
     A film without cuts is one scene.
     """
@@ -152,6 +164,7 @@ def detect_scenes(path: str | Path, box: Box | None = None, threshold: float = 2
             # Inclusive corners. PySceneDetect 0.7 warns (wrongly) when the crop touches the right/bottom edge,
             # so the last column/row is left out there; one pixel does not change a cut.
             width, height = video.frame_size
+            box = box.stored(rotation, width, height)
             manager.crop = (box.x0, box.y0, min(box.x1, width - 1) - 1, min(box.y1, height - 1) - 1)
         manager.add_detector(ContentDetector(threshold=threshold))
         manager.detect_scenes(video)
@@ -337,7 +350,7 @@ def _decode_pyav(path: str | Path, log: DecodeLog | None) -> Iterator[tuple[floa
 
     try:
         with av.open(str(path)) as container:
-            stream = container.streams.video[0]
+            stream = video_stream(container, path)
             stream.thread_type = "AUTO"
             offset = float((stream.start_time or 0) * stream.time_base) if stream.time_base else 0.0
             for index, (frame, tainted) in enumerate(decode_packets(container, stream, log)):
@@ -371,11 +384,11 @@ def iter_frames_at(
             target = float(times[cursor])
             if prev_frame is not None and target - prev_t < t - target:  # the previous frame is nearer
                 if prev_rgb is None:
-                    prev_rgb = prev_frame.to_ndarray(format="rgb24")
+                    prev_rgb = upright_rgb(prev_frame, path)
                 yield cursor, prev_rgb, prev_tainted
             else:
                 if rgb is None:
-                    rgb = frame.to_ndarray(format="rgb24")
+                    rgb = upright_rgb(frame, path)
                 yield cursor, rgb, tainted
             cursor += 1
         if cursor == len(times):

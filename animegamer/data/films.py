@@ -49,7 +49,7 @@ from animegamer.data.cuts import (
 )
 from animegamer.data.manifest import ClipRecord
 from animegamer.data.motion import scorer_for
-from animegamer.data.video import VideoReadError, probe_video, write_mp4
+from animegamer.data.video import VideoReadError, probe_video, upright_rgb, video_stream, write_mp4
 
 FILM_EXTENSIONS = (".mp4", ".mkv", ".webm", ".avi", ".mov", ".m4v")
 BORDER_SAMPLES = 16  # frames sampled over the film for border detection
@@ -182,7 +182,7 @@ def sample_frames(path: str | Path, count: int = BORDER_SAMPLES) -> np.ndarray:
     log = DecodeLog(path)
     try:
         with av.open(str(path)) as container:
-            stream = container.streams.video[0]
+            stream = video_stream(container, path)
             if stream.duration and stream.time_base:
                 duration = float(stream.duration * stream.time_base)
             else:
@@ -194,7 +194,7 @@ def sample_frames(path: str | Path, count: int = BORDER_SAMPLES) -> np.ndarray:
                 container.seek(int(target / stream.time_base), stream=stream, backward=True)
                 for frame, smeared in decode_packets(container, stream, log):
                     if not smeared and (frame.time is None or frame.time >= target - slack):
-                        frames.append(frame.to_ndarray(format="rgb24"))
+                        frames.append(upright_rgb(frame, path))
                         break
     except (av.error.FFmpegError, IndexError, OSError, ValueError, ZeroDivisionError) as exc:
         raise VideoReadError(f"{path}: cannot read frames for border detection ({exc})") from exc
@@ -280,7 +280,7 @@ def cut_film(
     full = Box(0, 0, info.width, info.height)
     border = detect_black_borders(sample_frames(path), settings.black_threshold) if settings.crop_black_borders \
         else full
-    scenes = detect_scenes(path, border if border != full else None, settings.scene_threshold)
+    scenes = detect_scenes(path, border if border != full else None, settings.scene_threshold, info.rotation)
     plans = plan_clips(scenes, settings, info.fps)
     target = aspect_box(border, settings.height, settings.width)
 
@@ -308,7 +308,7 @@ def cut_film(
         records.append(record)
     return FilmResult(
         film_id=film_id,
-        source=str(path),
+        source=printable(str(path)),
         records=records,
         scenes=[[round(s, 6), round(e, 6)] for s, e in scenes],
         crop=border.to_list(),
@@ -319,17 +319,42 @@ def cut_film(
     )
 
 
-def init_worker() -> None:
+def init_worker(parent_pid: int | None = None) -> None:
     """One thread per library in a film worker process (the parallelism is across films); SIGINT is left to
-    the main process, which stops the workers itself (a Ctrl-C must not make each worker print a traceback)."""
-    import os
+    the main process, which stops the workers itself (a Ctrl-C must not make each worker print a traceback).
+
+    With ``parent_pid`` (the main process) the worker dies with it on Linux, however it ends (``kill -9``
+    included): the kernel sends it SIGKILL (``PR_SET_PDEATHSIG``), so no worker lives on as an orphan holding its
+    film's memory. A parent already gone before that was set is noticed at once."""
     import signal
 
     import cv2
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if parent_pid is not None:
+        die_with_parent(parent_pid)
     os.environ["OMP_NUM_THREADS"] = "1"  # read by torch (RAFT) when it is first imported in this process
     cv2.setNumThreads(1)
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Have the kernel SIGKILL this process when ``parent_pid`` (its parent) ends (Linux; elsewhere nothing)."""
+    import ctypes
+    import signal
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != parent_pid:  # the parent died before the call: the kernel will not tell us
+        os._exit(1)
+
+
+def printable(text: str) -> str:
+    """``text`` with the undecodable bytes of a file name (``os.fsdecode``'s surrogates) written as ``\\xff``:
+    safe to print and to store as UTF-8 JSON."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 @dataclass(frozen=True)
@@ -362,7 +387,7 @@ def process_film(job: FilmJob) -> FilmResult:
         message = str(exc) if job.path in str(exc) else f"{job.path}: {exc}"
         return FilmResult(
             film_id=job.film_id,
-            source=job.path,
-            error=f"{type(exc).__name__}: {message}",
+            source=printable(job.path),
+            error=printable(f"{type(exc).__name__}: {message}"),
             seconds=time.perf_counter() - started,
         )

@@ -10,13 +10,14 @@ settings and the caption model, so new clips are scored the same way.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from animegamer.io import atomic_write_json, atomic_write_jsonl, iter_jsonl
+from animegamer.io import atomic_write_json, atomic_write_jsonl, check_regular_file, iter_jsonl, read_json_bounded
 from animegamer.states import NUM_MOTION_LEVELS, ShotTags, TagError, parse_tags
+
+MAX_MANIFEST_BYTES = 4 << 30  # a million clips take about 300 MB
 
 
 class ManifestError(ValueError):
@@ -125,8 +126,12 @@ def meta_path(path: str | Path) -> Path:
 def read_manifest(path: str | Path) -> Manifest:
     """Read and validate a manifest; a malformed line raises :class:`ManifestError` naming file and line."""
     path = Path(path)
-    if not path.is_file():
-        raise ManifestError(f"manifest not found: {path}")
+    try:  # a named pipe would block, a device read without end
+        check_regular_file(path, MAX_MANIFEST_BYTES)
+    except FileNotFoundError:
+        raise ManifestError(f"manifest not found: {path}") from None
+    except ValueError as exc:
+        raise ManifestError(str(exc)) from None
     records: list[ClipRecord] = []
     seen: dict[str, int] = {}
     for number, data in iter_jsonl(path, ManifestError):
@@ -138,7 +143,9 @@ def read_manifest(path: str | Path) -> Manifest:
         seen[record.clip_id] = number
         records.append(record)
     meta_file = meta_path(path)
-    meta = json.loads(meta_file.read_text()) if meta_file.is_file() else {}
+    meta = read_json_bounded(meta_file) if meta_file.exists() else {}  # a pipe or a device there: refused
+    if not isinstance(meta, dict):
+        raise ManifestError(f"{meta_file}: not a manifest's meta (a JSON object expected)")
     return Manifest(path=path, records=records, meta=meta)
 
 

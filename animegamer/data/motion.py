@@ -85,9 +85,6 @@ class MotionSettings:
         names = set(cls.__dataclass_fields__) - {"device"}
         return cls(**{k: v for k, v in meta.items() if k in names}, device=device)
 
-    def same_scoring(self, other: MotionSettings) -> bool:
-        return self.to_meta() == other.to_meta()
-
 
 # --------------------------------------------------------------------------------------------
 # Optical flow

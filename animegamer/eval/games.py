@@ -26,6 +26,7 @@ from animegamer.data.video import read_video
 from animegamer.eval.benchmark import INDEX_NAME, BenchmarkError, BenchmarkGame, load_benchmark
 from animegamer.io import iter_jsonl
 from animegamer.spriteworld import ShotSpec, drawing_settings, render_shot
+from animegamer.spriteworld.identity import TurnCast
 from animegamer.states import ShotTags, parse_tags
 
 
@@ -61,6 +62,14 @@ class GroundTruthGame(BenchmarkGame):
 
             return render_shot(ShotSpec(**source["spec"]), int(source["render_seed"]), **drawing_settings(source))
         raise FileNotFoundError(f"{self.path}: ground-truth clip of turn {turn} not found ({video or 'no video'})")
+
+    def cast(self, turn: int) -> TurnCast | None:
+        """Who the real clip of ``turn`` shows (protagonist, friend in view, named or not) when it is a SpriteWorld
+        shot (a spec to draw it from), else None."""
+        source = self.clips[turn] if self.has_clips() else {}
+        if source.get("spec") is None:
+            return None
+        return TurnCast.from_row(source["spec"], source, self.instructions[turn].render())
 
 
 def _read_data_game(jsonl: Path) -> GroundTruthGame:

@@ -9,6 +9,9 @@ Per turn (one :class:`MetricRecord` per system, game and turn; the LLM judge add
   clip resampled to the generated frame count and size) when the games have clips; else against the character's
   reference images of ``characters`` (every pair); else reported missing.
 - **PSNR / SSIM**: against the resampled ground-truth clip, when there is one.
+- **Friend-N / Friend-R / Hero** (SpriteWorld games, whose turns say who the real clip shows): whether the friend in
+  view is the second character drawn, on turns whose instruction names it (N) or leaves it to earlier shots (R),
+  and whether the protagonist is drawn, by the characters' colours (:mod:`animegamer.spriteworld.identity`).
 - **ACC-F / MAE-F**: the motion level *measured* on the generated clip with the training data's flow settings and
   bin edges (``motion_manifest`` meta) against the ground-truth level. When the meta's levels are not flow levels
   (SpriteWorld's true motion) the edges are refitted by flow on ``motion_calibration_clips`` training clips, so
@@ -67,7 +70,7 @@ from animegamer.eval.metrics import (
     summarize,
     try_dreamsim,
 )
-from animegamer.eval.report import plot_per_turn, write_table
+from animegamer.eval.report import IDENTITY_COLUMNS, plot_per_turn, write_table
 from animegamer.eval.systems import RENDERING, SYSTEMS, TurnOutput, build_system
 from animegamer.io import atomic_write_json, atomic_write_jsonl, atomic_write_text
 from animegamer.llm import LLMError
@@ -302,6 +305,12 @@ def _score_game(name: str, game: BenchmarkGame, outputs: list[TurnOutput], tools
     for turn, (output, shot) in enumerate(zip(outputs, game.shots, strict=True)):
         truth = game.clip_frames(turn) if tools.reference == "truth" and output.frames is not None else None
         values, missing = score_turn(output, shot, truth, references, tools)
+        cast = game.cast(turn) if isinstance(game, GroundTruthGame) else None
+        if cast is not None:  # a SpriteWorld turn: who is drawn
+            if output.frames is not None:
+                values |= cast.score(output.frames)
+            else:
+                missing |= dict.fromkeys(IDENTITY_COLUMNS, "the system renders no clip")
         records.append(MetricRecord(name, game.game_id, turn, values, missing, settings))
     if judge is not None and all(o.frames is not None for o in outputs):
         records.append(_judge_record(judge, name, game, outputs, references, settings))

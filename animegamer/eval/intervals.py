@@ -45,7 +45,8 @@ SPLIT_TITLES = {
     "held_out": "held-out pairs (a character with an action or friend no training film pairs it with)",
     "seen": "seen pairs (the other turns of the same games)",
 }
-INTERVAL_METRICS = ("clip_i", "psnr", "ssim", "acc_f", "mae_f", "acc_s", "mae_s")
+INTERVAL_METRICS = ("clip_i", "psnr", "ssim", "acc_f", "mae_f", "acc_s", "mae_s", "friend_named", "friend_remembered",
+                    "hero_on_screen")
 RESAMPLES, LEVEL, SEED = 2000, 0.95, 0
 
 

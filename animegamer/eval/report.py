@@ -2,11 +2,14 @@
 
 The columns, in the paper's order, each with its direction (↑ higher is better, ↓ lower is better):
 
-    CLIP-I ↑  DreamSim ↓  CLIP-T ↑  ACC-F ↑  MAE-F ↓  ACC-S ↑  MAE-S ↓  PSNR ↑  SSIM ↑  s/turn ↓  [judge scores ↑]
+    CLIP-I ↑  DreamSim ↓  CLIP-T ↑  ACC-F ↑  MAE-F ↓  ACC-S ↑  MAE-S ↓  PSNR ↑  SSIM ↑  s/turn ↓
+    [Friend-N ↑  Friend-R ↑  Hero ↑]  [judge scores ↑]
+
+The identity columns (SpriteWorld games: the named friend drawn, the friend only earlier shots show drawn, the
+protagonist drawn) and the judge columns appear only when some row has such a value.
 
 A metric a row could not compute shows "–"; the notes under the markdown table say why, and say how the numbers
-were made (CLIP model and scale, what CLIP-I compares with, how motion levels were obtained). Judge columns appear
-only when some row has judge scores.
+were made (CLIP model and scale, what CLIP-I compares with, how motion levels were obtained).
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from animegamer.eval.metrics import METRICS, MetricRecord, MetricSummary, per_tu
 from animegamer.io import atomic_path, atomic_write_text
 
 MAIN_COLUMNS = ("clip_i", "dreamsim", "clip_t", "acc_f", "mae_f", "acc_s", "mae_s", "psnr", "ssim", "seconds")
+# SpriteWorld games only: who is drawn (animegamer.spriteworld.identity)
+IDENTITY_COLUMNS = ("friend_named", "friend_remembered", "hero_on_screen")
 JUDGE_COLUMNS = ("judge_overall", "judge_instruction_following", "judge_contextual_coherence",
                  "judge_character_consistency")
 PLOT_METRICS = ("clip_i", "dreamsim", "clip_t", "acc_f", "mae_f", "acc_s", "psnr", "ssim")
@@ -45,9 +50,12 @@ def format_value(metric: str, value: float | None) -> str:
 
 
 def table_columns(entries: Sequence[tuple[str, MetricSummary]]) -> list[str]:
-    """The main columns, plus the judge columns when any row has a judge score."""
-    judged = any(s.means.get(m) is not None for _, s in entries for m in JUDGE_COLUMNS)
-    return list(MAIN_COLUMNS) + (list(JUDGE_COLUMNS) if judged else [])
+    """The main columns, plus the identity and the judge columns when any row has such a value."""
+    def any_value(metrics: Sequence[str]) -> bool:
+        return any(s.means.get(m) is not None for _, s in entries for m in metrics)
+
+    return (list(MAIN_COLUMNS) + (list(IDENTITY_COLUMNS) if any_value(IDENTITY_COLUMNS) else [])
+            + (list(JUDGE_COLUMNS) if any_value(JUDGE_COLUMNS) else []))
 
 
 def _notes(entries: Sequence[tuple[str, MetricSummary]], columns: list[str]) -> list[str]:

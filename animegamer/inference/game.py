@@ -15,22 +15,34 @@ A session writes its clips off the turn's critical path (its :class:`ClipWriter`
 (``turn.wait_clip()``, ``session.wait()``). Whatever needs the files waits for the writes first: undo, save, and
 rendering a turn again; :meth:`GameSession.clip_failures` says which clips could not be written (the turns stay
 played). ``GameSession(..., writer=None)`` writes each clip before ``play`` returns.
+
+One action at a time: :meth:`GameSession.action` holds a game for one command (a turn, undo, save, load); a second
+one while it runs is refused (:class:`GameBusy`), and a command that fails in any way leaves the turns exactly as they
+were (the clips of turns it added removed). A game holds its own directory (:meth:`GameSession.hold`: a
+:func:`~animegamer.io.directory_lock`, so two games never write into one), and taking it removes the temp files a
+killed earlier game left there. A game holds at most :data:`~animegamer.inference.saved.MAX_TURNS` turns.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from animegamer.inference.clip_writer import ClipWriter
 from animegamer.inference.saved import (
     MAX_HISTORY_TURNS,
     MAX_SEED,
+    MAX_TURNS,
     SAVE_FORMAT,
     file_kind,
     is_save,
@@ -38,10 +50,65 @@ from animegamer.inference.saved import (
     turn_key,
 )
 from animegamer.inference.turn import AnimeGamer, Decoded, Preview, Progress, Turn
-from animegamer.io import atomic_path
+from animegamer.io import DirectoryLocked, atomic_path, directory_lock, write_cause
 from animegamer.states import CharacterState
 
 SAVE_NAME = "game.save"  # a game's default save file, inside its own output directory
+STALE_TEMP = ".*.tmp*"  # what atomic writes leave behind when their process is killed: ``.turn_000.x8f2.tmp.mp4``
+
+
+class GameBusy(RuntimeError):
+    """Another action of the same game is running (:meth:`GameSession.action`); nothing was done."""
+
+
+class SaveWriteError(OSError):
+    """A save could not be written (a full disk, a file size limit, a folder gone); the message names the file and
+    the cause, and the game's turns are as they were, in memory."""
+
+
+def clean_stale_temp(folder: str | Path) -> list[Path]:
+    """Remove the temp files (:data:`STALE_TEMP`) a killed earlier game left in ``folder``; only safe while holding
+    the folder's :func:`~animegamer.io.directory_lock` (a live game's temp files are its writes in flight)."""
+    removed = []
+    for path in Path(folder).glob(STALE_TEMP):
+        if path.is_file() and not path.is_symlink():
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
+def sweep_stale(output_dir: str | Path, pattern: str, command: str) -> list[Path]:
+    """Remove the temp files that killed games left in the game directories ``output_dir/<pattern>``; a directory
+    a running game holds is left alone (its lock is taken only for the cleaning). Returns the files removed."""
+    removed = []
+    for folder in sorted(Path(output_dir).glob(pattern)):
+        if not folder.is_dir() or folder.is_symlink() or not any(folder.glob(STALE_TEMP)):
+            continue
+        try:
+            with directory_lock(folder, f"{command} (removing stale temp files)"):
+                removed += clean_stale_temp(folder)
+        except (DirectoryLocked, OSError):  # a running game's, or not ours to write in
+            continue
+    return removed
+
+
+@contextmanager
+def shielded(signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)) -> Iterator[list[int]]:
+    """Run a block that must not be cut short (saving a game as a program ends): ``signals`` arriving meanwhile
+    are noted in the yielded list instead of raising (Ctrl-C) or ending the process (SIGTERM, SIGHUP), and their
+    handlers are restored afterwards. Outside the main thread (where Python runs signal handlers) it only yields."""
+    heard: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield heard
+        return
+    before = {}
+    for number in signals:
+        before[number] = signal.signal(number, lambda signum, frame: heard.append(signum))
+    try:
+        yield heard
+    finally:
+        for number, handler in before.items():
+            signal.signal(number, handler if handler is not None else signal.SIG_DFL)
 
 
 def one_line(exc: BaseException) -> str:
@@ -88,6 +155,10 @@ class GameSession:
     saved_turns: list[Turn] = field(default_factory=list, repr=False)
     # writes the clips in the background, in turn order (None: each clip is written before play returns)
     writer: ClipWriter | None = field(default_factory=ClipWriter, repr=False, compare=False)
+    # one action at a time (action()); a plain Lock: a browser's turn may end in another thread than it began
+    _busy: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
+    _doing: str = field(default="", init=False, repr=False, compare=False)
+    _hold: ExitStack | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if self.seed is None:
@@ -114,7 +185,11 @@ class GameSession:
         """The next turn (:meth:`AnimeGamer.play_turn`), its clip written to this session's output directory, in
         the background with a writer (the turn returns once its frames are decoded); ``progress`` hears each stage
         of the turn, ``preview`` the clip's first frames while the rest decode, ``decoded`` the whole clip's frames
-        before they are written."""
+        before they are written. A game of :data:`MAX_TURNS` turns plays no more (ValueError: a save holds no
+        more)."""
+        if len(self.turns) >= MAX_TURNS:
+            raise ValueError(f"the game has {len(self.turns):,} turns, the most a game holds (MAX_TURNS); save it "
+                             "and start a new game to play on")
         turn = self.game.play_turn(self.turns, instruction, seed=self.seed, out_dir=self.output_dir,
                                    progress=progress, preview=preview, decoded=decoded, writer=self.writer)
         self.turns.append(turn)
@@ -180,10 +255,72 @@ class GameSession:
         tensors = {turn_key(t.index): t.shot_embeds for t in self.turns}
         if not tensors:  # safetensors needs at least one tensor
             tensors = {"empty": torch.zeros(0)}
-        with atomic_path(path, mode=mode) as tmp:
-            save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"game": json.dumps(meta)})
+        try:
+            with atomic_path(path, mode=mode) as tmp:
+                save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp),
+                          metadata={"game": json.dumps(meta)})
+        except (OSError, SafetensorError) as exc:  # safetensors' own error on a full disk is no OSError
+            raise SaveWriteError(f"could not save the game to {path}: {write_cause(exc)}; its {len(self.turns)} "
+                                 "turns are kept (save to another place)") from None
         self.saved_turns = list(self.turns)
         return Path(path)
+
+    @contextmanager
+    def action(self, what: str, wait: float = 0) -> Iterator[GameSession]:
+        """Hold this game for one action (``what``: "a turn", "undo", ...). A second action while one runs raises
+        :class:`GameBusy` (at once, or after waiting ``wait`` seconds for it) and changes nothing. If the block
+        fails in any way (Ctrl-C included), the turns and the saved mark are put back as they were and the clips
+        of turns it added are removed, once written."""
+        if not (self._busy.acquire(timeout=wait) if wait > 0 else self._busy.acquire(blocking=False)):
+            raise GameBusy(f"{self._doing or 'another action'} is running in this game; try again when it has "
+                           "finished")
+        self._doing = what
+        turns, saved = list(self.turns), list(self.saved_turns)
+        try:
+            yield self
+        except BaseException:
+            added = [t for t in self.turns if all(t is not kept for kept in turns)]
+            self.turns[:], self.saved_turns[:] = turns, saved
+            for turn in added:
+                self.remove_clip(turn)
+            raise
+        finally:
+            self._doing = ""
+            self._busy.release()
+
+    @property
+    def busy(self) -> bool:
+        """An action is running (:meth:`action`)."""
+        return self._busy.locked()
+
+    def hold(self, command: str = "an animegamer game") -> list[Path]:
+        """Hold this game's output directory for this process (:func:`~animegamer.io.directory_lock`: another game
+        there is refused with ``DirectoryLocked`` naming its holder), and remove the temp files a killed earlier
+        game left there; returns them. :meth:`release` (or :meth:`close`) lets it go."""
+        self.release()
+        stack = ExitStack()
+        stack.enter_context(directory_lock(self.output_dir, command))
+        self._hold = stack
+        return clean_stale_temp(self.output_dir)
+
+    @property
+    def holding(self) -> bool:
+        """This game holds its output directory (:meth:`hold`)."""
+        return self._hold is not None
+
+    def release(self) -> None:
+        """Let go of the output directory :meth:`hold` took (nothing if none)."""
+        if self._hold is not None:
+            self._hold.close()
+            self._hold = None
+
+    def close(self) -> None:
+        """Done with this game: its clips written, its directory let go, its turns (and their shot tensors)
+        dropped."""
+        self.wait()
+        self.release()
+        self.turns.clear()
+        self.saved_turns.clear()
 
     @classmethod
     def load(cls, path: str | Path, game: AnimeGamer, output_dir: str | Path | None = None) -> GameSession:

@@ -45,7 +45,15 @@ from safetensors import SafetensorError
 
 from animegamer.inference.saved import check_shot
 from animegamer.inference.turn import Turn, on_device
-from animegamer.io import atomic_write_json, path_inside
+from animegamer.io import (
+    MAX_RECORD_BYTES,
+    atomic_write_json,
+    check_regular_file,
+    parse_json,
+    path_inside,
+    read_json_bounded,
+    write_cause,
+)
 from animegamer.models.mllm_turn import HistoryTurn, TurnFunction, TurnPrediction, predict_turn
 from animegamer.models.weights import load_state_dict_file, save_state_dict_file
 from animegamer.states import CharacterState, StateValues, parse_instruction
@@ -58,6 +66,7 @@ GAME_FILE = "game.json"
 TURNS_FILE = "turns.jsonl"
 _TURN_DIR = re.compile(r"^turn_\d{3,}$")
 _TURN_CLIP = re.compile(r"^turn_\d{3,}(_x\d+)?\.(mp4|gif)$")  # a rendered turn (inference_Decoder.py)
+MAX_TURNS_FILE_BYTES = 1 << 30  # turns.jsonl: a line is about 1 kB, so a million turns fit
 
 
 class InstructionError(ValueError):
@@ -153,8 +162,14 @@ def write_turn(output_dir: str | Path, turn: Turn) -> dict[str, Any]:
     return record
 
 
+class ResultsWriteError(OSError):
+    """A turn could not be written (a full disk, a file size limit); the turns before it are complete and listed."""
+
+
 class ResultsWriter:
     """A results directory written turn by turn, at the same cost for every turn (format in the module docstring).
+    A turn that cannot be written (:class:`ResultsWriteError`) leaves neither its files nor a part of its
+    turns.jsonl line: the directory holds the turns before it, complete, as a run stopped there would.
 
         with ResultsWriter(output_dir, summary) as results:   # clears an earlier run, game.json: complete false
             for turn in turns:                                # animegamer.inference.turn.Turn, in order
@@ -168,7 +183,9 @@ class ResultsWriter:
         self.num_turns = 0
         clear_results(self.output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        self._turns = open(self.output_dir / TURNS_FILE, "x", encoding="utf-8")  # noqa: SIM115 (closed in close())
+        # a raw descriptor: a line that fails half-written is cut off again by its offset (no buffer in between)
+        self._turns = os.open(self.output_dir / TURNS_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        self._turns_size = 0
         self._write_header(complete=False)
 
     def _write_header(self, complete: bool) -> Path:
@@ -181,10 +198,19 @@ class ResultsWriter:
         """Write ``turn`` (the next one in order) and list it in turns.jsonl, durably; returns its state record."""
         if turn.index != self.num_turns:
             raise ValueError(f"turn {turn.index} written after {self.num_turns} turns")
-        record = write_turn(self.output_dir, turn)
-        self._turns.write(json.dumps({**record, "dir": turn_dir(".", turn.index).name}) + "\n")
-        self._turns.flush()
-        os.fsync(self._turns.fileno())
+        try:
+            record = write_turn(self.output_dir, turn)
+            line = (json.dumps({**record, "dir": turn_dir(".", turn.index).name}) + "\n").encode("utf-8")
+            written = 0
+            while written < len(line):
+                written += os.write(self._turns, line[written:])
+            os.fsync(self._turns)
+        except (OSError, SafetensorError) as exc:
+            os.ftruncate(self._turns, self._turns_size)
+            shutil.rmtree(turn_dir(self.output_dir, turn.index), ignore_errors=True)
+            raise ResultsWriteError(f"could not write turn {turn.index} to {self.output_dir}: {write_cause(exc)}; "
+                                    f"the {self.num_turns} turns before it are complete") from None
+        self._turns_size += len(line)
         self.num_turns += 1
         return record
 
@@ -194,7 +220,9 @@ class ResultsWriter:
         return self._write_header(complete=True)
 
     def close(self) -> None:
-        self._turns.close()
+        if self._turns >= 0:
+            os.close(self._turns)
+            self._turns = -1
 
     def __enter__(self) -> ResultsWriter:
         return self
@@ -216,7 +244,7 @@ def load_results(
     otherwise."""
     out = Path(output_dir)
     game_file = out / GAME_FILE
-    if not game_file.is_file():
+    if not os.path.lexists(game_file):  # something there that is not a file: refused by name below
         raise FileNotFoundError(f"no MLLM results in {out} ({GAME_FILE} missing); run inference_MLLM.py first")
     game = _read_json(game_file)
     if game.get("format") not in (RESULTS_FORMAT, RESULTS_FORMAT_V1):
@@ -266,14 +294,17 @@ def _read_turn_lines(out: Path, game: dict[str, Any], game_file: Path) -> list[A
     path = path_inside(out, TURNS_FILE)
     entries = []
     try:
+        check_regular_file(path, MAX_TURNS_FILE_BYTES)  # a named pipe would block, a device read without end
         with path.open(encoding="utf-8", newline="\n") as fh:
-            for number, line in enumerate(fh, start=1):
+            for number, line in enumerate(iter(lambda: fh.readline(MAX_RECORD_BYTES + 1), ""), start=1):
+                if len(line) > MAX_RECORD_BYTES:
+                    raise ValueError(f"{path}: line {number} is longer than {MAX_RECORD_BYTES:,} characters")
                 if not line.endswith("\n"):
                     if game["complete"]:
                         raise ValueError(f"{path}: line {number} is cut short")
                     break
                 try:
-                    entries.append(json.loads(line))
+                    entries.append(parse_json(line))
                 except (json.JSONDecodeError, RecursionError) as exc:
                     raise ValueError(f"{path}: line {number} is not JSON ({exc})") from None
     except FileNotFoundError:
@@ -287,11 +318,12 @@ def _read_turn_lines(out: Path, game: dict[str, Any], game_file: Path) -> list[A
 
 
 def _read_json(path: Path) -> dict[str, Any]:
+    """A results record: bounded, never a pipe or a device (:func:`animegamer.io.read_json_bounded`)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+        data = read_json_bounded(path)  # FileNotFoundError, or a ValueError naming the file
+    except (FileNotFoundError, ValueError):
         raise
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+    except OSError as exc:
         raise ValueError(f"{path}: not readable JSON ({type(exc).__name__}: {exc})") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object")

@@ -44,6 +44,9 @@ MAX_PROMPT_TOKENS = 10**7  # far above any real prompt; only a forged count reac
 MAX_SEED = 2**63 - 1  # seeds 0..MAX_SEED: what a save holds, and so what a game may start with
 MAX_HISTORY_TURNS = 10**6
 MAX_INT_DIGITS = 40  # an integer in a save's JSON with more digits is refused by name, never converted
+# the most turns a game holds: playing past it is refused, and a save declaring more is refused before any tensor is
+# read (a SpriteWorld save is ~25 KB a turn, ~250 MB at the limit; a full-size one 1.7 MB a turn, 226 x 1920 float32)
+MAX_TURNS = 10_000
 
 
 class SaveError(ValueError):
@@ -165,6 +168,8 @@ def _check_top(meta: Any, history_turns: int) -> dict:
                         f"this game runs K={history_turns} (start it with history_turns={saved_k} to continue it)")
     if not isinstance(meta["turns"], list):
         raise SaveError(f"turns: expected a list, got {_type(meta['turns'])}")
+    if len(meta["turns"]) > MAX_TURNS:
+        raise SaveError(f"turns: {len(meta['turns']):,} turns, more than the {MAX_TURNS:,} a game holds (MAX_TURNS)")
     return meta
 
 

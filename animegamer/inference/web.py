@@ -14,161 +14,127 @@ in a worker thread; when the VAE has decoded the clip's first latent-frame batch
 as soon as it is decoded. What the page shows is written once, at display size, straight from the decoded frames
 (:func:`display_clip`); the turn's own ``turn_XXX.gif`` and ``.mp4`` are written in the background meanwhile
 (:class:`GameSession`'s writer), and a clip that could not be written is named in the next status line.
+
+One action at a time per game (:meth:`GameSession.action`): Undo, Save, Load or Play pressed while a turn runs is
+refused with a status line saying so, and the game is untouched; an action that fails anywhere (the display copy
+included) waits for its turn's thread to end and leaves the game exactly as it was. A tab's game is freed when the
+tab closes (its turns, its shot tensors, its folder); the models stay shared. :meth:`WebGame.shutdown` (the server's
+SIGTERM) saves every open game's unsaved turns to ``game.save`` in its folder. Status lines never show the server's
+paths: a file is named by its name alone (:func:`tell`).
 """
 
 from __future__ import annotations
 
 import contextvars
-import hashlib
-import html
 import queue
-import string
+import shutil
 import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
-
-from animegamer.data.video import VideoReadError, probe_video, read_video, write_mp4
-from animegamer.inference.contact_sheet import readable_factor, upscale
-from animegamer.inference.game import SAVE_NAME, GameSession
+from animegamer.inference.game import SAVE_NAME, GameBusy, GameSession, clean_stale_temp, one_line, sweep_stale
 from animegamer.inference.turn import AnimeGamer, Progress, clip_stem
 from animegamer.inference.vocabulary import Vocabulary
-from animegamer.io import path_inside
-from animegamer.states import STATE_MAX, CharacterState, TagError, parse_instruction
+from animegamer.inference.web_view import (
+    APP_CSS,  # noqa: F401  (app.py and the tests take it from here, with build_app)
+    CLIP_HEIGHT,
+    HISTORY_COLUMNS,
+    HISTORY_WIDTHS,
+    as_text,
+    bars_html,
+    clip_notes,
+    compose_instruction,
+    display_clip,
+    history_rows,
+    large_clip,
+    remove_turn_views,
+    tell,
+)
+from animegamer.io import check_regular_file, path_inside
+from animegamer.states import TagError, parse_instruction
 
-HISTORY_COLUMNS = ["turn", "instruction", "level", "social", "ent.", "stamina ±", "stamina · social · ent."]
-HISTORY_WIDTHS = ["7%", "47%", "8%", "8%", "7%", "9%", "14%"]
-BARS = (("stamina", "#2e9e5b"), ("social", "#2f7bd8"), ("entertainment", "#d8902f"))
-CLIP_HEIGHT = 384  # pixels the clip is shown at; small clips are enlarged (nearest neighbour) to about this
-# pixel-sharp enlargement in the browser too, and the clip as large as its box
-APP_CSS = "#clip video { image-rendering: pixelated; width: 100%; height: 100%; object-fit: contain; }"
-
-
-MARKDOWN_SPECIAL = frozenset(string.punctuation)  # CommonMark: any ASCII punctuation may be backslash-escaped
-
-
-def as_text(text: object) -> str:
-    """``text`` (from a player or a file: an instruction, an error quoting one, a file name) for the page's Markdown,
-    shown as the same characters and nothing else: every ASCII punctuation character backslash-escaped, so no HTML
-    tag, link, image, autolink, emphasis or entity can form, and line breaks as spaces (one line)."""
-    return "".join("\\" + c if c in MARKDOWN_SPECIAL else c for c in " ".join(str(text).split()))
-
-
-def compose_instruction(character: str, adverb: str, motion: str, background: str, free_text: str) -> str:
-    """Free text wins; otherwise the structured form from the fields (the adverb goes before the motion)."""
-    if free_text and free_text.strip():
-        return free_text.strip()
-    motion_text = " ".join(x.strip() for x in (adverb, motion) if x and x.strip())
-    place = (background or "").strip()
-    if not (character or "").strip() and not motion_text and not place:
-        return ""
-    return f"Character: {(character or '').strip()}; Motion: {motion_text}; Background: {place}."
-
-
-def history_rows(session: GameSession | None) -> list[list]:
-    if session is None:
-        return []
-    return [[t.index, t.instruction, t.values.motion_level, t.values.social, t.values.entertainment,
-             f"{t.values.stamina:+d}", f"{t.state.stamina} · {t.state.social} · {t.state.entertainment}"]
-            for t in session.turns]
-
-
-def bars_html(session: GameSession | None) -> str:
-    """The character's three bars as static HTML (a picture, nothing to drag)."""
-    state = session.state if session is not None else CharacterState()
-    rows = []
-    for name, colour in BARS:
-        value = getattr(state, name)
-        percent = 100 * max(0, min(STATE_MAX, value)) / STATE_MAX
-        rows.append(
-            f'<div class="ag-bar" data-name="{name}" data-value="{value}" style="margin:6px 0">'
-            f'<div style="display:flex;justify-content:space-between"><span>{html.escape(name)}</span>'
-            f"<b>{value}</b></div>"
-            f'<div style="background:#ddd;border-radius:4px;height:14px">'
-            f'<div style="width:{percent:.0f}%;background:{colour};height:14px;border-radius:4px"></div></div></div>')
-    return "".join(rows)
-
-
-def large_clip(clip: Path) -> Path:
-    """``clip`` enlarged by nearest neighbour to about :data:`CLIP_HEIGHT` rows, beside it
-    (``<stem>_xN_<digest>.mp4``); the clip itself when it is large already, or when it cannot be read (the page then
-    shows it small). The name carries a digest of the clip's bytes, so a clip written again under the same name
-    (a turn undone and played again) gets a new enlarged copy, never the old one; older copies are removed."""
-    try:
-        factor = readable_factor(probe_video(clip).height, CLIP_HEIGHT)
-        if factor == 1:
-            return clip
-        digest = hashlib.sha256(clip.read_bytes()).hexdigest()[:16]
-        large = clip.with_name(f"{clip.stem}_x{factor}_{digest}.mp4")
-        if not large.is_file():
-            frames, fps = read_video(clip)  # (T, H, W, 3)
-            write_mp4(large, upscale(frames, factor), fps=fps)
-        for stale in clip.parent.glob(f"{glob_escape(clip.stem)}_x*_*.mp4"):
-            if stale != large:
-                stale.unlink(missing_ok=True)
-    except (VideoReadError, OSError, ValueError):
-        return clip
-    return large
-
-
-def display_clip(frames: np.ndarray, stem: Path, fps: float) -> Path:
-    """(T, H, W, 3) uint8 frames as the page shows them, written once straight from memory: enlarged by nearest
-    neighbour to about :data:`CLIP_HEIGHT` rows, ``<stem>_xN_<digest>.mp4`` (N = 1 for a clip large already). The
-    name carries a digest of the frames, so a turn undone and played again gets a new file, never the old one;
-    older copies beside it are removed."""
-    factor = readable_factor(frames.shape[1], CLIP_HEIGHT)
-    frames = np.ascontiguousarray(frames)
-    digest = hashlib.sha256(repr(frames.shape).encode() + frames.tobytes()).hexdigest()[:16]
-    large = stem.with_name(f"{stem.name}_x{factor}_{digest}.mp4")
-    if not large.is_file():
-        write_mp4(large, upscale(frames, factor) if factor > 1 else frames, fps=fps)
-    for stale in stem.parent.glob(f"{glob_escape(stem.name)}_x*_*.mp4"):
-        if stale != large:
-            stale.unlink(missing_ok=True)
-    return large
-
-
-def remove_clip(clip: Path) -> None:
-    """``clip`` and its enlarged copies (:func:`large_clip`), if they exist."""
-    for path in [clip, *clip.parent.glob(f"{glob_escape(clip.stem)}_x*_*.mp4")]:
-        path.unlink(missing_ok=True)
-
-
-def clip_notes(session: GameSession | None) -> str:
-    """A line for the status for each clip that could not be written since the last notes (the turn is played)."""
-    failures = session.clip_failures() if session is not None else []
-    return "".join(f"  \n**Clip not written:** {as_text(failure)}" for failure in failures)
-
-
-def remove_turn_views(stem: Path) -> None:
-    """What the page was given of the turn at ``stem``: its first frames and its whole clip at display size."""
-    remove_clip(stem.with_name(f"{stem.name}_first.mp4"))
-    for copy in stem.parent.glob(f"{glob_escape(stem.name)}_x*_*.mp4"):
-        copy.unlink(missing_ok=True)
-
-
-def glob_escape(name: str) -> str:
-    return "".join(f"[{c}]" if c in "*?[" else c for c in name)
+# the largest save a browser may upload, refused before it is read (app.py --max-upload-mb): 1 GiB holds the most
+# turns a game holds (MAX_TURNS) in SpriteWorld, ~600 full-size turns (226 x 1920 float32 shots, 1.7 MB a turn)
+MAX_UPLOAD_BYTES = 1 << 30
+CLOSE_WAIT = 120.0  # seconds a closed tab or a stopping server waits for a running turn before freeing its game
+WEB_COMMAND = "app.py (the browser game)"  # what a tab's directory lock names as its holder
 
 
 class WebGame:
     """The browser game's handlers, one method per button (what Gradio calls); each returns the new view.
 
-    Every tab's game lives in its own directory under ``output_dir``, and the only files a handler ever hands
-    to Gradio (which copies and serves them) are clips inside that directory: a loaded save's clip paths are
-    dropped and its last clip is rendered again (:meth:`GameSession.load`), and :meth:`view` checks the path.
+    Every tab's game lives in its own directory under ``output_dir`` (held by the game: :meth:`GameSession.hold`),
+    and the only files a handler ever hands to Gradio (which copies and serves them) are clips inside that
+    directory: a loaded save's clip paths are dropped and its last clip is rendered again (:meth:`GameSession.load`),
+    and :meth:`view` checks the path. The open games are :attr:`games`; :meth:`close` frees one (a closed tab),
+    :meth:`shutdown` saves them all (the server stopping). ``upload_dir`` is where the server keeps uploads: a save
+    loaded from there is removed once read; an upload over ``max_upload_bytes`` is refused unread.
     """
 
-    def __init__(self, game: AnimeGamer, output_dir: str | Path, vocabulary: Vocabulary | None = None):
+    def __init__(self, game: AnimeGamer, output_dir: str | Path, vocabulary: Vocabulary | None = None,
+                 upload_dir: str | Path | None = None, max_upload_bytes: int = MAX_UPLOAD_BYTES):
         self.game, self.vocabulary = game, vocabulary
         self.output_dir = Path(output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.upload_dir = Path(upload_dir) if upload_dir is not None else None
+        self.max_upload_bytes = max_upload_bytes
+        self.games: dict[int, GameSession] = {}  # the open games by id(): what shutdown saves and close frees
+        self.stopping = False  # the server is stopping: shutdown() saves the games, close() leaves them be
+        self._games_lock = threading.Lock()
+        sweep_stale(self.output_dir, "game_*", WEB_COMMAND)  # what the tabs of a killed server were writing
+
+    def tell(self, text: object, *more: str | Path) -> str:
+        """:func:`tell` with the server's folders: the games', the uploads', the temp folder, and ``more``."""
+        return tell(text, (self.output_dir, self.output_dir.resolve(), self.upload_dir, tempfile.gettempdir(),
+                           Path(tempfile.gettempdir()).resolve(), *more))
+
+    def _open(self, session: GameSession) -> GameSession:
+        session.hold(WEB_COMMAND)
+        with self._games_lock:
+            self.games[id(session)] = session
+        return session
 
     def new_session(self) -> GameSession:
         folder = Path(tempfile.mkdtemp(prefix="game_", dir=self.output_dir))
-        return GameSession(self.game, output_dir=folder)
+        return self._open(GameSession(self.game, output_dir=folder))
+
+    def close(self, session: GameSession | None) -> None:
+        """Free a game whose tab is gone: once its running action (if any) has ended, its clips written, its turns
+        and their tensors dropped and its folder removed (what the player kept is what they downloaded)."""
+        if session is None or self.stopping:  # a stopping server's games are saved, not freed (Gradio drops
+            return  # every tab's state as it closes)
+        with self._games_lock:
+            if self.games.pop(id(session), None) is None:
+                return  # not one of ours, or closed already
+        try:
+            with session.action("closing the game", wait=CLOSE_WAIT):  # the tab's last turn ends first
+                session.close()
+        except GameBusy:  # a turn that never ends: its folder goes all the same, its tensors with the game object
+            session.release()
+        shutil.rmtree(session.output_dir, ignore_errors=True)
+
+    def shutdown(self, timeout: float = CLOSE_WAIT) -> list[str]:
+        """The server is stopping (set :attr:`stopping` before closing it, so that the tabs it drops keep their
+        games for this): every open game's unsaved turns saved to ``game.save`` in its folder (after its
+        running action, at most ``timeout`` seconds), its stale temp files removed and its folder let go. Returns
+        one line per game saved or not saved."""
+        lines = []
+        self.stopping = True
+        with self._games_lock:
+            games, self.games = list(self.games.values()), {}
+        for session in games:
+            try:
+                with session.action("saving before the server stops", wait=timeout):
+                    if session.unsaved and session.turns:
+                        path = session.save(Path(session.output_dir) / SAVE_NAME)
+                        lines.append(f"saved {len(session.turns)} turns to {path}")
+            except (ValueError, OSError, GameBusy) as exc:
+                lines.append(f"error: {one_line(exc)}")
+            session.wait()
+            clean_stale_temp(session.output_dir)  # held still: nothing of this game writes any more
+            session.release()
+        return lines
 
     def view(self, session: GameSession | None, status: str, clip: str | Path | None = None, notes: bool = True):
         """(session, status, clip path or None, bars HTML, history rows). ``clip`` is a file at display size
@@ -192,7 +158,7 @@ class WebGame:
     def play(self, character, adverb, motion, background, free_text, session,
              progress: Progress | None = None) -> Iterator[tuple]:
         """The views of one turn: its first frames while the rest decode (a clip that decodes in several chunks),
-        then the played turn, or the reason it was not played."""
+        then the played turn, or the reason it was not played (the game as it was)."""
         text = compose_instruction(character, adverb, motion, background, free_text)
         try:
             parse_instruction(text)  # validated before any model runs
@@ -200,6 +166,20 @@ class WebGame:
             yield self.view(session, f"**Not played:** {as_text(exc)}")
             return
         session = session or self.new_session()
+        index = len(session.turns)
+        try:
+            with session.action("a turn"):
+                yield from self._turn(session, text, progress)
+        except GameBusy as exc:
+            yield self.view(session, f"**Not played:** {self.tell(exc)}")
+        except Exception as exc:  # a model, the display copy, a full disk: the action put the game back as it was
+            remove_turn_views(clip_stem(session.output_dir, index))
+            yield self.view(session, f"**Turn failed:** {type(exc).__name__}: {self.tell(exc)}; the game is as it was "
+                                     f"({len(session.turns)} turns).")
+
+    def _turn(self, session: GameSession, text: str, progress: Progress | None) -> Iterator[tuple]:
+        """The views of a turn of ``session``, held by the caller; raises what failed, but only once the turn's
+        thread has ended (no turn goes on in the background of a failed action)."""
         warnings = self.vocabulary.unknown_words(text) if self.vocabulary else []
         # the turn index, bars and history while the turn runs (the worker thread changes them)
         index, before = len(session.turns), self.view(session, "", notes=False)
@@ -209,29 +189,29 @@ class WebGame:
             try:
                 events.put(("turn", session.play(text, progress, lambda frames: events.put(("frames", frames)),
                                                  lambda frames: events.put(("clip", frames)))))
-            except Exception as exc:  # a turn may fail in a model; the game must survive it
+            except BaseException as exc:  # a turn may fail in a model; the game must survive it
                 events.put(("failed", exc))
 
         # the copied context carries Gradio's progress tracker into the thread
-        threading.Thread(target=contextvars.copy_context().run, args=(turn_worker,), daemon=True).start()
-        stem, shown = clip_stem(session.output_dir, index), None
-        while True:
-            kind, value = events.get()
-            if kind == "frames":  # (t, H, W, 3) uint8: the first decoded chunk
-                first = display_clip(value, stem.with_name(f"{stem.name}_first"), session.game.renderer.fps)
-                _, status, clip, _, _ = self.view(session, f"Turn {index}: the first {len(value)} frames; the rest "
-                                                           "are decoding…", clip=first,
-                                                  notes=False)
-                yield (session, status, clip, *before[3:])
-            elif kind == "clip":  # the whole clip, decoded: on the page while its files are written
-                shown = display_clip(value, stem, session.game.renderer.fps)
-            elif kind == "failed":  # nothing of the turn stays: render_turn removed its clip, this what the page got
-                remove_turn_views(stem)
-                yield self.view(session, f"**Turn failed:** {type(value).__name__}: {as_text(value)}; the game is as "
-                                         f"it was ({len(session.turns)} turns).")
-                return
-            else:
-                break
+        worker = threading.Thread(target=contextvars.copy_context().run, args=(turn_worker,), daemon=True)
+        worker.start()
+        try:
+            stem, shown = clip_stem(session.output_dir, index), None
+            while True:
+                kind, value = events.get()
+                if kind == "frames":  # (t, H, W, 3) uint8: the first decoded chunk
+                    first = display_clip(value, stem.with_name(f"{stem.name}_first"), session.game.renderer.fps)
+                    _, status, clip, _, _ = self.view(session, f"Turn {index}: the first {len(value)} frames; the "
+                                                               "rest are decoding…", clip=first, notes=False)
+                    yield (session, status, clip, *before[3:])
+                elif kind == "clip":  # the whole clip, decoded: on the page while its files are written
+                    shown = display_clip(value, stem, session.game.renderer.fps)
+                elif kind == "failed":  # render_turn removed its clip; the caller removes what the page got
+                    raise value
+                else:
+                    break
+        finally:
+            worker.join()  # a failure here (a display copy) waits for the turn, which the action then takes back
         if shown is not None:
             value.shown = str(shown)
         v = value.values
@@ -244,7 +224,11 @@ class WebGame:
     def undo(self, session):
         if session is None or not session.turns:
             return self.view(session, "Nothing to undo.")
-        turn = session.undo()  # waits for the clips being written, removes the turn's clip
+        try:
+            with session.action("undo"):
+                turn = session.undo()  # waits for the clips being written, removes the turn's clip
+        except GameBusy as exc:
+            return self.view(session, f"**Not undone:** {self.tell(exc)}")
         remove_turn_views(clip_stem(session.output_dir, turn.index))
         turn.shown = ""
         return self.view(session, f"Undid turn {turn.index}.")
@@ -253,21 +237,28 @@ class WebGame:
         if session is None or not session.turns:
             return None, "Nothing to save yet."
         try:
-            path = session.save(Path(session.output_dir) / SAVE_NAME)
-        except (ValueError, OSError) as exc:  # a full disk, or something not a save in the tab's folder
-            return None, f"**Not saved:** {as_text(exc)}"
+            with session.action("a save"):
+                path = session.save(Path(session.output_dir) / SAVE_NAME)
+        except (ValueError, OSError, GameBusy) as exc:  # a full disk, a file size limit, a turn running
+            return None, f"**Not saved:** {self.tell(exc)}"
         return str(path), f"Saved {len(session.turns)} turns." + clip_notes(session)
 
     def load(self, file, session):
-        """Load an uploaded save into a fresh directory; a bad save leaves the current game as it was."""
+        """Load an uploaded save into a fresh directory; a bad save, or a turn running in the current game, leaves
+        the current game as it was. The game it replaces is freed (:meth:`close`)."""
         if file is None:
             return self.view(session, "Choose a saved game file first.")
+        if session is not None and session.busy:
+            return self.view(session, "**Not loaded:** a turn is running in this game; load when it has finished")
         folder = Path(tempfile.mkdtemp(prefix="game_", dir=self.output_dir))
         try:
-            loaded = GameSession.load(file, self.game, output_dir=folder)
+            check_regular_file(file, self.max_upload_bytes)  # before a byte is read
+            loaded = self._open(GameSession.load(file, self.game, output_dir=folder))
         except (ValueError, OSError) as exc:
-            folder.rmdir()
-            return self.view(session, f"**Not loaded:** {as_text(exc)}")
+            shutil.rmtree(folder, ignore_errors=True)
+            return self.view(session, f"**Not loaded:** {self.tell(exc, Path(file).parent)}")
+        finally:
+            self.forget_upload(file)
         status = f"Loaded {len(loaded.turns)} turns."
         if loaded.turns:
             try:
@@ -276,16 +267,45 @@ class WebGame:
                 if frames is not None:
                     last.shown = str(display_clip(frames, clip_stem(folder, last.index), loaded.game.renderer.fps))
             except Exception as exc:  # the game is loaded; only its picture failed
-                status += f" The last clip could not be rendered ({type(exc).__name__}: {as_text(exc)})."
+                status += f" The last clip could not be rendered ({type(exc).__name__}: {self.tell(exc)})."
+        self.close(session)
         return self.view(loaded, status)
+
+    def forget_upload(self, file) -> None:
+        """Remove an uploaded file once read, if the server keeps it (``upload_dir``); a file elsewhere stays."""
+        if self.upload_dir is None:
+            return
+        try:
+            upload = path_inside(self.upload_dir, file)
+        except ValueError:
+            return
+        upload.unlink(missing_ok=True)
+        try:
+            upload.parent.rmdir()  # Gradio keeps each upload in a folder of its own
+        except OSError:
+            pass
 
 
 def build_app(game: AnimeGamer, output_dir: str | Path, title: str = "AnimeGamer",
-              vocabulary: Vocabulary | None = None):
-    """The Gradio app; launch it with ``css=APP_CSS`` (pixel-sharp clip)."""
+              vocabulary: Vocabulary | None = None, max_upload_bytes: int = MAX_UPLOAD_BYTES):
+    """The Gradio app; launch it with ``css=APP_CSS`` (pixel-sharp clip) and ``max_file_size=max_upload_bytes``.
+    Its :class:`WebGame` is ``app.web`` (what a stopping server saves: :meth:`WebGame.shutdown`). A tab's game is
+    freed when the tab closes (Gradio's ``unload``), and Gradio's copies of uploads and served files are deleted
+    after an hour and when the server stops (``delete_cache``)."""
     import gradio as gr
+    from gradio.utils import get_upload_folder
 
-    web = WebGame(game, output_dir, vocabulary=vocabulary)
+    web = WebGame(game, output_dir, vocabulary=vocabulary, upload_dir=get_upload_folder(),
+                  max_upload_bytes=max_upload_bytes)
+    tabs: dict[str, GameSession] = {}  # each open tab's game, by Gradio's session hash: freed when the tab closes
+
+    def bind(request: gr.Request | None, view: tuple) -> tuple:
+        if request is not None and request.session_hash and view[0] is not None:
+            tabs[request.session_hash] = view[0]
+        return view
+
+    def closed(request: gr.Request):
+        web.close(tabs.pop(request.session_hash, None) if request is not None else None)
 
     def choice(label: str, entries: tuple[str, ...], value: str | None = None):
         """A dropdown of the world's words that takes any other text too."""
@@ -294,16 +314,27 @@ def build_app(game: AnimeGamer, output_dir: str | Path, title: str = "AnimeGamer
 
     # Gradio finds its progress tracker by this default value and passes a live one in its place; a generator:
     # Gradio sends each view (the first frames, then the whole turn) to the page as it comes
-    def play(character, adverb, motion, background, free_text, session, progress=gr.Progress()):  # noqa: B008
-        yield from web.play(character, adverb, motion, background, free_text, session,
-                             progress=lambda stage, done: progress(done, desc=stage))
+    def play(character, adverb, motion, background, free_text, session, request: gr.Request,
+             progress=gr.Progress()):  # noqa: B008
+        for view in web.play(character, adverb, motion, background, free_text, session,
+                             progress=lambda stage, done: progress(done, desc=stage)):
+            yield bind(request, view)
+
+    def undo(session, request: gr.Request):
+        return bind(request, web.undo(session))
+
+    def load(file, session, request: gr.Request):
+        return bind(request, web.load(file, session))
+
+    for handler in (play, undo, load, closed):  # Gradio hands a gr.Request to a parameter typed so; the module's
+        handler.__annotations__ = {"request": gr.Request}  # postponed annotations are strings it cannot resolve
 
     words = vocabulary or Vocabulary((), (), (), ())
     example = vocabulary.placeholder() if vocabulary else "Character: Qiqi; Motion: happily eat; Background: park."
-    with gr.Blocks(title=title) as app:
+    with gr.Blocks(title=title, delete_cache=(3600, 3600)) as app:
         gr.Markdown(f"# {title}\nChoose what your character does next (or type your own words); the game renders the "
                     "shot and updates the character's stamina, social and entertainment.")
-        session_state = gr.State(None)
+        session_state = gr.State(None, delete_callback=web.close)  # Gradio drops a closed tab's state later
         with gr.Row():
             character = choice("Character", words.characters, words.characters[0] if words.characters else None)
             adverb = choice("Adverb", words.adverbs)
@@ -331,7 +362,9 @@ def build_app(game: AnimeGamer, output_dir: str | Path, title: str = "AnimeGamer
         outputs = [session_state, status, video, bars, history]
         play_button.click(play, [character, adverb, motion, background, free_text, session_state], outputs,
                           api_name="play")
-        undo_button.click(web.undo, [session_state], outputs, api_name="undo")
+        undo_button.click(undo, [session_state], outputs, api_name="undo")
         save_button.click(web.save, [session_state], [saved_file, status], api_name="save")
-        load_button.click(web.load, [load_file, session_state], outputs, api_name="load")
+        load_button.click(load, [load_file, session_state], outputs, api_name="load")
+        app.unload(closed)
+    app.web = web
     return app

@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from animegamer.io import atomic_write_json, read_format_json
+from animegamer.io import atomic_write_json, read_format_json, read_json_bounded
 from animegamer.models.weights import load_state_dict_file, save_state_dict_file
 from animegamer.sampling.streaming import to_uint8_frames
 
@@ -265,7 +265,7 @@ def read_vae_layout(pretrained: str | Path) -> tuple[int, int, int]:
     """:func:`vae_layout` of ``pretrained/vae/config.json`` (no VAE is loaded)."""
     path = Path(pretrained) / "vae" / "config.json"
     try:
-        raw = json.loads(path.read_text())
+        raw = read_json_bounded(path)
     except FileNotFoundError:
         raise FileNotFoundError(f"VAE config not found: {path}") from None
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:

@@ -24,7 +24,6 @@ Trained parts only (LoRA in peft layout + the motion embedding) are saved and lo
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -32,6 +31,7 @@ import torch
 from torch import nn
 
 from animegamer.config import DecoderConfig, SamplingConfig
+from animegamer.io import read_json_bounded
 from animegamer.models.decoder_parts import load_parts, save_parts
 from animegamer.models.vae import DTYPES, load_vae, require_dir, vae_decode, vae_encode
 from animegamer.sampling.schedule import Generators, build_scheduler, guidance_scales, initial_noise, scheduler_step
@@ -134,7 +134,7 @@ class AnimationShotDecoder(nn.Module):
             str(require_dir(root, "transformer")), torch_dtype=DTYPES[cfg.dtype]
         )
         scheduler_dir = require_dir(root, "scheduler")
-        scheduler_config = json.loads((scheduler_dir / "scheduler_config.json").read_text())
+        scheduler_config = read_json_bounded(scheduler_dir / "scheduler_config.json")
         vae = load_vae(cfg) if with_vae else None
         decoder = cls.from_modules(cfg, transformer, vae, scheduler_config)
         return decoder.to(device) if device is not None else decoder

@@ -16,12 +16,11 @@ converted checkpoint, read by animegamer.official) are left alone.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from torch import nn
 
-from animegamer.io import atomic_write_json
+from animegamer.io import atomic_write_json, read_json_bounded
 from animegamer.models.weights import load_state_dict_file, save_state_dict_file
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -80,7 +79,7 @@ def load_parts(decoder, in_dir: str | Path) -> None:
     src = Path(in_dir)
     if not (src / DECODER_CONFIG).is_file():
         raise FileNotFoundError(f"no trained decoder at {src} (missing {DECODER_CONFIG})")
-    saved = json.loads((src / DECODER_CONFIG).read_text())
+    saved = read_json_bounded(src / DECODER_CONFIG)
     mine = {"lora_rank": decoder.lora_rank, "motion_scope": decoder.motion_scope}
     if any(saved.get(k) != v for k, v in mine.items()):
         raise ValueError(f"{src}: trained with {saved}, but this decoder is configured with {mine}")

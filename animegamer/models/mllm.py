@@ -1,6 +1,6 @@
 """AnimeGamerMLLM: Mistral + LoRA that predicts the next game state (shot representation + state values).
 
-One training sequence (layout from :class:`animegamer.tokens.TurnLayout`, DESIGN.md §2)::
+One training sequence (:class:`animegamer.tokens.TurnLayout`; one turn is drawn in ``animegamer/tokens.py``)::
 
     <s> <TURN> instr <VS> [226 slots] </VS> <MS><level_k></MS> <SC>..</SC> <ET>..</ET> <ST>..</ST> </TURN>  x K history
         <TURN> instr <VS> [226 slots] </VS> <MS><level_k></MS> ...                                   </TURN>  current
@@ -27,6 +27,7 @@ instead of a resized base matrix, so only they train and only they are saved; lo
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from animegamer.config import MLLMConfig, StageBConfig
-from animegamer.io import atomic_write_json, resolve_checkpoint
+from animegamer.io import atomic_write_json, read_json_bounded, resolve_checkpoint
 from animegamer.models.resampler import ShotResampler
 from animegamer.models.weights import load_state_dict_file, save_state_dict_file
 from animegamer.tokens import IGNORE_INDEX, STATE_FIELDS, TurnLayout, add_special_tokens, get_vocabulary
@@ -142,6 +143,7 @@ class AnimeGamerMLLM(nn.Module):
         # how the current turn's slots attend to each other: "causal" (this project's training) or "bidirectional"
         # (one block that sees itself whole, as the released weights were trained); a checkpoint records it
         self.slot_attention = "causal"
+        self.kv_cache = "static"  # the turn's KV cache (animegamer.models.mllm_turn): static | dynamic (mllm.kv_cache)
 
         llm.requires_grad_(False)
         if gradient_checkpointing:
@@ -203,7 +205,7 @@ class AnimeGamerMLLM(nn.Module):
     ) -> AnimeGamerMLLM:
         """Wrap an already-built causal LM + tokenizer with the settings of ``cfg`` (``shot_dim`` overrides
         ``cfg.shot_dim``; the benchmark builds random full-size models on the GPU this way)."""
-        return cls(
+        model = cls(
             llm,
             tokenizer,
             base_vocab,
@@ -220,6 +222,8 @@ class AnimeGamerMLLM(nn.Module):
             mse_weight=mse_weight,
             cosine_weight=cosine_weight,
         )
+        model.kv_cache = cfg.kv_cache
+        return model
 
     # ------------------------------------------------------------------ building blocks (also used by inference)
 
@@ -414,16 +418,20 @@ class AnimeGamerMLLM(nn.Module):
 
         path = resolve_checkpoint(path)
         for name in (*ADAPTER_FILES, TRAINED_FILE, LAYOUT_FILE):
-            if not (path / name).is_file():
+            if not os.path.lexists(path / name):  # a pipe or a device there: refused by its reader, by name
                 raise FileNotFoundError(f"{path} is not an MLLM checkpoint: {name} is missing")
-        saved = json.loads((path / LAYOUT_FILE).read_text())
+        saved = read_json_bounded(path / LAYOUT_FILE)  # a damaged one: a ValueError naming it
+        if not isinstance(saved, dict):
+            raise ValueError(f"{path / LAYOUT_FILE}: not an MLLM layout (a JSON object expected)")
         mine = self._layout_meta()
         saved = {**LAYOUT_DEFAULTS, **saved}
         diff = {k: (saved.get(k), v) for k, v in mine.items() if saved.get(k) != v}
         if diff:
             detail = ", ".join(f"{k}: checkpoint {a!r} vs model {b!r}" for k, (a, b) in diff.items())
-            raise ValueError(f"{path}: checkpoint does not fit this model ({detail})")
-        adapter_cfg = json.loads((path / "adapter_config.json").read_text())
+            raise ValueError(f"{path / LAYOUT_FILE}: checkpoint does not fit this model ({detail})")
+        adapter_cfg = read_json_bounded(path / "adapter_config.json")
+        if not isinstance(adapter_cfg, dict):
+            raise ValueError(f"{path / 'adapter_config.json'}: not a LoRA adapter config (a JSON object expected)")
         lora = self.llm.peft_config["default"]
         want = {"r": lora.r, "lora_alpha": lora.lora_alpha, "target_modules": sorted(lora.target_modules)}
         have = {k: adapter_cfg.get(k) for k in want}

@@ -12,6 +12,9 @@ it: :meth:`animegamer.inference.turn.AnimeGamer.play_turn`):
    close tag and the next open tag) are fed through the cache, and so on. There is no fallback value.
 
 The two steps are also callable apart (:func:`prefill_turn`, :func:`decode_states`); the speed harness times them.
+The KV cache is the model's ``kv_cache`` (``mllm.kv_cache``): ``static`` (the default: fixed buffers, state steps
+with fixed shapes, one transfer to the host per turn; animegamer.models.mllm_static) or ``dynamic`` (transformers'
+cache, grown per token). Both give the same values and, in fp32, the same shot.
 A model whose checkpoint records ``slot_attention: bidirectional`` (converted release weights, trained so) reads its
 shot from a second pass in which the current turn's slots attend to each other (:func:`slot_block_shots`). Another
 turn function (:data:`TurnFunction`) plays the same game: the release's own turn lives in
@@ -27,6 +30,7 @@ from typing import Any
 
 import torch
 
+from animegamer.models.mllm_static import decode_static, is_fixed, prefill_static, to_host
 from animegamer.states import StateValues
 from animegamer.tokens import STATE_FIELDS, SequenceLayout, TurnSpec
 
@@ -62,12 +66,19 @@ class PrefilledTurn:
 
 
 @torch.no_grad()
-def prefill_turn(model, history: list[HistoryTurn], instruction: str) -> PrefilledTurn:
-    """Step 1 of :func:`predict_turn` (model in eval mode): prefill the prompt once, read the shot at the slots."""
+def prefill_turn(model, history: list[HistoryTurn], instruction: str, kv_cache: str | None = None) -> PrefilledTurn:
+    """Step 1 of :func:`predict_turn` (model in eval mode): prefill the prompt once, read the shot at the slots.
+    ``kv_cache``: ``static`` (:mod:`animegamer.models.mllm_static`) or ``dynamic``; None: the model's own
+    (``mllm.kv_cache``)."""
     layout = model.layout
     turns = [TurnSpec(h.instruction, h.values) for h in history]
     turns.append(TurnSpec(instruction, None, is_current=True))
     seq = layout.build_sequence(turns)
+    slots = seq.slot_positions[-1]  # consecutive positions: a slice, not an index tensor copied from the host
+    if (kv_cache or model.kv_cache) == "static":
+        hidden, cache = prefill_static(model, seq.input_ids, seq.slot_positions[:-1], [h.shot_embeds for h in history])
+        shot_embeds = model.predict_shots(hidden[slots[0] : slots[0] + len(slots)])  # (N, shot_dim)
+        return PrefilledTurn(seq, shot_embeds, hidden[-1], cache)
     device = model.device
     input_ids = torch.tensor([seq.input_ids], device=device)  # (1, T)
     if history:
@@ -82,7 +93,6 @@ def prefill_turn(model, history: list[HistoryTurn], instruction: str) -> Prefill
     # GPU in every layer as it first stores keys, and each copy makes the host wait for the GPU mid-prefill. The
     # window is still applied by the attention mask (from the config); the cache only stops cropping its keys.
     hidden, cache = model.transformer(embeds, use_cache=True, past_key_values=DynamicCache())  # (1, T, hidden)
-    slots = seq.slot_positions[-1]  # consecutive positions: a slice, not an index tensor copied from the host
     shot_embeds = model.predict_shots(hidden[0, slots[0] : slots[0] + len(slots)])  # (N, shot_dim)
     return PrefilledTurn(seq, shot_embeds, hidden[0, -1], cache)
 
@@ -93,8 +103,11 @@ def decode_states(model, prefilled: PrefilledTurn) -> tuple[dict[str, int], dict
     the cache with the next tags. Returns (field -> chosen token id, field -> value -> probability); the cache
     grows by 3 tokens per field but the last. The choices stay on the model's device until the last field is
     decoded (one transfer to the host per turn, not one per field), so a GPU never waits for the host between
-    fields."""
-    layout, device = model.layout, model.device
+    fields. A static prefill's fixed cache is decoded by :func:`animegamer.models.mllm_static.state_steps`."""
+    if is_fixed(prefilled.cache):
+        picked, p_all = to_host(*decode_static(model, prefilled.last_hidden, prefilled.cache))
+        return host_choices(model, [int(i) for i in picked.tolist()], p_all.tolist())
+    device = model.device
     cache, last = prefilled.cache, prefilled.last_hidden  # last: the open tag of the first field
     choices, dists = [], []
     for i, name in enumerate(STATE_FIELDS):
@@ -111,6 +124,13 @@ def decode_states(model, prefilled: PrefilledTurn) -> tuple[dict[str, int], dict
         last = hidden[0, -1]
     picked = torch.stack(choices).tolist()  # the one transfer to the host
     p_all = torch.cat(dists).float().cpu().tolist()
+    return host_choices(model, picked, p_all)
+
+
+def host_choices(model, picked: list[int], p_all: list[float]) -> tuple[dict[str, int], dict[str, dict[int, float]]]:
+    """(field -> chosen token id, field -> value -> probability) from the choices (index among each field's
+    values) and the probabilities of all values, concatenated in field order."""
+    layout = model.layout
     chosen: dict[str, int] = {}
     probs: dict[str, dict[int, float]] = {}
     offset = 0
@@ -164,15 +184,21 @@ def slot_block_shots(model, seq: SequenceLayout, history: list[HistoryTurn]) -> 
 
 @torch.no_grad()
 def predict_turn(model, history: list[HistoryTurn], instruction: str) -> TurnPrediction:
-    """Predict the next turn from ``history`` (used as given: window it first) and the instruction."""
+    """Predict the next turn from ``history`` (used as given: window it first) and the instruction, with the
+    model's KV cache (``mllm.kv_cache``: static, one transfer to the host per turn; or dynamic)."""
     was_training = model.training
     model.eval()
     try:
         prefilled = prefill_turn(model, history, instruction)
-        chosen, probs = decode_states(model, prefilled)
         shot_embeds = prefilled.shot_embeds
         if model.slot_attention == "bidirectional":
             shot_embeds = slot_block_shots(model, prefilled.sequence, history)
+        if is_fixed(prefilled.cache):  # the shot, choices and probabilities come back together
+            picked, p_all, shot_embeds = to_host(*decode_static(model, prefilled.last_hidden, prefilled.cache),
+                                                 shot_embeds)
+            chosen, probs = host_choices(model, [int(i) for i in picked.tolist()], p_all.tolist())
+        else:
+            chosen, probs = decode_states(model, prefilled)
     finally:
         model.train(was_training)
     return TurnPrediction(

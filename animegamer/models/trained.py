@@ -14,13 +14,12 @@ small = load_small_decoder("outputs/stage_e")           # stage (e): small_decod
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import torch
 
 from animegamer.config import DecoderConfig, EncoderConfig
-from animegamer.io import DECODER_DIR, atomic_write_json, resolve_checkpoint
+from animegamer.io import DECODER_DIR, atomic_write_json, read_json_bounded, resolve_checkpoint
 from animegamer.models.causal_decoder import CONFIG_FILE as SMALL_DECODER_CONFIG
 from animegamer.models.causal_decoder import CausalLatentDecoder
 from animegamer.models.decoder import AnimationShotDecoder
@@ -47,7 +46,7 @@ def load_encoder(checkpoint: str | Path, device: str | torch.device = "cpu") -> 
     config_file = enc_dir / "config.json"
     if not config_file.is_file():
         raise FileNotFoundError(f"no trained encoder in {path} (expected {ENCODER_DIR}/config.json)")
-    cfg = EncoderConfig(**json.loads(config_file.read_text()))
+    cfg = EncoderConfig(**read_json_bounded(config_file))
     encoder = ActionAwareEncoder.from_config(cfg)
     encoder.load_state_dict(load_state_dict_file(enc_dir / "model.safetensors"))
     return encoder.to(device).eval()

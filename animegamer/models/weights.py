@@ -14,7 +14,10 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from animegamer.io import atomic_path
+from animegamer.io import atomic_path, check_regular_file
+
+MAX_WEIGHTS_BYTES = 64 << 30  # one weights file (Mistral-7B in one bf16 file is 14.5 GB)
+MAX_HEADER_BYTES = 100 << 20  # a safetensors header (safetensors' own limit)
 
 
 class DamagedFileError(ValueError):
@@ -24,13 +27,15 @@ class DamagedFileError(ValueError):
 def check_safetensors(path: str | Path) -> None:
     """Raise :class:`DamagedFileError` unless ``path`` is a complete safetensors file: its header parses and the
     tensors it describes end exactly at the end of the file. Reads only the header, so whole checkpoints are
-    checked in milliseconds before any model is built."""
+    checked in milliseconds before any model is built. A path that is not a regular file (a named pipe would
+    block, a device read without end, a link to itself), or a file past ``MAX_WEIGHTS_BYTES``, is a one-line
+    ``ValueError`` before it is opened."""
     path = Path(path)
-    size = path.stat().st_size
+    size = check_regular_file(path, MAX_WEIGHTS_BYTES).st_size
     with open(path, "rb") as fh:
         prefix = fh.read(8)
         header_len = int.from_bytes(prefix, "little") if len(prefix) == 8 else -1
-        if header_len < 0 or header_len > size - 8:
+        if header_len < 0 or header_len > min(size - 8, MAX_HEADER_BYTES):
             raise DamagedFileError(f"{path}: damaged or truncated safetensors file (no complete header)")
         raw = fh.read(header_len)
     try:
@@ -46,10 +51,15 @@ def check_safetensors(path: str | Path) -> None:
 
 
 def load_state_dict_file(path: str | Path, device: str = "cpu") -> dict[str, torch.Tensor]:
-    """Load a ``.safetensors`` file, or a torch pickle restricted to tensors (``weights_only=True``)."""
+    """Load a ``.safetensors`` file, or a torch pickle restricted to tensors (``weights_only=True``).
+
+    ``FileNotFoundError`` for nothing at ``path``; a one-line ``ValueError`` for what is not a regular file or is
+    too big (checked before opening), :class:`DamagedFileError` for a damaged file."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"weights file not found: {path}")
+    try:
+        check_regular_file(path, MAX_WEIGHTS_BYTES)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"weights file not found: {path}") from None
     try:
         if path.suffix == ".safetensors":
             check_safetensors(path)

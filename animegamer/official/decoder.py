@@ -21,7 +21,6 @@ LN_txt(text_proj(0)) and every image token LN_ip(ip_proj(0)), one constant (226,
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -30,7 +29,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from animegamer.io import atomic_write_json
+from animegamer.io import atomic_write_json, read_json_bounded
 from animegamer.models.decoder_parts import ADAPTER_WEIGHTS, DECODER_CONFIG, MOTION_WEIGHTS, NULL_SHOT_WEIGHTS
 from animegamer.models.weights import save_state_dict_file
 from animegamer.official.release_io import ReleaseFileError
@@ -309,7 +308,7 @@ def convert_decoder(
 
     spatial = 8  # CogVideoX's VAE; the base VAE's own config decides when there is one
     if base is not None:
-        spatial = 2 ** (len(json.loads((base / "vae" / "config.json").read_text())["block_out_channels"]) - 1)
+        spatial = 2 ** (len(read_json_bounded(base / "vae" / "config.json")["block_out_channels"]) - 1)
     height, width = spatial * spec.latent_height, spatial * spec.latent_width
     return {
         "source": str(path),

@@ -40,7 +40,6 @@ from animegamer.inference.session import load_renderer as load_core_renderer
 from animegamer.inference.turn import AnimeGamer
 from animegamer.io import checkpoint_decoder_dir
 from animegamer.models.decoder_parts import DECODER_CONFIG
-from animegamer.models.mllm_turn import TurnFunction, predict_turn
 from animegamer.models.vae import DTYPES
 from animegamer.official.agent import predict_released, release_render_level
 from animegamer.official.sampler import sample_released
@@ -61,11 +60,6 @@ def released(cfg: InferenceConfig) -> bool:
 def core_config(cfg: InferenceConfig) -> InferenceConfig:
     """``cfg`` as the core's loaders take it (they build the converted models the same way in both modes)."""
     return dataclasses.replace(cfg, compat="fixed")
-
-
-def turn_function(cfg: InferenceConfig) -> TurnFunction:
-    """The MLLM turn ``cfg`` plays: the release's (``compat: released``) or the core's."""
-    return predict_released if released(cfg) else predict_turn
 
 
 def load_predictor(cfg: InferenceConfig, device: str, offload: bool) -> MLLMPredictor:

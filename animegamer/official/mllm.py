@@ -35,7 +35,7 @@ import torch
 
 from animegamer.io import atomic_write_json
 from animegamer.models.mllm import ADAPTER_FILES, LAYOUT_FILE, TRAINED_FILE, shipped_layout_base
-from animegamer.models.weights import save_state_dict_file
+from animegamer.models.weights import check_safetensors, save_state_dict_file
 from animegamer.official.release_io import ReleaseFileError, load_release_pickle, read_release_yaml, tensor_dict
 from animegamer.tokens import RELEASED
 
@@ -109,6 +109,7 @@ class _BaseWeights:
         files = sorted(self.dir.glob("*.safetensors")) or sorted(self.dir.glob("pytorch_model*.bin"))
         for file in files:
             if file.suffix == ".safetensors":
+                check_safetensors(file)  # a pipe, a device or a damaged shard: one line naming it
                 with safe_open(str(file), framework="pt") as handle:
                     self._where.update(dict.fromkeys(handle.keys(), file))
             else:

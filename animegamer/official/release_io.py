@@ -17,6 +17,9 @@ from typing import Any
 import torch
 import yaml
 
+from animegamer.io import MAX_RECORD_BYTES, check_regular_file, read_text_bounded
+from animegamer.models.weights import MAX_WEIGHTS_BYTES
+
 
 class ReleaseFileError(ValueError):
     """A release file that is missing, damaged, or holds something other than weights."""
@@ -25,8 +28,12 @@ class ReleaseFileError(ValueError):
 def load_release_pickle(path: str | Path) -> object:
     """The object stored in a release pickle, with tensors on the CPU (memory-mapped when the format allows)."""
     path = Path(path)
-    if not path.is_file():
-        raise ReleaseFileError(f"{path}: file not found")
+    try:  # a pipe would block, a device read without end, a link to itself loop
+        check_regular_file(path, MAX_WEIGHTS_BYTES)
+    except FileNotFoundError:
+        raise ReleaseFileError(f"{path}: file not found") from None
+    except ValueError as exc:
+        raise ReleaseFileError(str(exc)) from None
     mmap = zipfile.is_zipfile(path)  # the legacy (non-zip) format cannot be memory-mapped
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
@@ -62,11 +69,15 @@ def read_release_yaml(path: str | Path | None, what: str) -> dict[str, Any]:
     if path is None:
         return {}
     path = Path(path)
-    if not path.is_file():
-        raise ReleaseFileError(f"{path}: {what} not found")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        text = read_text_bounded(path, MAX_RECORD_BYTES)  # never a pipe or a device; UTF-8 or a one-line error
+    except FileNotFoundError:
+        raise ReleaseFileError(f"{path}: {what} not found") from None
+    except ValueError as exc:
+        raise ReleaseFileError(str(exc)) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
         raise ReleaseFileError(f"{path}: not a readable YAML file ({str(exc).splitlines()[0]})") from None
     if not isinstance(data, dict):
         raise ReleaseFileError(f"{path}: expected a mapping at the top of the {what}")

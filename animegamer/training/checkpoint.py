@@ -8,12 +8,17 @@
 
 A checkpoint is written to ``step_X.tmp``, fsynced, and renamed when complete, so a crash never leaves a half
 checkpoint that ``--resume latest`` would pick up; re-saving an existing step swaps the new directory in (an atomic
-exchange on Linux), so ``latest`` never names a missing or partial directory. Only trained parameters are saved:
-accelerate's own model saving is switched off by :func:`skip_model_weights_in_state`.
+exchange on Linux), so ``latest`` never names a missing or partial directory. A write that fails (a full disk, a
+file-size limit, Ctrl-C) removes ``step_X.tmp``; a full disk is :class:`CheckpointWriteError`, one line naming the
+checkpoint ``latest`` still names. Every published file gets the usual mode (0666 minus the umask; safetensors
+itself writes 0600). Only trained parameters are saved: accelerate's own model saving is switched off by
+:func:`skip_model_weights_in_state`.
 
 A resume is checked before anything is built or written (:func:`check_resume`): every weights and state file must
 be complete, and every process's RNG state must load (safely: no pickled code runs) or the resume would not be
-exact; ``train.allow_rng_reset=true`` accepts a missing one, and the run records that it did.
+exact; ``train.allow_rng_reset=true`` accepts a missing one, and the run records that it did. Every file of the
+checkpoint must be a regular file before any is opened (a named pipe would block the resume forever, a device read
+without end).
 """
 
 from __future__ import annotations
@@ -25,27 +30,41 @@ import pickle
 import shutil
 import zipfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
 from animegamer.io import (
     STEP_DIR,
     STEP_PREFIX,
     atomic_write_json,
     atomic_write_text,
+    check_regular_file,
+    current_umask,
     fsync_path,
+    read_text_bounded,
     resolve_checkpoint,
 )
 from animegamer.models.weights import DamagedFileError, check_safetensors
 
 RNG_FILE = "random_states_{rank}.pkl"  # accelerate's name for one process's RNG state
 RNG_KEYS = ("random_state", "numpy_random_seed", "torch_manual_seed")
+MAX_STATE_BYTES = 1 << 20  # trainer_state.json: a step and a few losses
+
+# what a write on a full disk or past a file-size limit raises: OSError (ENOSPC, EFBIG) from Python's own writes,
+# RuntimeError from torch.save ("unexpected pos ..."), SafetensorError from safetensors
+WRITE_ERRORS = (OSError, RuntimeError, SafetensorError)
 
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be resumed from; the message names the file and what is wrong with it."""
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint that could not be written (a full disk, a file-size limit); nothing of it was published and the
+    message names the checkpoint ``latest`` still names."""
 
 
 @dataclass
@@ -55,6 +74,7 @@ class ResumePoint:
     path: Path
     step: int
     rng_reset: str = ""  # why some process's RNG cannot be restored ("" when every one can)
+    recipe_changes: dict = field(default_factory=dict)  # key: {"was": recorded, "now": this run's} (allowed changes)
 
 
 def skip_model_weights_in_state(accelerator) -> None:
@@ -119,12 +139,27 @@ def _exchange(a: Path, b: Path) -> bool:
     return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
 
 
+def usual_modes(path: Path) -> None:
+    """Give every file under ``path`` mode 0666 and every directory 0777, minus the umask, as ``open`` and ``mkdir``
+    would: some writers (safetensors, and peft through it) create their files 0600, readable by their owner only."""
+    mask = current_umask()
+    for parent, dirs, files in os.walk(path):
+        for name in files:
+            if not os.path.islink(os.path.join(parent, name)):
+                os.chmod(os.path.join(parent, name), 0o666 & ~mask)
+        for name in dirs:
+            if not os.path.islink(os.path.join(parent, name)):
+                os.chmod(os.path.join(parent, name), 0o777 & ~mask)
+    os.chmod(path, 0o777 & ~mask)
+
+
 def replace_dir(new: Path, final: Path) -> None:
-    """Publish the complete directory ``new`` as ``final``: fsynced first, then renamed in. An existing ``final`` is
-    swapped out atomically and then deleted, so ``final`` always names a complete directory (where no atomic
-    exchange exists, the old one is renamed aside first: a crash between the two renames leaves it as
-    ``<final>.old``)."""
+    """Publish the complete directory ``new`` as ``final``: given the usual modes, fsynced, then renamed in. An
+    existing ``final`` is swapped out atomically and then deleted, so ``final`` always names a complete directory
+    (where no atomic exchange exists, the old one is renamed aside first: a crash between the two renames leaves it
+    as ``<final>.old``)."""
     new, final = Path(new), Path(final)
+    usual_modes(new)
     fsync_tree(new)
     if not final.exists():
         new.rename(final)
@@ -162,26 +197,47 @@ def save_checkpoint(
     trainer_state: dict,
     keep: int = 3,
 ) -> Path:
-    """Write a complete checkpoint for optimizer step ``step``; prune to the newest ``keep``."""
+    """Write a complete checkpoint for optimizer step ``step``; prune to the newest ``keep``.
+
+    A write that fails (any exception, Ctrl-C included) leaves no ``step_X.tmp`` behind and ``latest`` as it was; a
+    full disk or a file-size limit raises :class:`CheckpointWriteError`."""
     root = checkpoint_root(output_dir)
     final = root / f"{STEP_PREFIX}{step:07d}"
     tmp = root / f"{final.name}.tmp"
-    if accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp), **_engine_kwargs(accelerator, saving=True))
-    accelerator.wait_for_everyone()  # every rank's RNG file is in tmp before it is renamed
-    if accelerator.is_main_process:
-        save_weights(tmp)
-        atomic_write_json(tmp / "trainer_state.json", {"step": step, **trainer_state})
-        replace_dir(tmp, final)
-        atomic_write_text(root / "latest", final.name + "\n")  # fsynced, and its directory too
-        if keep > 0:
-            for old in list_checkpoints(output_dir)[:-keep]:
-                shutil.rmtree(old, ignore_errors=True)
+    try:
+        if accelerator.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        accelerator.wait_for_everyone()
+        accelerator.save_state(str(tmp), **_engine_kwargs(accelerator, saving=True))
+        accelerator.wait_for_everyone()  # every rank's RNG file is in tmp before it is renamed
+        if accelerator.is_main_process:
+            save_weights(tmp)
+            atomic_write_json(tmp / "trainer_state.json", {"step": step, **trainer_state})
+            replace_dir(tmp, final)
+            atomic_write_text(root / "latest", final.name + "\n")  # fsynced, and its directory too
+            if keep > 0:
+                for old in list_checkpoints(output_dir)[:-keep]:
+                    shutil.rmtree(old, ignore_errors=True)
+    except WRITE_ERRORS as exc:
+        raise CheckpointWriteError(
+            f"the checkpoint of step {step} could not be written in {root} ({_first_line(exc)}); "
+            f"{last_checkpoint_note(output_dir)}"
+        ) from None
+    finally:
+        if accelerator.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
     accelerator.wait_for_everyone()
     return final
+
+
+def last_checkpoint_note(output_dir: str | Path) -> str:
+    """Where a stopped run can go on from, in words: the checkpoint ``latest`` names, or that there is none."""
+    latest = checkpoint_root(output_dir) / "latest"
+    try:
+        return f"the last complete checkpoint is {resolve_checkpoint(latest)} (continue with --resume latest)"
+    except (FileNotFoundError, OSError, ValueError):
+        return f"no checkpoint was completed in {checkpoint_root(output_dir)}"
 
 
 # ---------------------------------------------------------------- resuming
@@ -233,15 +289,27 @@ def _trainer_state(path: Path) -> dict:
     """The checkpoint's ``trainer_state.json``, checked to hold a non-negative integer ``step``."""
     state_file = path / "trainer_state.json"
     try:
-        state = json.loads(state_file.read_text())
+        state = json.loads(read_text_bounded(state_file, MAX_STATE_BYTES))
         step = state["step"]
     except FileNotFoundError:
         raise CheckpointError(f"{state_file} is missing: {path} is not a complete checkpoint") from None
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
+    except (json.JSONDecodeError, ValueError, KeyError, TypeError) as exc:  # a non-regular file: ValueError
         raise CheckpointError(f"{state_file}: damaged ({_first_line(exc)})") from None
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise CheckpointError(f"{state_file}: 'step' must be a non-negative integer, got {step!r}")
     return state
+
+
+def check_regular_files(checkpoint: Path) -> None:
+    """Every entry of ``checkpoint`` (its subfolders included) is a folder or a regular file, or a
+    :class:`CheckpointError` names the first that is not, before any is opened: a named pipe as ``optimizer.bin``
+    would block the resume forever, a device would be read without end, a link to itself fails to open."""
+    for parent, _, files in os.walk(checkpoint):  # a link loop is listed with the files
+        for name in sorted(files):
+            try:
+                check_regular_file(os.path.join(parent, name))
+            except (FileNotFoundError, ValueError) as exc:  # a link to nothing, a pipe, a device, a link loop
+                raise CheckpointError(f"{exc}: {checkpoint} is not a checkpoint to resume from") from None
 
 
 def check_resume(
@@ -256,6 +324,7 @@ def check_resume(
     path = find_resume(output_dir, resume)
     if path is None:
         return None
+    check_regular_files(path)
     step = _trainer_state(path)["step"]
     try:
         for weights in sorted(path.rglob("*.safetensors")):

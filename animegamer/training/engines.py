@@ -4,7 +4,7 @@ parameters for a save.
 
 Each stage's loop stays in its script; these are the pure pieces it calls:
 
-    check_world_size(accelerator)               before anything is read or written
+    check_world_size(accelerator)               before anything is read or written (build_accelerator calls it)
     configure_deepspeed(accelerator, train)     before ``accelerator.prepare``
     seed_process(seed, accelerator)             after ``prepare``: dropout, noise, timesteps differ per process
     grad_norm = optimizer_step(...)             once per optimizer step, after the micro-batches

@@ -21,7 +21,8 @@ from animegamer.cli import fail, parse_config
 from animegamer.config import TrainConfig, to_yaml
 from animegamer.io import atomic_path, atomic_write_json, atomic_write_text
 from animegamer.training.checkpoint import ResumePoint, load_checkpoint
-from animegamer.training.engines import engine_info
+from animegamer.training.engines import check_world_size, engine_info
+from animegamer.training.program import own_output_dir, release_output_dir
 
 METRICS_HEADER = ["step", "name", "value", "time"]
 
@@ -116,7 +117,11 @@ def parse_stage_config(schema: type, doc: str | None, argv: list[str] | None = N
 
 
 def build_accelerator(output_dir: str, train: TrainConfig):
-    """An :class:`accelerate.Accelerator` for a stage: mixed precision, grad accumulation, trackers in output_dir."""
+    """An :class:`accelerate.Accelerator` for a stage: mixed precision, grad accumulation, trackers in output_dir.
+
+    Before it returns, the launch is checked (:func:`check_world_size`) and the run owns ``output_dir``
+    (:func:`animegamer.training.program.own_output_dir`): a second run into a directory a live run holds ends here
+    with one ``error:`` line (exit code 2), before anything is read or written."""
     log_with: list[Any] = []
     # PartialState must see ACCELERATE_USE_CPU like Accelerator does, or a 2-process CPU run becomes 2 single runs.
     # DeepSpeed on CPU processes (DS_ACCELERATOR=cpu): accelerate finds no backend for them and would count one
@@ -129,13 +134,16 @@ def build_accelerator(output_dir: str, train: TrainConfig):
     elif train.report_to in ("tensorboard", "wandb"):
         log_with = [train.report_to]
     project = ProjectConfiguration(project_dir=output_dir, logging_dir=str(Path(output_dir) / "logs"))
-    return Accelerator(
+    accelerator = Accelerator(
         mixed_precision=train.mixed_precision,
         gradient_accumulation_steps=train.grad_accum,
         log_with=log_with or None,
         project_config=project,
         step_scheduler_with_optimizer=False,
     )
+    check_world_size(accelerator)  # before the lock: processes that each think they run alone would refuse each other
+    own_output_dir(output_dir, accelerator.state, create=False)
+    return accelerator
 
 
 def restore(
@@ -162,6 +170,7 @@ def start_run(accelerator, cfg: Any, project: str, resume: ResumePoint | None = 
     resume that could not restore every RNG state (``resume.rng_reset``) is printed and recorded in run_info.json.
     """
     out = Path(cfg.output_dir)
+    own_output_dir(out, accelerator.state, create=True)  # a no-op where the run took it as it started
     if accelerator.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / "config.yaml", to_yaml(cfg))
@@ -178,19 +187,27 @@ def start_run(accelerator, cfg: Any, project: str, resume: ResumePoint | None = 
             info["deepspeed"] = engine_info(accelerator)
         if resume is not None:
             info |= {"resumed_from": str(resume.path), "resumed_step": resume.step}
+            if resume.recipe_changes:
+                info["recipe_changed"] = resume.recipe_changes
+                _warn(resume, f"with a changed recipe: {', '.join(resume.recipe_changes)}", "allow_recipe_change", out)
             if resume.rng_reset:
                 info["rng_reset"] = resume.rng_reset
-                print(
-                    f"WARNING: resuming from {resume.path} with fresh random streams, not an exact resume: "
-                    f"{resume.rng_reset} (train.allow_rng_reset=true; recorded in {out / 'run_info.json'})",
-                    file=sys.stderr,
-                )
+                _warn(resume, f"with fresh random streams, not an exact resume: {resume.rng_reset}",
+                      "allow_rng_reset", out)
         atomic_write_json(out / "run_info.json", info)
         trim_metrics(out / "metrics.csv", resume.step if resume is not None else 0)
     accelerator.wait_for_everyone()
-    flat = _flatten(json.loads(json.dumps(_to_plain(cfg), default=str)))
+    flat = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in flatten(plain_config(cfg)).items()}
     accelerator.init_trackers(project, config=flat)
     return out
+
+
+def end_run(accelerator) -> None:
+    """The end of a run: trackers closed (``accelerator.end_training``), every process done, the output directory
+    let go for the next run."""
+    accelerator.wait_for_everyone()  # end_training ends the process group: no barrier after it
+    accelerator.end_training()
+    release_output_dir()
 
 
 def _versions() -> dict[str, str]:
@@ -205,18 +222,24 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def _to_plain(cfg: Any) -> Any:
+def _warn(resume: ResumePoint, how: str, knob: str, out: Path) -> None:
+    print(f"WARNING: resuming from {resume.path} {how} (train.{knob}=true; recorded in {out / 'run_info.json'})",
+          file=sys.stderr)
+
+
+def plain_config(cfg: Any) -> dict:
+    """A config dataclass as the plain dict (JSON types) its ``config.yaml`` holds."""
     from omegaconf import OmegaConf
 
-    return OmegaConf.to_container(OmegaConf.structured(cfg))
+    return json.loads(json.dumps(OmegaConf.to_container(OmegaConf.structured(cfg)), default=str))
 
 
-def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    """``{"train": {"lr": 0.1}}`` -> ``{"train.lr": 0.1}`` (lists stay values)."""
     out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
+    for key, value in d.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}."))
         else:
-            out[f"{prefix}{k}"] = v if isinstance(v, (int, float, str, bool)) else str(v)
+            out[f"{prefix}{key}"] = value
     return out
-

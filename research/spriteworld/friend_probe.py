@@ -13,8 +13,8 @@ three numbers are taken, each relative to the norm of the unswapped shot:
 - ``mllm_error``: the MLLM's shot against that target (the real clip's, with the right name).
 
 A ``mllm_swap`` well below ``encoder_swap``, under a larger ``mllm_error``, says the prediction hardly depends on the
-name (and the decoder cannot draw a friend its shot does not carry; ``friends.py`` measures what is drawn). Writes
-``--out`` (JSON) and prints the summary.
+name (and the decoder cannot draw a friend its shot does not carry; the evaluation's Friend-N / Friend-R columns
+measure what is drawn). Writes ``--out`` (JSON) and prints the summary.
 """
 
 from __future__ import annotations

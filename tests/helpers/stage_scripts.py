@@ -54,7 +54,7 @@ def free_port() -> int:
 
 def launch_two_processes(script: str, argv: list[str], **env: str) -> subprocess.CompletedProcess:
     """``scripts/<script>.py argv`` under ``accelerate launch`` with 2 CPU processes (DDP over gloo)."""
-    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1", **env}
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **env}
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
            "--main_process_port", str(free_port()), str(ROOT / "scripts" / f"{script}.py"), *argv]

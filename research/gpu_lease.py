@@ -1,0 +1,157 @@
+"""Every GPU measurement of the third-of-a-second turn, in chunks that fit a 30-minute lease (each under 10 minutes).
+
+    python research/gpu_lease.py --list                                              # the chunks and their budgets
+    python research/gpu_lease.py --chunk fast_eager --out benchmarks/h100            # one chunk: one command
+    python research/gpu_lease.py --chunk all --preset tiny --device cpu --out /tmp/lease   # every chunk, CPU-sized
+
+A chunk runs one existing measurement in a child process under its own time limit and writes its rows into
+``--out/<chunk>/`` as that measurement saves them (the benchmark rewrites benchmark.json after each part and each
+fast_path row; the MLLM probe after each mode), so a chunk cut off by its limit keeps what it finished. Every chunk
+run appends one line to ``--out/lease.jsonl``: chunk, command, exit status, seconds, date, device and versions.
+
+Chunks (full size, random weights, one GPU):
+
+    mllm           the MLLM's turn: dynamic cache, static cache, static turn compiled (seconds, host syncs counted
+                   and by CUDA's sync debug mode)                          research/mllm_host_overhead.py
+    fast_eager     the game's fast turn, eager: static and dynamic MLLM cache (turn, first frames, MLLM host syncs)
+    fast_compiled  the same compiled: blocks compiled, and the MLLM's static turn compiled too (CUDA graphs)
+    fast_24gb      the compiled fast turn under a 24 GB cap (torch.cuda.set_per_process_memory_fraction)
+    paper_turn     the paper's settings (50 steps, CFG), plain against ours, lossless; the fast preset; offload
+    training       stage (a) and (b) optimizer steps, one process: steps/s, MFU, peak memory
+
+Training under FSDP2 and ZeRO-3 at full size is not among them: animegamer.bench.training times one process's
+step only (see docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import NamedTuple
+
+ROOT = Path(__file__).resolve().parents[1]
+LEASE_S = 1800  # one device lease
+CHUNK_LIMIT_S = 600  # one command on a lent device
+FAST_EAGER_ROWS = "[eager, 'eager, dynamic MLLM cache']"
+FAST_COMPILED_ROWS = "[compiled, 'compiled, MLLM compiled']"
+
+
+class Chunk(NamedTuple):  # (not a dataclass: load_script runs this file without registering it as a module)
+    name: str
+    budget_s: int  # what it is expected to take at full size on one H100/H200 (its time limit)
+    script: str
+    args: tuple[str, ...]  # {out}: the chunk's folder
+    full: tuple[str, ...] = ()  # added at full size
+    tiny: tuple[str, ...] = ()  # added at CPU size
+    memory_cap_gb: float = 0.0
+
+
+def bench(*args: str) -> tuple[str, ...]:
+    return ("output_dir={out}", *args)
+
+
+CHUNKS = (
+    Chunk("mllm", 240, "research/mllm_host_overhead.py", ("--out", "{out}")),
+    Chunk("fast_eager", 210, "scripts/benchmark.py",
+          bench("parts=[fast_path]", f"fast_path_rows={FAST_EAGER_ROWS}"),
+          full=("warmup=1", "repeats=3"), tiny=("warmup=0", "repeats=1")),
+    Chunk("fast_compiled", 450, "scripts/benchmark.py",
+          bench("parts=[fast_path]", f"fast_path_rows={FAST_COMPILED_ROWS}", "profile=true"),
+          full=("warmup=1", "repeats=3"), tiny=("warmup=0", "repeats=1", "compile=true", "compile_backend=aot_eager")),
+    Chunk("fast_24gb", 270, "scripts/benchmark.py", bench("parts=[fast_path]", "fast_path_rows=[compiled]"),
+          full=("warmup=1", "repeats=3"), tiny=("warmup=0", "repeats=1", "compile=true", "compile_backend=aot_eager"),
+          memory_cap_gb=24.0),
+    Chunk("paper_turn", 330, "scripts/benchmark.py", bench("parts=[turn]"),
+          full=("warmup=1", "repeats=2"), tiny=("warmup=0", "repeats=1", "compile=false")),
+    Chunk("training", 270, "scripts/benchmark.py", bench("parts=[stage_a,stage_b]"),
+          full=("train_warmup=2", "train_repeats=5"), tiny=("train_warmup=0", "train_repeats=1", "compile=false")),
+)
+BY_NAME = {c.name: c for c in CHUNKS}
+
+
+def command(chunk: Chunk, out: Path, preset: str, device: str) -> list[str]:
+    """The chunk's command line (run from the repository root)."""
+    extra = chunk.full if preset == "full" else chunk.tiny
+    argv = [sys.executable, chunk.script, "--preset", preset, "--device", device, *chunk.args, *extra]
+    if chunk.memory_cap_gb:
+        argv += ["--memory-cap-gb", str(chunk.memory_cap_gb)]
+    return [a.replace("{out}", str(out / chunk.name)) for a in argv]
+
+
+def versions(device: str) -> dict:
+    """Device name and library versions, as the rows were made with (imported here, after the argument check)."""
+    import torch
+
+    found = {"python": platform.python_version(), "torch": torch.__version__}
+    for name in ("transformers", "diffusers", "peft"):
+        try:
+            found[name] = __import__(name).__version__
+        except ImportError:
+            found[name] = None
+    found["device"] = torch.cuda.get_device_name() if device == "cuda" else f"cpu ({os.cpu_count()} cores)"
+    return found
+
+
+def run_chunk(chunk: Chunk, out: Path, preset: str, device: str, limit_s: int) -> dict:
+    """Run one chunk under ``limit_s`` seconds; its record (also appended to ``out/lease.jsonl``)."""
+    argv = command(chunk, out, preset, device)
+    (out / chunk.name).mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    try:
+        rc = subprocess.run(argv, cwd=ROOT, env=env, timeout=limit_s).returncode
+    except subprocess.TimeoutExpired:
+        rc = 124  # its rows so far are on disk
+    record = {"chunk": chunk.name, "command": " ".join(argv[1:]), "rc": rc,
+              "seconds": round(time.perf_counter() - started, 1), "limit_s": limit_s,
+              "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "preset": preset,
+              **versions(device)}
+    with open(out / "lease.jsonl", "a") as log:  # one line per chunk run, appended: earlier chunks' lines stay
+        log.write(json.dumps(record) + "\n")
+    return record
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--chunk", help=f"a chunk ({', '.join(BY_NAME)}) or 'all'")
+    parser.add_argument("--list", action="store_true", help="print the chunks, their budgets and commands")
+    parser.add_argument("--out", default="benchmarks/h100", help="folder for the chunks' rows and lease.jsonl")
+    parser.add_argument("--preset", choices=["full", "tiny"], default="full", help="model sizes")
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="where the measurements run")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    if args.list:
+        for chunk in CHUNKS:
+            line = " ".join(command(chunk, out, args.preset, args.device)[1:])
+            print(f"{chunk.name:14s} {chunk.budget_s:4d} s  {line}")
+        print(f"total {sum(c.budget_s for c in CHUNKS)} s of a {LEASE_S} s lease")
+        return []
+    if args.chunk != "all" and args.chunk not in BY_NAME:
+        print(f"error: --chunk must be one of {list(BY_NAME)} or all (got {args.chunk!r})", file=sys.stderr)
+        raise SystemExit(2)
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            print("error: --device cuda but no CUDA device is visible; use --preset tiny --device cpu",
+                  file=sys.stderr)
+            raise SystemExit(2)
+    chunks = CHUNKS if args.chunk == "all" else (BY_NAME[args.chunk],)
+    records = []
+    for chunk in chunks:
+        print(f"[gpu_lease] {chunk.name} (limit {chunk.budget_s} s) ...", file=sys.stderr, flush=True)
+        limit = chunk.budget_s if args.preset == "full" else CHUNK_LIMIT_S
+        records.append(run_chunk(chunk, out, args.preset, args.device, limit))
+        print(f"[gpu_lease] {chunk.name}: rc {records[-1]['rc']} in {records[-1]['seconds']} s", file=sys.stderr)
+    return records
+
+
+if __name__ == "__main__":
+    main()
