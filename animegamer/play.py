@@ -36,11 +36,11 @@ from typing import TextIO
 
 from animegamer.cli import fail, no_bars_in_logs, parse_config
 from animegamer.config import InferenceConfig
+from animegamer.data.vocabulary import Vocabulary, load_vocabulary
 from animegamer.inference.contact_sheet import state_bar
 from animegamer.inference.game import SAVE_NAME, GameSession, one_line, shielded, sweep_stale
 from animegamer.inference.session import build_session, check_play_settings
 from animegamer.inference.turn import Turn
-from animegamer.inference.vocabulary import Vocabulary, load_vocabulary
 
 GAME_COMMAND = "python -m animegamer.play"  # what a game's directory lock names as its holder
 

@@ -68,9 +68,10 @@ from animegamer.bench.report import markdown
 from animegamer.bench.timing import device_name, matmul_peak_flops
 from animegamer.bench.training import StepSettings, bench_stage_a, bench_stage_b
 from animegamer.bench.turn import TurnSettings, bench_turn
-from animegamer.cli import load_script, parse_config
+from animegamer.cli import parse_config
 from animegamer.config import BenchmarkConfig, ConfigError, StageAConfig, StageBConfig, load_config
 from animegamer.io import atomic_write_json, atomic_write_text
+from animegamer.recipes.stage_a import EncoderDecoder, compute_loss
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESET_CONFIGS = {"full": ROOT / "configs" / "benchmark.yaml", "tiny": ROOT / "configs" / "tiny" / "benchmark.yaml"}
@@ -350,15 +351,14 @@ def main(argv: list[str] | None = None) -> dict:
                             cfg.compile, seed=cfg.seed,
                         )
                 elif part == "stage_a":
-                    script = load_script(Path(__file__).with_name("train_stage_a.py"))
                     run_cfg = load_config(cfg.stage_a, schema=StageAConfig)
                     encoder = build_encoder(arch, run_cfg.encoder, device, seed=cfg.seed)
                     decoder = build_decoder(arch, run_cfg.decoder, device, with_vae=False, seed=cfg.seed)
                     decoder.copy_text_projection_to(encoder.text_proj)
-                    model = script.EncoderDecoder(encoder, decoder)
+                    model = EncoderDecoder(encoder, decoder)
                     counts.add("encoder", encoder)
                     steps = StepSettings(cfg.train_warmup, cfg.train_repeats, cfg.compile)
-                    stage = bench_stage_a(model, run_cfg, script.compute_loss, arch, device, peak, steps)
+                    stage = bench_stage_a(model, run_cfg, compute_loss, arch, device, peak, steps)
                     stage["settings"]["config"] = cfg.stage_a
                     result["training"]["stage_a"] = stage
                     del encoder, decoder, model

@@ -29,13 +29,14 @@ import sys
 import time
 from pathlib import Path
 
-from animegamer.cli import load_script, parse_config
+from animegamer.cli import parse_config
 from animegamer.config import AblationsConfig, AblationStep, ConfigError, EvalConfig, load_config
 from animegamer.eval.games import load_games
 from animegamer.eval.harness import RESULTS_FILE, evaluate, read_results
 from animegamer.eval.intervals import difference_rows, interval_rows, turn_splits, write_interval_table
 from animegamer.eval.metrics import MetricSummary, summarize
 from animegamer.eval.report import markdown_table, write_table
+from animegamer.recipes import train_stage
 
 SCRIPTS = Path(__file__).resolve().parent
 STAGES = ("stage_a", "stage_b", "stage_c")
@@ -53,7 +54,7 @@ def run_step(step: AblationStep, common: list[str], launcher: str) -> None:
     if launcher:
         subprocess.run([*shlex.split(launcher), str(script), *argv], check=True)
         return
-    load_script(script).main(argv)
+    train_stage(step.script, argv)
 
 
 def row_entries(label: str, summaries: list[MetricSummary]) -> list[tuple[str, MetricSummary]]:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from animegamer.config import load_config
-from animegamer.inference.vocabulary import load_vocabulary
+from animegamer.data.vocabulary import load_vocabulary
 from tests.helpers.stage_scripts import free_port
 
 ROOT = Path(__file__).resolve().parents[1]

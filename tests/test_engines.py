@@ -26,10 +26,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from animegamer.cli import load_script
 from animegamer.models.decoder import AnimationShotDecoder
 from animegamer.models.shot_encoder import ActionAwareEncoder
 from animegamer.models.weights import load_state_dict_file
+from animegamer.recipes import stage_a, train_stage
 from tests.helpers.stage_runs import (
     STAGE_A_CONFIG,
     STAGE_B_CONFIG,
@@ -135,9 +135,8 @@ def test_engines_write_the_same_weights_and_zero2_resumes_exactly(stage, engines
     (killed / "checkpoints" / "latest").write_text("step_0000001\n")
     capsys.readouterr()
     with pytest.raises(SystemExit) as refused:  # this process: one process, no DeepSpeed
-        load_script(f"scripts/{SCRIPTS[stage]}.py").main(
-            [*stage_argv(stage, fixtures, tmp_path, killed), *STEPS, "train.allow_recipe_change=true",
-             "train.resume=latest"])
+        train_stage(f"stage_{stage}", [*stage_argv(stage, fixtures, tmp_path, killed), *STEPS,
+                                       "train.allow_recipe_change=true", "train.resume=latest"])
     err = capsys.readouterr().err.strip().splitlines()
     assert refused.value.code == 2 and err[-1].startswith("error: ") and "Traceback" not in "\n".join(err)
     assert "saved by 2 process(es) under DeepSpeed ZeRO-2; this run has 1 process(es)" in err[-1], err
@@ -156,7 +155,7 @@ def test_a_launch_accelerate_cannot_see_stops_before_writing(stage, tmp_path, mo
     monkeypatch.setenv("WORLD_SIZE", "2")
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:
-        load_script(f"scripts/{SCRIPTS[stage]}.py").main(["--config", str(config), f"output_dir={out}"])
+        train_stage(f"stage_{stage}", ["--config", str(config), f"output_dir={out}"])
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == 2 and err.startswith("error: the launcher started 2 processes") and "\n" not in err
     assert not out.exists()
@@ -209,7 +208,7 @@ def test_stage_a_trains_under_accelerates_fsdp2_on_one_gpu(stage_a_data, tmp_pat
     assert result.returncode == 0, result.stderr[-4000:]
     assert json.loads((out / "run_info.json").read_text())["distributed_type"] == "DistributedType.FSDP"
     step_1, step_2 = (trained_weights(out / "checkpoints" / f"step_000000{s}") for s in (1, 2))
-    plain = load_script("scripts/train_stage_a.py")
+    plain = stage_a
     reference = plain.EncoderDecoder(
         ActionAwareEncoder.from_config(stage_a_data["cfg"].encoder),
         AnimationShotDecoder.from_config(stage_a_data["cfg"].decoder, with_vae=False),

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from animegamer.config import load_config
+from animegamer.data.vocabulary import load_vocabulary
 from animegamer.inference.game import GameSession
 from animegamer.inference.session import build_session
-from animegamer.inference.vocabulary import load_vocabulary
 from animegamer.play import new_game_dir, run
 
 ROOT = Path(__file__).resolve().parents[1]

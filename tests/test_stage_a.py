@@ -27,6 +27,7 @@ from animegamer.models.decoder import AnimationShotDecoder
 from animegamer.models.shot_encoder import ActionAwareEncoder
 from animegamer.models.trained import load_decoder, load_encoder
 from animegamer.models.weights import load_state_dict_file
+from animegamer.recipes import stage_a as train_stage_a
 from animegamer.training.checkpoint import list_checkpoints
 from tests.helpers.clips import make_clip_frames
 from tests.helpers.stage_runs import STAGE_A_CONFIG
@@ -37,7 +38,6 @@ pytestmark = pytest.mark.slow  # an end-to-end run: `make test-fast` leaves it o
 ROOT = Path(__file__).resolve().parents[1]
 
 
-train_stage_a = load_script("scripts/train_stage_a")
 encode_shots = load_script("scripts/encode_shots")
 
 

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from animegamer.cli import load_script
 from animegamer.config import load_config
 from animegamer.data.manifest import read_manifest
 from animegamer.data.sequences import build_windows, runs, split_films, split_in_time, windows_of_run
@@ -16,6 +15,7 @@ from animegamer.data.stage_b import StageBCollator, StageBDataset, filter_window
 from animegamer.data.tensor_store import TensorStore
 from animegamer.models.mllm import load_tokenizer
 from animegamer.models.weights import load_state_dict_file
+from animegamer.recipes import stage_b
 from animegamer.tokens import PAPER, TurnLayout
 from animegamer.training.batches import ResumableBatchSampler
 from tests.helpers.stage_b_data import clip_id, write_stage_b_data
@@ -169,7 +169,7 @@ def test_collator_padding_and_packing(tmp_path, layout):
 def test_history_noise_perturbs_the_history_shots_only(tmp_path, layout):
     """history_noise > 0: the MLLM reads history shots + noise of that fraction of their std (a game's history is
     its own predicted shots); targets and tokens stay as they were, 0 draws nothing."""
-    script = load_script("scripts/train_stage_b.py")
+    script = stage_b
     manifest_path, store_path = write_stage_b_data(tmp_path, films=1, clips_per_film=4, num_slots=SLOTS,
                                                    shot_dim=SHOT_DIM)
     manifest = read_manifest(manifest_path)
@@ -215,7 +215,7 @@ def trained_tensors(step_dir: Path) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("history_noise", [0.0, 0.3])
 def test_train_stage_b_resumes_exactly(tmp_path, tiny_mistral_dir, capsys, history_noise):
-    script = load_script("scripts/train_stage_b.py")
+    script = stage_b
     config = str(ROOT / "configs" / "tiny" / "stage_b.yaml")
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
 
@@ -249,7 +249,7 @@ def test_train_stage_b_resumes_exactly(tmp_path, tiny_mistral_dir, capsys, histo
     assert json.loads((final / "trainer_state.json").read_text())["step"] == 6
     # the games' vocabulary: the words of the clips the run trained on, beside the weights
     from animegamer.data.manifest import read_manifest
-    from animegamer.inference.vocabulary import load_vocabulary
+    from animegamer.data.vocabulary import load_vocabulary
 
     vocabulary = load_vocabulary(final)
     trained = [r.shot_tags() for r in read_manifest(tmp_path / "data" / "clips.jsonl").records if r.shot_tags()]
@@ -288,7 +288,7 @@ def test_train_stage_b_two_processes(tmp_path, tiny_mistral_dir, capsys):
     assert len(metrics(out)["loss"]) == 3
     assert result.stdout.count("done: 3 steps") == 1  # printed by the main process only
     # resumed on one process: other batches, not an exact resume; refused in one line unless allowed
-    script = load_script("scripts/train_stage_b.py")
+    script = stage_b
     resumed = ["--config", str(ROOT / "configs" / "tiny" / "stage_b.yaml"), *overrides, "train.max_steps=4",
                "train.resume=latest"]
     capsys.readouterr()
@@ -333,7 +333,7 @@ def test_a_bad_manifest_line_is_one_error_naming_file_and_line(tmp_path, tiny_mi
         row["tags"] = row["tags"].replace(row["tags"][row["tags"].index("<ST>") :], "<ST>7</ST>")
         line = json.dumps(row)
     manifest.write_text("\n".join([*lines[:2], line, *lines[3:]]) + "\n")
-    script = load_script("scripts/train_stage_b.py")
+    script = stage_b
     argv = ["--config", str(ROOT / "configs" / "tiny" / "stage_b.yaml"), *overrides]
     err = _fails_with_one_line(script, argv, capsys)
     assert f"{manifest}:3: " in err and needle in err
@@ -349,7 +349,7 @@ def test_a_missing_resume_checkpoint_leaves_a_finished_run_alone(tmp_path, tiny_
         (out / name).write_text(text)
     argv = ["--config", str(ROOT / "configs" / "tiny" / "stage_b.yaml"),
             *stage_b_overrides(tmp_path, tiny_mistral_dir, out), "--resume", str(tmp_path / "nonexistent")]
-    err = _fails_with_one_line(load_script("scripts/train_stage_b.py"), argv, capsys)
+    err = _fails_with_one_line(stage_b, argv, capsys)
     assert "checkpoint not found" in err and str(tmp_path / "nonexistent") in err
     assert {name: (out / name).read_text() for name in finished} == finished
 
@@ -357,4 +357,4 @@ def test_a_missing_resume_checkpoint_leaves_a_finished_run_alone(tmp_path, tiny_
 def test_the_removed_encoder_checkpoint_key_is_an_unknown_key(tmp_path, tiny_mistral_dir, capsys):
     argv = ["--config", str(ROOT / "configs" / "tiny" / "stage_b.yaml"),
             *stage_b_overrides(tmp_path, tiny_mistral_dir, tmp_path / "run"), "encoder_checkpoint=/nonexistent"]
-    assert "encoder_checkpoint" in _fails_with_one_line(load_script("scripts/train_stage_b.py"), argv, capsys)
+    assert "encoder_checkpoint" in _fails_with_one_line(stage_b, argv, capsys)

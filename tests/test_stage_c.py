@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from animegamer.cli import load_script
 from animegamer.config import load_config
 from animegamer.data.manifest import read_manifest
 from animegamer.data.stage_b import clip_turn
@@ -22,6 +21,7 @@ from animegamer.data.tensor_store import TensorStore
 from animegamer.models.mllm_turn import HistoryTurn, predict_turn
 from animegamer.models.trained import load_decoder
 from animegamer.models.weights import load_state_dict_file
+from animegamer.recipes import stage_c as train_stage_c
 from animegamer.training.checkpoint import list_checkpoints
 from tests.helpers.stage_b_data import clip_id
 from tests.helpers.stage_runs import DECODER_SLOTS as SLOTS
@@ -39,7 +39,6 @@ from tests.helpers.stage_scripts import (
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 
-train_stage_c = load_script("scripts/train_stage_c")
 
 
 def _digest(directory: Path) -> dict[str, str]:

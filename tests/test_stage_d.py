@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from animegamer.cli import load_script
 from animegamer.config import SamplingConfig, load_config
 from animegamer.models.trained import load_decoder
 from animegamer.models.weights import load_state_dict_file
+from animegamer.recipes import stage_d as train_stage_d
 from animegamer.sampling.fewstep import SAMPLER_FILE, FewStepSampler, alpha_schedule, ddim_step, fewstep_sample
 from animegamer.sampling.schedule import guidance_scales
 from animegamer.training.checkpoint import list_checkpoints
@@ -36,7 +36,6 @@ from tests.helpers.stage_scripts import (
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 
-train_stage_d = load_script("scripts/train_stage_d")
 
 
 def _argv(run, out: Path, *extra: str) -> list[str]:

@@ -6,7 +6,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from animegamer.cli import load_script
 from animegamer.config import load_config
 from animegamer.data.features import META_FILE, fit_frames
 from animegamer.data.manifest import ClipRecord, write_manifest
@@ -15,6 +14,7 @@ from animegamer.data.video import read_video, write_mp4
 from animegamer.models.causal_decoder import CausalLatentDecoder
 from animegamer.models.vae import load_vae, vae_encode
 from animegamer.models.weights import load_state_dict_file
+from animegamer.recipes import stage_e as train_stage_e
 from animegamer.training.checkpoint import list_checkpoints
 from tests.helpers.clips import make_clip_frames
 from tests.helpers.stage_scripts import (
@@ -29,7 +29,6 @@ TINY_CONFIG = ROOT / "configs" / "tiny" / "stage_e.yaml"
 TAGS = "<S>Qiqi</S><MD>walk</MD><EV>park</EV><ML>2</ML><MA>slowly</MA><SC>0</SC><ET>1</ET><ST>-1</ST>"
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-train_stage_e = load_script("scripts/train_stage_e.py")
 
 
 @pytest.fixture(scope="module")

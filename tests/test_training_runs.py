@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from animegamer.cli import load_script
 from animegamer.io import LOCK_NAME, current_umask, directory_lock
+from animegamer.recipes import stage_b
 from animegamer.training.checkpoint import CheckpointError, check_resume, list_checkpoints, resolve_checkpoint
 from animegamer.training.program import remove_stale_temp_files
 from tests.helpers.processes import (
@@ -127,7 +127,7 @@ def test_a_killed_runs_lock_is_taken_over_and_its_temp_files_removed(tmp_path):
 def test_a_run_lets_its_directory_go_however_it_ends(tmp_path, tiny_mistral_dir, capsys):
     """In a process that goes on (a test, a chain of stages): after a run refused for a bad resume, a bad recipe
     or a bad manifest, and after a finished one, the directory is free for the next holder."""
-    script = load_script("scripts/train_stage_b.py")
+    script = stage_b
     out = tmp_path / "run"
     out.mkdir()
     argv = ["--config", str(STAGE_B_CONFIG), *stage_b_overrides(tmp_path, tiny_mistral_dir, out)]

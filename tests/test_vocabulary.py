@@ -5,7 +5,7 @@ import json
 import pytest
 
 from animegamer.config import load_config
-from animegamer.inference.vocabulary import Vocabulary, load_vocabulary, save_vocabulary
+from animegamer.data.vocabulary import Vocabulary, load_vocabulary, save_vocabulary
 from animegamer.spriteworld.films import training_tags
 from animegamer.states import parse_tags
 

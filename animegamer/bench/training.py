@@ -94,7 +94,7 @@ def stage_a_batch(arch: Architecture, cfg: StageAConfig, device, seed: int = 0) 
 
 def bench_stage_a(model, cfg: StageAConfig, compute_loss: Callable, arch: Architecture, device, peak_flops: float,
                   settings: StepSettings) -> dict:
-    """Clips/s and MFU of a stage (a) step (``model``: the script's EncoderDecoder; ``compute_loss`` its loss).
+    """Clips/s and MFU of a stage (a) step (``model``: the recipe's EncoderDecoder; ``compute_loss`` its loss).
 
     Joint phase (encoder, LoRA and motion embedding all stepped); the warm-up phase differs only in a zero lr.
     """

@@ -6,7 +6,7 @@ Built by :func:`build_app` around one shared :class:`AnimeGamer`; every browser 
 (a :class:`GameSession` in ``gr.State``, in its own directory). Input is validated before any model runs; a failed
 turn or a bad save shows the error in the status line and leaves the game as it was. The choices, the example
 instruction and the warnings about words the model never saw come from the checkpoint's vocabulary
-(:mod:`animegamer.inference.vocabulary`).
+(:mod:`animegamer.data.vocabulary`).
 
 A turn streams: :meth:`WebGame.play` is a generator whose views Gradio sends to the page as they come. The turn runs
 in a worker thread; when the VAE has decoded the clip's first latent-frame batch (:mod:`animegamer.sampling.streaming`:
@@ -33,9 +33,9 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+from animegamer.data.vocabulary import Vocabulary
 from animegamer.inference.game import SAVE_NAME, GameBusy, GameSession, clean_stale_temp, one_line, sweep_stale
 from animegamer.inference.turn import AnimeGamer, Progress, clip_stem
-from animegamer.inference.vocabulary import Vocabulary
 from animegamer.inference.web_view import (
     APP_CSS,  # noqa: F401  (app.py and the tests take it from here, with build_app)
     CLIP_HEIGHT,

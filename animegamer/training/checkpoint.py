@@ -340,9 +340,10 @@ def check_resume(
 
 
 def load_checkpoint(
-    accelerator, path: str | Path, load_weights: Callable[[Path], None], allow_rng_reset: bool = False
+    accelerator, path: str | Path, load_weights: Callable[[Path], None] | None = None, allow_rng_reset: bool = False
 ) -> dict:
-    """Restore weights, optimizer, scheduler and every process's RNG; returns the trainer state.
+    """Restore optimizer, scheduler, every process's RNG and, with ``load_weights``, the weights; returns the trainer
+    state.
 
     A file that fails to load raises :class:`CheckpointError` naming the checkpoint; this process's RNG state must
     be restored (checked against the saved one) unless ``allow_rng_reset``."""
@@ -353,7 +354,8 @@ def load_checkpoint(
     if problem and not allow_rng_reset:
         raise _rng_error(problem)
     try:
-        load_weights(path)
+        if load_weights is not None:
+            load_weights(path)
         accelerator.load_state(str(path), **_engine_kwargs(accelerator, saving=False))
     except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, KeyError) as exc:
         raise CheckpointError(f"{path}: could not be loaded ({_first_line(exc)})") from None

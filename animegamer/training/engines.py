@@ -2,7 +2,7 @@
 FSDP2: check the launch, tell DeepSpeed our batch settings, seed each process, step the optimizer, gather the trained
 parameters for a save.
 
-Each stage's loop stays in its script; these are the pure pieces it calls:
+The pure pieces the one training loop (training/loop.py) calls:
 
     check_world_size(accelerator)               before anything is read or written (build_accelerator calls it)
     configure_deepspeed(accelerator, train)     before ``accelerator.prepare``
@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterable
-from pathlib import Path
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -25,7 +24,6 @@ from torch import nn
 
 from animegamer.cli import fail
 from animegamer.config import TrainConfig
-from animegamer.training.checkpoint import ResumePoint
 
 
 def check_world_size(accelerator) -> None:
@@ -138,16 +136,3 @@ def gather_trained_state(core: nn.Module, keep: bool) -> dict[str, torch.Tensor]
 def sub_state(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
     """The entries of ``state`` under ``prefix`` (``"decoder."``), with the prefix removed."""
     return {name[len(prefix):]: value for name, value in state.items() if name.startswith(prefix)}
-
-
-def load_resume_weights(resume: ResumePoint | None, load: Callable[[Path], None]) -> None:
-    """``load(checkpoint_dir)`` the resume point's trained weights into the bare model, before
-    ``accelerator.prepare``: ZeRO-3 and FSDP2 then shard the restored values like any others (the engine restores
-    its own optimizer state afterwards). A checkpoint that does not load ends the run with one ``error:`` line
-    naming it (exit 2). Nothing to do without a resume point."""
-    if resume is None:
-        return
-    try:
-        load(resume.path)
-    except (FileNotFoundError, ValueError, RuntimeError) as exc:
-        fail(f"{resume.path}: could not be loaded ({(str(exc).strip().splitlines() or [type(exc).__name__])[0]})")

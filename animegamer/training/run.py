@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +16,10 @@ from accelerate import Accelerator, PartialState
 from accelerate.tracking import GeneralTracker
 from accelerate.utils import ProjectConfiguration, parse_flag_from_env
 
-from animegamer.cli import fail, parse_config
+from animegamer.cli import parse_config
 from animegamer.config import TrainConfig, to_yaml
 from animegamer.io import atomic_path, atomic_write_json, atomic_write_text
-from animegamer.training.checkpoint import ResumePoint, load_checkpoint
+from animegamer.training.checkpoint import ResumePoint
 from animegamer.training.engines import check_world_size, engine_info
 from animegamer.training.program import own_output_dir, release_output_dir
 
@@ -144,22 +143,6 @@ def build_accelerator(output_dir: str, train: TrainConfig):
     check_world_size(accelerator)  # before the lock: processes that each think they run alone would refuse each other
     own_output_dir(output_dir, accelerator.state, create=False)
     return accelerator
-
-
-def restore(
-    accelerator, resume: ResumePoint | None, load_weights: Callable[[Path], None], allow_rng_reset: bool
-) -> int:
-    """The optimizer step a run starts from: 0, or ``resume``'s step once its weights (``load_weights(dir)``),
-    optimizer, scheduler and every process's RNG are restored. A checkpoint that fails to load ends the run with
-    one ``error:`` line naming the file (exit 2)."""
-    if resume is None:
-        return 0
-    try:
-        step = load_checkpoint(accelerator, resume.path, load_weights, allow_rng_reset)["step"]
-    except (FileNotFoundError, ValueError) as exc:  # CheckpointError and DamagedFileError are ValueErrors
-        fail(str(exc))
-    accelerator.print(f"resumed from {resume.path} at step {step}")
-    return step
 
 
 def start_run(accelerator, cfg: Any, project: str, resume: ResumePoint | None = None) -> Path:

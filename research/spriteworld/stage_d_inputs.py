@@ -25,7 +25,6 @@ from pathlib import Path
 
 import torch
 
-from animegamer.cli import load_script
 from animegamer.config import T5Config, load_config
 from animegamer.data.features import write_shot_targets
 from animegamer.data.manifest import read_manifest
@@ -33,6 +32,7 @@ from animegamer.io import atomic_write_text
 from animegamer.models.t5_text import T5TextFeatures
 from animegamer.models.trained import load_encoder
 from animegamer.models.vae import load_vae
+from animegamer.recipes import stage_c as stage_c_recipe
 from animegamer.spriteworld.pretrain_transformer import fill_features
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> Path:
 
     stage_c = load_config(configs / "stage_c.yaml")
     predictions = Path(stage_c.output_dir) / "predictions"
-    load_script(ROOT / "scripts" / "train_stage_c.py").main([
+    stage_c_recipe.main([
         "--config", str(configs / "stage_c.yaml"), f"stage_a_checkpoint={ship / 'stage_a'}",
         f"stage_b_checkpoint={ship / 'stage_b'}", "train.max_steps=1", "train.checkpoint_every=1",
         f"output_dir={run / 'stage_c_predictions'}", f"predictions_cache={predictions}"])

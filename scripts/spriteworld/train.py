@@ -59,6 +59,7 @@ from animegamer.config import ConfigError, SpriteWorldRunConfig, load_config, to
 from animegamer.data.manifest import ManifestError
 from animegamer.io import atomic_write_json, atomic_write_text, resolve_checkpoint
 from animegamer.models.trained import SMALL_DECODER_DIR
+from animegamer.recipes import train_stage
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = ("data", "pretrain", "pretrain_llm", "stage_a", "stage_b", "stage_c", "stage_d", "stage_d2", "stage_d1",
@@ -162,11 +163,11 @@ def step_pretrain_llm(configs: dict[str, Path]) -> dict:
 
 
 def step_stage(name: str, configs: dict[str, Path]) -> dict:
-    """A fresh run of ``scripts/train_<stage>.py`` with the step's YAML (an earlier run's directory is replaced)."""
+    """A fresh run of the stage's recipe (animegamer/recipes/, what ``scripts/train_<stage>.py`` runs) with the
+    step's YAML (an earlier run's directory is replaced)."""
     out = Path(load_config(configs[name]).output_dir)
     shutil.rmtree(out, ignore_errors=True)
-    script = STAGE_SCRIPTS.get(name, name)
-    load_script(ROOT / "scripts" / f"train_{script}.py").main(["--config", str(configs[name])])
+    train_stage(STAGE_SCRIPTS.get(name, name), ["--config", str(configs[name])])
     return losses_of(out / "metrics.csv", ("loss", "ce", "mse", "state_acc"))
 
 

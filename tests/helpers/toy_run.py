@@ -21,7 +21,7 @@ from animegamer.training.batches import ResumableBatchSampler
 from animegamer.training.checkpoint import load_checkpoint, save_checkpoint, skip_model_weights_in_state
 from animegamer.training.optim import build_optimizer, build_scheduler
 from animegamer.training.program import releases_output_dir
-from animegamer.training.recipe import resume_point
+from animegamer.training.resume import resume_point
 from animegamer.training.run import build_accelerator, end_run, start_run
 
 # a file written the way safetensors (and peft through it) writes: mode 0600, and a SafetensorError on a full disk

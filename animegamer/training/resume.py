@@ -1,7 +1,11 @@
-"""What a resume may change: the recipe of a run (what each step computes) is compared with the one the checkpoint's
-run recorded, and a change is refused in one line naming the keys unless ``train.allow_recipe_change=true``.
+"""Resuming a run, in the three calls the training loop (training/loop.py) makes:
 
-    resume = resume_point(cfg, accelerator)     the one call a stage makes, before any model is built
+    resume = resume_point(cfg, accelerator)             before any model is built: the checkpoint checked
+    load_resume_weights(resume, recipe.load_weights)    into the bare model, before ``accelerator.prepare``
+    step = restore(accelerator, resume, allow_rng_reset)   optimizer, schedule, every process's RNG
+
+What a resume may change: the recipe of a run (what each step computes) is compared with the one the checkpoint's
+run recorded, and a change is refused in one line naming the keys unless ``train.allow_recipe_change=true``.
 
 The recorded recipe is the run's ``config.yaml`` and ``run_info.json`` beside its ``checkpoints`` folder (written
 by :func:`animegamer.training.run.start_run`). Every config key is part of the recipe (a knob added later is too)
@@ -18,13 +22,15 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from animegamer.cli import fail
 from animegamer.io import read_text_bounded
-from animegamer.training.checkpoint import CheckpointError, ResumePoint, check_resume
+from animegamer.training.checkpoint import CheckpointError, ResumePoint, check_resume, load_checkpoint
 from animegamer.training.engines import engine_info
 from animegamer.training.run import flatten, plain_config
 
@@ -78,6 +84,33 @@ def resume_point(cfg: Any, accelerator) -> ResumePoint | None:
         )
     point.recipe_changes = changes
     return point
+
+
+def load_resume_weights(resume: ResumePoint | None, load: Callable[[Path], None]) -> None:
+    """``load(checkpoint_dir)`` the resume point's trained weights into the bare model, before
+    ``accelerator.prepare``: ZeRO-3 and FSDP2 then shard the restored values like any others (the engine restores
+    its own optimizer state afterwards, :func:`restore`). A checkpoint that does not load ends the run with one
+    ``error:`` line naming it (exit 2). Nothing to do without a resume point."""
+    if resume is None:
+        return
+    try:
+        load(resume.path)
+    except (FileNotFoundError, ValueError, RuntimeError) as exc:
+        fail(f"{resume.path}: could not be loaded ({(str(exc).strip().splitlines() or [type(exc).__name__])[0]})")
+
+
+def restore(accelerator, resume: ResumePoint | None, allow_rng_reset: bool) -> int:
+    """The optimizer step a run starts from: 0, or ``resume``'s step once its optimizer, scheduler and every
+    process's RNG are restored (the weights: :func:`load_resume_weights`, before ``prepare``). A checkpoint that
+    fails to load ends the run with one ``error:`` line naming the file (exit 2)."""
+    if resume is None:
+        return 0
+    try:
+        step = load_checkpoint(accelerator, resume.path, allow_rng_reset=allow_rng_reset)["step"]
+    except (FileNotFoundError, ValueError) as exc:  # CheckpointError and DamagedFileError are ValueErrors
+        fail(str(exc))
+    accelerator.print(f"resumed from {resume.path} at step {step}")
+    return step
 
 
 def config_changes(recorded: dict, current: dict) -> dict[str, dict]:
