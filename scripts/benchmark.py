@@ -364,8 +364,7 @@ def main(argv: list[str] | None = None) -> dict:
                     del encoder, decoder, model
                 else:
                     run_cfg = load_config(cfg.stage_b, schema=StageBConfig)
-                    model = build_mllm(arch, run_cfg.mllm, device, tokenizer_dir, seed=cfg.seed,
-                                       mse_weight=run_cfg.mse_weight, cosine_weight=run_cfg.cosine_weight)
+                    model = build_mllm(arch, run_cfg.mllm, device, tokenizer_dir, seed=cfg.seed)
                     counts.add("mllm_training", model)
                     steps = StepSettings(cfg.train_warmup, cfg.train_repeats, cfg.compile)
                     stage = bench_stage_b(model, run_cfg, device, peak, steps)

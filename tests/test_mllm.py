@@ -14,6 +14,7 @@ from animegamer.models.mllm_turn import HistoryTurn, predict_turn
 from animegamer.models.resampler import ShotResampler
 from animegamer.states import StateValues
 from animegamer.tokens import IGNORE_INDEX, STATE_FIELDS, TurnSpec
+from animegamer.training.losses import stage_b_loss
 from tests.helpers.stage_b_data import write_stage_b_data
 
 SLOTS, SHOT_DIM = 8, 16
@@ -141,14 +142,14 @@ def test_value_logits_are_token_logits_at_value_ids(mllm_cfg):
 
 
 def test_loss_parts_and_overfit_until_states_exact(mllm_cfg, stage_b_items):
-    model = make_model(mllm_cfg, mse_weight=0.5, cosine_weight=0.5)
+    model = make_model(mllm_cfg)
     dataset = stage_b_items(model)
     items = [dataset[i] for i in (0, 3, 5)]  # 1, 3 and 2 turns
     batch = StageBCollator(pad_id=0, max_seq_len=512)(items)
     optimizer = torch.optim.AdamW(model.trainable_parameters(), lr=1e-2)
     history = []
     for _ in range(150):
-        out = model(batch)
+        out = stage_b_loss(model(batch), batch["target_shots"], mse_weight=0.5, cosine_weight=0.5)
         assert all(torch.isfinite(out[k]) for k in ("loss", "ce", "mse", "cos"))
         history.append({k: out[k].item() for k in ("loss", "ce", "mse", "cos", "state_acc")})
         if out["state_acc"].item() == 1.0 and out["ce"].item() < 0.05:
@@ -179,7 +180,8 @@ def test_packed_rows_give_the_same_loss_as_padded_rows(mllm_cfg, stage_b_items):
     packed = StageBCollator(pad_id=0, max_seq_len=512, pack=True)(items)
     assert packed["input_ids"].shape[0] < padded["input_ids"].shape[0] and "attention_mask" not in packed
     with torch.no_grad():
-        a, b = model(padded), model(packed)
+        a = stage_b_loss(model(padded), padded["target_shots"], 0.5, 0.5)
+        b = stage_b_loss(model(packed), packed["target_shots"], 0.5, 0.5)
     for k in ("loss", "ce", "mse", "cos"):
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
 
@@ -239,10 +241,10 @@ def test_save_and_reload_identical(tmp_path, mllm_cfg, stage_b_items):
     other = make_model(mllm_cfg, seed=1)
     batch = StageBCollator(pad_id=0, max_seq_len=512)([stage_b_items(model)[i] for i in (2, 3)])
     with torch.no_grad():
-        before = model(batch)
-        assert not torch.equal(other(batch)["loss"], before["loss"])
+        before = stage_b_loss(model(batch), batch["target_shots"], 0.5, 0.0)
+        assert not torch.equal(stage_b_loss(other(batch), batch["target_shots"], 0.5, 0.0)["loss"], before["loss"])
         other.load_trained(out)
-        after = other(batch)
+        after = stage_b_loss(other(batch), batch["target_shots"], 0.5, 0.0)
     for k in ("loss", "ce", "mse", "cos"):
         assert torch.equal(before[k], after[k]), k
     for (n, p), (m, q) in zip(model.state_dict().items(), other.state_dict().items(), strict=True):
@@ -272,14 +274,14 @@ def test_bf16_and_gradient_checkpointing(mllm_cfg, stage_b_items):
     batch = StageBCollator(pad_id=0, max_seq_len=512)([stage_b_items(plain)[i] for i in (1, 3)])
     for model in (plain, checkpointed):
         model.train()
-        model(batch)["loss"].backward()
+        stage_b_loss(model(batch), batch["target_shots"], 0.5, 0.0)["loss"].backward()
     for (n, p), (_, q) in zip(plain.named_parameters(), checkpointed.named_parameters(), strict=True):
         if p.requires_grad:
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=n)
     half = make_model(replace(mllm_cfg, dtype="bf16"), seed=0)
     assert half.llm.get_input_embeddings().weight.dtype == torch.bfloat16
     assert half.input_resampler.mlp[0].weight.dtype == torch.float32  # trained parts stay fp32
-    out = half(batch)
+    out = stage_b_loss(half(batch), batch["target_shots"], 0.5, 0.0)
     assert torch.isfinite(out["loss"]) and out["loss"].dtype == torch.float32
     out["loss"].backward()
     assert half.input_resampler.mlp[0].weight.grad is not None

@@ -223,7 +223,7 @@ def _stage_b(root: Path) -> list[torch.nn.Module]:
     from animegamer.models.mllm import AnimeGamerMLLM
 
     cfg = load_config(ROOT / "configs" / "stage_b.yaml", [f"mllm.pretrained={root / 'Mistral'}"])
-    return [AnimeGamerMLLM.from_config(cfg.mllm, mse_weight=cfg.mse_weight, cosine_weight=cfg.cosine_weight)]
+    return [AnimeGamerMLLM.from_config(cfg.mllm)]
 
 
 ROWS: dict[str, tuple[str, Callable[[Path], list[torch.nn.Module]]]] = {

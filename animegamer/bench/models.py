@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from animegamer.config import DecoderConfig, EncoderConfig, MLLMConfig, StageBConfig
+from animegamer.config import DecoderConfig, EncoderConfig, MLLMConfig
 from animegamer.models.causal_decoder import CausalLatentDecoder, vae_layout
 from animegamer.models.decoder import AnimationShotDecoder
 from animegamer.models.mllm import AnimeGamerMLLM, load_tokenizer
@@ -236,8 +236,6 @@ def build_mllm(
     device: torch.device | str,
     tokenizer_dir: str | Path,
     seed: int = 0,
-    mse_weight: float = StageBConfig.mse_weight,
-    cosine_weight: float = StageBConfig.cosine_weight,
 ):
     """:class:`AnimeGamerMLLM` around a random Mistral of ``arch``, built on ``device`` (base weights in
     ``cfg.dtype``, attention ``cfg.attn_implementation``); LoRA, slots and checkpointing follow ``cfg``."""
@@ -252,9 +250,7 @@ def build_mllm(
     with building_on(device, DTYPES[cfg.dtype]):
         llm = MistralForCausalLM(config).to(device)
     with building_on(device):
-        model = AnimeGamerMLLM.from_modules(
-            cfg, llm, tokenizer, base_vocab, shot_dim=arch.hidden, mse_weight=mse_weight, cosine_weight=cosine_weight
-        )
+        model = AnimeGamerMLLM.from_modules(cfg, llm, tokenizer, base_vocab, shot_dim=arch.hidden)
     randomize_trained([p for n, p in model.named_parameters() if "lora_" in n], seed)
     return model
 

@@ -28,6 +28,7 @@ from animegamer.config import StageAConfig, StageBConfig, TrainConfig
 from animegamer.data.stage_b import StageBCollator, move_batch
 from animegamer.states import StateValues
 from animegamer.tokens import TurnSpec
+from animegamer.training.losses import stage_b_loss
 from animegamer.training.optim import build_optimizer
 
 PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -176,7 +177,8 @@ def bench_stage_b(model, cfg: StageBConfig, device, peak_flops: float, settings:
     params = model.trainable_parameters()
     optimizer = build_optimizer(params, train)
     model.train()
-    step = make_step(lambda: model(batch)["loss"], optimizer, params, train, device)
+    step = make_step(lambda: stage_b_loss(model(batch), batch["target_shots"], cfg.mse_weight,
+                                          cfg.cosine_weight)["loss"], optimizer, params, train, device)
     plain = _timed(step, device, settings)
     if settings.compile:
         model.compile_blocks()

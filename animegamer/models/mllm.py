@@ -33,10 +33,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from animegamer.config import MLLMConfig, StageBConfig
+from animegamer.config import MLLMConfig
 from animegamer.io import atomic_write_json, read_json_bounded, resolve_checkpoint
 from animegamer.models.resampler import ShotResampler
 from animegamer.models.weights import load_state_dict_file, save_state_dict_file
@@ -125,8 +124,6 @@ class AnimeGamerMLLM(nn.Module):
         lora_dropout: float = 0.05,
         lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
         gradient_checkpointing: bool = False,
-        mse_weight: float = StageBConfig.mse_weight,
-        cosine_weight: float = StageBConfig.cosine_weight,
     ):
         """``llm``: a ``MistralForCausalLM`` without adapters; ``tokenizer`` from :func:`load_tokenizer`."""
         from peft import LoraConfig, get_peft_model
@@ -136,7 +133,6 @@ class AnimeGamerMLLM(nn.Module):
         self.vocabulary, self.num_slots, self.shot_dim = vocabulary, num_slots, shot_dim
         self.layout = TurnLayout(tokenizer, get_vocabulary(vocabulary), num_slots)
         self.base_vocab = base_vocab
-        self.mse_weight, self.cosine_weight = mse_weight, cosine_weight
         num_new = len(tokenizer) - base_vocab
         hidden = llm.config.hidden_size
         self.hidden_size = hidden
@@ -183,17 +179,18 @@ class AnimeGamerMLLM(nn.Module):
 
     @classmethod
     def from_config(
-        cls, cfg: MLLMConfig, device: str | torch.device | None = None, mse_weight: float = StageBConfig.mse_weight,
-        cosine_weight: float = StageBConfig.cosine_weight,
+        cls, cfg: MLLMConfig, device: str | torch.device | None = None, tokenizer: tuple[Any, int] | None = None,
     ) -> AnimeGamerMLLM:
-        """Load the base model and tokenizer from ``cfg.pretrained`` and add fresh (seeded by the caller) parts."""
+        """Load the base model and tokenizer from ``cfg.pretrained`` and add fresh (seeded by the caller) parts.
+        ``tokenizer``: :func:`load_tokenizer`'s (tokenizer, base vocabulary size) for ``cfg``, where the caller has
+        it already (stage (b) lays its data out with it before the model loads)."""
         from transformers import MistralForCausalLM
 
-        tokenizer, base_vocab = load_tokenizer(cfg.pretrained, cfg.vocabulary, cfg.num_slots)
+        tokenizer, base_vocab = tokenizer or load_tokenizer(cfg.pretrained, cfg.vocabulary, cfg.num_slots)
         llm = MistralForCausalLM.from_pretrained(
             cfg.pretrained, dtype=DTYPES[cfg.dtype], attn_implementation=cfg.attn_implementation
         )
-        model = cls.from_modules(cfg, llm, tokenizer, base_vocab, mse_weight=mse_weight, cosine_weight=cosine_weight)
+        model = cls.from_modules(cfg, llm, tokenizer, base_vocab)
         if device is not None:
             model.to(device)
         return model
@@ -201,7 +198,6 @@ class AnimeGamerMLLM(nn.Module):
     @classmethod
     def from_modules(
         cls, cfg: MLLMConfig, llm: nn.Module, tokenizer, base_vocab: int, shot_dim: int | None = None,
-        mse_weight: float = StageBConfig.mse_weight, cosine_weight: float = StageBConfig.cosine_weight,
     ) -> AnimeGamerMLLM:
         """Wrap an already-built causal LM + tokenizer with the settings of ``cfg`` (``shot_dim`` overrides
         ``cfg.shot_dim``; the benchmark builds random full-size models on the GPU this way)."""
@@ -219,8 +215,6 @@ class AnimeGamerMLLM(nn.Module):
             lora_dropout=cfg.lora_dropout,
             lora_targets=tuple(cfg.lora_targets),
             gradient_checkpointing=cfg.gradient_checkpointing,
-            mse_weight=mse_weight,
-            cosine_weight=cosine_weight,
         )
         model.kv_cache = cfg.kv_cache
         return model
@@ -343,10 +337,10 @@ class AnimeGamerMLLM(nn.Module):
     # ------------------------------------------------------------------ training
 
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Loss of a collated stage (b) batch (animegamer.data.stage_b): ``loss`` and its parts ``ce``/``mse``/``cos``.
-
-        ``state_acc`` is the fraction of current value tokens whose argmax over the whole vocabulary is right.
-        """
+        """What the model predicts for a collated stage (b) batch (animegamer.data.stage_b), teacher-forced:
+        ``value_logits`` (V, vocab) at the V current value tokens (the token before each predicts it),
+        ``value_labels`` (V,) their true tokens and ``shots`` (Q, N, shot_dim) the predicted s_a of the Q current
+        turns. The loss is the recipe's (animegamer.training.losses.stage_b_loss)."""
         input_ids = batch["input_ids"]
         rows, length = input_ids.shape
         embeds = self.embed(input_ids, batch["history_positions"], batch["history_shots"])
@@ -358,15 +352,8 @@ class AnimeGamerMLLM(nn.Module):
         labels = batch["labels"].reshape(-1)
         at = (labels != IGNORE_INDEX).nonzero().squeeze(-1)  # flat positions of the current value tokens
         logits = self.token_logits(flat[at - 1])  # (V, vocab): the token before a value token predicts it
-        ce = F.cross_entropy(logits, labels[at])
-
-        pred = self.predict_shots(flat[batch["query_positions"]])  # (Q, N, shot_dim)
-        target = batch["target_shots"].float()
-        mse = F.mse_loss(pred, target)
-        cos = 1.0 - F.cosine_similarity(pred, target, dim=-1).mean()
-        loss = ce + self.mse_weight * mse + self.cosine_weight * cos
-        state_acc = (logits.argmax(-1) == labels[at]).float().mean()
-        return {"loss": loss, "ce": ce.detach(), "mse": mse.detach(), "cos": cos.detach(), "state_acc": state_acc}
+        shots = self.predict_shots(flat[batch["query_positions"]])  # (Q, N, shot_dim)
+        return {"value_logits": logits, "value_labels": labels[at], "shots": shots}
 
     def trained_names(self) -> list[str]:
         """Names of the trained parameters (LoRA, new token rows, resamplers), as in ``state_dict()``."""

@@ -23,6 +23,7 @@ engines and multi-node launches.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from accelerate.utils import set_seed
@@ -37,12 +38,12 @@ from animegamer.io import atomic_write_text
 from animegamer.models.mllm import AnimeGamerMLLM, load_tokenizer
 from animegamer.tokens import TurnLayout, get_vocabulary
 from animegamer.training.loop import Recipe, train
+from animegamer.training.losses import stage_b_loss
 
-LOSS_PARTS = ("loss", "ce", "mse", "cos", "state_acc")
 
-
-def build_dataset(cfg: StageBConfig, accelerator) -> StageBDataset:
-    """Windows of the configured split whose shots all have cached targets, laid out with the MLLM's tokenizer."""
+def build_dataset(cfg: StageBConfig, accelerator, tokenizer: Any) -> StageBDataset:
+    """Windows of the configured split whose shots all have cached targets, laid out with the MLLM's tokenizer
+    (``tokenizer``: :func:`~animegamer.models.mllm.load_tokenizer`'s for ``cfg.mllm``)."""
     manifest = read_manifest(cfg.data.manifest)
     windows = windows_from_config(manifest, cfg.data)
     store = TensorStore(cfg.shot_targets)
@@ -51,7 +52,6 @@ def build_dataset(cfg: StageBConfig, accelerator) -> StageBDataset:
             f"no shot targets in {cfg.shot_targets}; cache the stage (a) encoder's s_a of every clip first"
         )
     kept, missing = filter_windows(windows, store)
-    tokenizer, _ = load_tokenizer(cfg.mllm.pretrained, cfg.mllm.vocabulary, cfg.mllm.num_slots)
     layout = TurnLayout(tokenizer, get_vocabulary(cfg.mllm.vocabulary), cfg.mllm.num_slots)
     dataset = StageBDataset(kept, manifest, store, layout, cfg.max_seq_len, cfg.mllm.shot_dim)
     if accelerator.is_main_process:
@@ -103,7 +103,8 @@ class StageB(Recipe):
         cfg = self.cfg
         set_seed(cfg.seed)  # the same initialisation on every process
         # the data before the model: bad input fails in seconds, not after loading 7B
-        self.dataset = build_dataset(cfg, self.accelerator)
+        self.tokenizer = load_tokenizer(cfg.mllm.pretrained, cfg.mllm.vocabulary, cfg.mllm.num_slots)
+        self.dataset = build_dataset(cfg, self.accelerator, self.tokenizer[0])
         self.summary = (f"{len(self.dataset)} windows; {self.accelerator.num_processes} process(es); batch "
                         f"{cfg.train.batch_size} x {cfg.train.grad_accum}")
         # The sampler, not accelerate, shards batches over ranks: batch b of a run is a pure function of (seed, b).
@@ -111,7 +112,7 @@ class StageB(Recipe):
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.collator = StageBCollator(pad_id=pad_id, max_seq_len=cfg.max_seq_len, pack=cfg.pack_sequences)
         self.vocabulary = world_words(self.dataset)
-        self.model = AnimeGamerMLLM.from_config(cfg.mllm, mse_weight=cfg.mse_weight, cosine_weight=cfg.cosine_weight)
+        self.model = AnimeGamerMLLM.from_config(cfg.mllm, tokenizer=self.tokenizer)  # the data's own tokenizer
 
     def compile(self) -> None:
         self.model.compile_blocks()
@@ -126,8 +127,8 @@ class StageB(Recipe):
         return batch["num_tokens"]
 
     def loss(self, model, core, batch, step, micro):
-        out = model(perturb_history(batch, self.cfg.history_noise))  # LoRA dropout, history noise differ per process
-        return {k: out[k] for k in LOSS_PARTS}
+        batch = perturb_history(batch, self.cfg.history_noise)  # LoRA dropout, history noise differ per process
+        return stage_b_loss(model(batch), batch["target_shots"], self.cfg.mse_weight, self.cfg.cosine_weight)
 
     def save_weights(self, core, state, checkpoint: Path) -> None:
         core.save_trained(checkpoint, state_dict=state)

@@ -1,4 +1,5 @@
-"""The decoder stages' diffusion loss: MSE on the scheduler's target, optionally weighted towards motion.
+"""The training losses: the decoder stages' diffusion loss (MSE on the scheduler's target, optionally weighted
+towards motion) and stage (b)'s loss of the MLLM's predictions.
 
 The paper trains stages (a) and (c) with a plain MSE. Where the moving content is a small share of the frame, that
 loss is spent on the static background, and a decoder fine-tuned with it can unlearn motion its pretraining had:
@@ -11,6 +12,7 @@ neighbouring latent frames that much extra weight; it needs no masks, only the c
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 def changing_cells(latents: torch.Tensor, threshold: float) -> torch.Tensor:
@@ -49,3 +51,19 @@ def diffusion_loss(
         raise ValueError(f"motion_loss_weight={motion_loss_weight} must be >= 0")
     weight = 1.0 + motion_loss_weight * changing_cells(latents.float(), motion_threshold)  # (B, F, 1, h, w)
     return (weight * error).mean() / weight.mean()
+
+
+def stage_b_loss(out: dict[str, torch.Tensor], target_shots: torch.Tensor, mse_weight: float,
+                 cosine_weight: float) -> dict[str, torch.Tensor]:
+    """Stage (b)'s loss of the MLLM's teacher-forced predictions (``AnimeGamerMLLM.forward``): ``loss`` = CE of the
+    state value tokens + ``mse_weight`` * MSE(s_a) + ``cosine_weight`` * (1 - cos(s_a)), cosine over each shot
+    token's features; its parts ``ce``/``mse``/``cos`` (detached) and ``state_acc``, the fraction of value tokens
+    whose argmax over the whole vocabulary is right. ``target_shots``: (Q, N, shot_dim), the encoder's s_a."""
+    logits, labels, pred = out["value_logits"], out["value_labels"], out["shots"]
+    ce = F.cross_entropy(logits, labels)
+    target = target_shots.float()
+    mse = F.mse_loss(pred, target)
+    cos = 1.0 - F.cosine_similarity(pred, target, dim=-1).mean()
+    loss = ce + mse_weight * mse + cosine_weight * cos
+    state_acc = (logits.argmax(-1) == labels).float().mean()
+    return {"loss": loss, "ce": ce.detach(), "mse": mse.detach(), "cos": cos.detach(), "state_acc": state_acc}
