@@ -19,9 +19,9 @@ import threading
 from animegamer.cli import fail, no_bars_in_logs, parse_config
 from animegamer.config import InferenceConfig
 from animegamer.data.vocabulary import load_vocabulary
-from animegamer.inference.game import shielded
-from animegamer.inference.session import check_play_settings
-from animegamer.inference.web import APP_CSS, MAX_UPLOAD_BYTES, build_app
+from animegamer.game.browser import APP_CSS, MAX_UPLOAD_BYTES, build_app
+from animegamer.game.build import check_play_settings
+from animegamer.game.session import shielded
 from animegamer.official.game import build_game
 
 

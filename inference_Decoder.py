@@ -5,7 +5,7 @@
     python inference_Decoder.py --config configs/inference.yaml              # full size, converted weights
 
 Reads ``output_dir`` (the MLLM results: game.json, turns.jsonl, turn_XXX/shot_embeds.safetensors,
-turn_XXX/state.json), renders each recorded turn with :meth:`animegamer.inference.turn.AnimeGamer.render_turn` (the
+turn_XXX/state.json), renders each recorded turn with :meth:`animegamer.game.turn.AnimeGamer.render_turn` (the
 render step of the game's one turn) and writes beside them::
 
     output_dir/turn_000.mp4, turn_000.gif      each turn's clip (decoder seed derived from the game seed and turn)
@@ -40,17 +40,17 @@ from tqdm.auto import tqdm
 from animegamer.cli import fail, hold_output_dir, no_bars_in_logs, parse_config
 from animegamer.config import InferenceConfig
 from animegamer.data.video import mp4_stream, write_mp4
-from animegamer.inference.contact_sheet import (
+from animegamer.game.build import check_checkpoints
+from animegamer.game.contact_sheet import (
     contact_sheet,
     readable_factor,
     sample_frame_indices,
     state_bar,
     upscale,
 )
-from animegamer.inference.mllm_runner import load_results
-from animegamer.inference.preflight import check_device, check_output_dir
-from animegamer.inference.session import check_checkpoints
-from animegamer.inference.turn import Turn, clip_stem
+from animegamer.game.preflight import check_device, check_output_dir
+from animegamer.game.results import load_results
+from animegamer.game.turn import Turn, clip_stem
 from animegamer.official.game import build_game, render_levels
 from animegamer.states import CharacterState, StateValues
 

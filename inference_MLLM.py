@@ -8,7 +8,7 @@ The game file holds one instruction per line (``Character: …; Motion: …; Bac
 and ``#`` comments skipped). Every instruction is checked before any model is loaded: an empty, over-long (more
 than ``mllm.max_instruction_tokens`` tokens) or undecodable one stops the run with one line naming it.
 
-Each turn is :meth:`animegamer.inference.turn.AnimeGamer.play_turn` without rendering: the MLLM sees the last
+Each turn is :meth:`animegamer.game.turn.AnimeGamer.play_turn` without rendering: the MLLM sees the last
 ``history_turns`` (K) turns, its own predictions fed back, so the prompt (and what is kept in memory) stays bounded.
 Every inference option of the config applies (``device``, ``offload``, ``merge_lora``, ``seed``).
 ``mllm_checkpoint`` is a stage (b) checkpoint (a step dir, a run dir or ``…/checkpoints/latest``); an empty string
@@ -22,7 +22,7 @@ there is refused with one line naming its PID and command (a lock of a killed ru
 files are removed). A turn that cannot be written (a full disk) stops the run with one line, exit code 1: the
 turns before it stay written and listed, and no part of that turn is left.
 
-Results (format in animegamer/inference/mllm_runner.py, read by inference_Decoder.py); each turn costs the same to
+Results (format in animegamer/game/results.py, read by inference_Decoder.py); each turn costs the same to
 write, however long the game::
 
     output_dir/game.json                          the settings; "complete": true once every turn is written
@@ -40,9 +40,10 @@ from tqdm.auto import tqdm
 
 from animegamer.cli import fail, hold_output_dir, no_bars_in_logs, parse_config
 from animegamer.config import InferenceConfig
-from animegamer.inference.mllm_runner import InstructionError, ResultsWriteError, ResultsWriter, validate_instruction
-from animegamer.inference.preflight import check_device, check_output_dir
-from animegamer.inference.session import check_checkpoints
+from animegamer.game.build import check_checkpoints
+from animegamer.game.predictor import InstructionError, validate_instruction
+from animegamer.game.preflight import check_device, check_output_dir
+from animegamer.game.results import ResultsWriteError, ResultsWriter
 from animegamer.io import resolve_checkpoint, write_cause
 from animegamer.models.mllm import load_tokenizer
 from animegamer.official.game import build_game

@@ -29,8 +29,8 @@ import numpy as np
 import torch
 
 from animegamer.data.video import write_gif, write_mp4
-from animegamer.inference.turn import write_clip
-from animegamer.inference.web import display_clip, large_clip
+from animegamer.game.browser import display_clip, large_clip
+from animegamer.game.turn import write_clip
 from animegamer.io import atomic_write_json
 
 KEYS = ("gif_s", "mp4_s", "clip_s", "display_copy_s", "read_back_enlarge_s", "pillow_default_gif_s")  # columns

@@ -33,8 +33,8 @@ from animegamer.bench.syncs import HostSyncCounter, cuda_sync_warnings
 from animegamer.bench.timing import measure
 from animegamer.bench.turn import INSTRUCTIONS
 from animegamer.config import StageBConfig, load_config
-from animegamer.inference.mllm_runner import MLLMPredictor
-from animegamer.inference.turn import AnimeGamer
+from animegamer.game.predictor import MLLMPredictor
+from animegamer.game.turn import AnimeGamer
 from animegamer.io import atomic_write_json, atomic_write_text
 from animegamer.models.mllm_static import compile_static_turn, uncompile_static_turn
 

@@ -32,8 +32,8 @@ from animegamer.bench.agreement import Condition, Student, teacher_agreement, te
 from animegamer.cli import fail, no_bars_in_logs, parse_config
 from animegamer.config import InferenceConfig
 from animegamer.eval.games import load_games
-from animegamer.inference.session import build_game, check_checkpoints, resolve_device
-from animegamer.inference.turn import turn_seed
+from animegamer.game.build import build_game, check_checkpoints, resolve_device
+from animegamer.game.turn import turn_seed
 from animegamer.io import checkpoint_decoder_dir
 from animegamer.models.trained import load_decoder
 from animegamer.sampling.cache import CACHE_METHODS, MagRatios

@@ -28,8 +28,8 @@ from tqdm.auto import tqdm
 
 from animegamer.cli import fail, no_bars_in_logs, parse_config
 from animegamer.config import InferenceConfig
-from animegamer.inference.session import build_game
-from animegamer.inference.turn import turn_seed
+from animegamer.game.build import build_game
+from animegamer.game.turn import turn_seed
 from animegamer.sampling.cache import MagRatios, calibrate_mag_ratios
 from animegamer.states import TagError, read_game_file
 

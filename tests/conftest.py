@@ -10,7 +10,7 @@ import torch
 from animegamer import tiny
 from animegamer.config import CLIPConfig, T5Config, load_config
 from animegamer.data.video import write_mp4
-from animegamer.inference.session import build_session
+from animegamer.game.build import build_session
 from tests.helpers.clips import make_clip_frames
 from tests.helpers.game import GAME, TINY, tiny_overrides
 from tests.helpers.stage_runs import write_stage_a_data, write_stage_c_runs, write_stage_d_run

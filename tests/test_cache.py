@@ -115,8 +115,8 @@ def test_config_choices():
 
 
 def test_renderer_uses_the_preset_and_bad_options_fail_early(decoder, tmp_path):
-    from animegamer.inference.renderer import DecoderRenderer
-    from animegamer.inference.session import check_render_options
+    from animegamer.game.build import check_render_options
+    from animegamer.game.renderer import DecoderRenderer
 
     FewStepSampler((999, 749, 499, 249)).save(tmp_path / "decoder")  # a step dir: decoder/ inside
     overrides = ["sampling.preset=distilled", f"decoder_checkpoint={tmp_path}", "sampling.height=64",

@@ -16,7 +16,7 @@ from animegamer.cli import OVERRIDE_EXAMPLES, command_name, load_script, split_c
 from animegamer.config import SCHEMAS, InferenceConfig, config_help, load_config
 from animegamer.config.parts import knob
 from animegamer.config_docs import config_keys_help, field_descriptions
-from animegamer.inference.session import check_checkpoints
+from animegamer.game.build import check_checkpoints
 
 
 @dataclass
@@ -132,7 +132,7 @@ def test_missing_trained_checkpoint_and_the_shipped_world(tmp_path):
 
 
 def test_play_on_a_config_without_weights_is_one_line(capsys):
-    from animegamer.play import main
+    from animegamer.game.terminal import main
 
     with pytest.raises(SystemExit) as exc:
         main(["--config", "configs/inference.yaml", "mllm_checkpoint=", "decoder_checkpoint=",

@@ -16,11 +16,11 @@ import pytest
 from safetensors import safe_open
 
 from animegamer.data.video import probe_video, read_video
-from animegamer.inference.clip_writer import ClipWriter
-from animegamer.inference.game import GameSession
-from animegamer.inference.saved import read_save
-from animegamer.inference.web import WebGame, display_clip
-from animegamer.play import load_game, run
+from animegamer.game.browser import WebGame, display_clip
+from animegamer.game.clip_writer import ClipWriter
+from animegamer.game.save import read_save
+from animegamer.game.session import GameSession
+from animegamer.game.terminal import load_game, run
 from tests.helpers.clips import make_clip_frames
 from tests.helpers.game import GAME, FailingRenderer
 
@@ -245,8 +245,8 @@ def test_an_exiting_process_finishes_the_clip_being_written(tmp_path):
     """The writer's thread is no daemon: a process that ends while a clip is queued writes it whole first."""
     code = (
         "import threading, numpy as np\n"
-        "from animegamer.inference.clip_writer import ClipWriter\n"
-        "from animegamer.inference.turn import write_clip\n"
+        "from animegamer.game.clip_writer import ClipWriter\n"
+        "from animegamer.game.turn import write_clip\n"
         "writer = ClipWriter()\n"
         "writer.submit(threading.main_thread().join)  # held until the interpreter starts to exit\n"
         f"writer.submit(write_clip, np.full((9, 48, 64, 3), 200, np.uint8), {str(tmp_path / 'turn_000')!r}, 8)\n"

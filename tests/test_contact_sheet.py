@@ -1,10 +1,10 @@
-"""The contact sheet and the nearest-neighbour upscale for people to look at (animegamer.inference.contact_sheet)."""
+"""The contact sheet and the nearest-neighbour upscale for people to look at (animegamer.game.contact_sheet)."""
 
 import numpy as np
 import pytest
 from PIL import Image, ImageFont
 
-from animegamer.inference.contact_sheet import contact_sheet, readable_factor, upscale, wrap_label
+from animegamer.game.contact_sheet import contact_sheet, readable_factor, upscale, wrap_label
 
 INSTRUCTION = "turn 4: Character: Qiqi; Motion: happily talk with Momo; Background: still here."
 

@@ -19,8 +19,8 @@ import convert_official  # noqa: E402
 
 import inference_Decoder  # noqa: E402
 import inference_MLLM  # noqa: E402
-from animegamer.inference.mllm_runner import load_results  # noqa: E402
-from animegamer.inference.renderer import DecoderRenderer  # noqa: E402
+from animegamer.game.renderer import DecoderRenderer  # noqa: E402
+from animegamer.game.results import load_results  # noqa: E402
 from animegamer.tiny import COGVIDEOX_2B_SCHEDULER  # noqa: E402
 
 GAME = "Character: Qiqi; Motion: fly; Background: day sky.\nCharacter: Qiqi; Motion: run; Background: park.\n"
@@ -130,8 +130,9 @@ def test_the_release_plays_only_through_its_door(converted, tmp_path):
     """compat=released: the core's game refuses it in one line; animegamer.official.game builds the release's own
     predictor (the core's runner with its turn, history_turns = max_window - 1) and renderer (its sampler and fp16
     transformer), and a turn plays and renders to the VAE's frame count of the converted latent frames."""
+    from animegamer.game import build as session
+
     from animegamer.config import InferenceConfig, load_config
-    from animegamer.inference import session
     from animegamer.official import game
     from animegamer.official.agent import predict_released
 

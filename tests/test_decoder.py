@@ -9,7 +9,7 @@ import torch
 
 from animegamer.config import DecoderConfig, SamplingConfig
 from animegamer.data.video import probe_video, read_video
-from animegamer.inference.turn import clip_stem, write_clip
+from animegamer.game.turn import clip_stem, write_clip
 from animegamer.models.decoder import AnimationShotDecoder
 from animegamer.models.shot_encoder import ActionAwareEncoder
 from animegamer.sampling.schedule import guidance_scales

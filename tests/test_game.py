@@ -10,9 +10,9 @@ import torch
 
 from animegamer.config import load_config
 from animegamer.data.video import probe_video
-from animegamer.inference.game import GameSession
-from animegamer.inference.session import build_session
-from animegamer.play import run
+from animegamer.game.build import build_session
+from animegamer.game.session import GameSession
+from animegamer.game.terminal import run
 from tests.helpers.game import GAME, TINY, tiny_overrides
 from tests.helpers.gradio_app import launch
 
@@ -120,7 +120,7 @@ def test_gradio_app_plays_two_turns_and_rejects_empty(tiny_cfg, tmp_path, monkey
     os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
     from gradio_client import Client
 
-    from animegamer.inference.web import build_app, compose_instruction
+    from animegamer.game.browser import build_app, compose_instruction
 
     assert compose_instruction("Qiqi", "gently", "lie down", "night bedroom", "") == \
         "Character: Qiqi; Motion: gently lie down; Background: night bedroom."

@@ -12,19 +12,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from animegamer.game import turn as turn_module
 from markdown_it import MarkdownIt
 
 from animegamer.config import load_config
 from animegamer.data.video import read_video, write_mp4
 from animegamer.data.vocabulary import Vocabulary
-from animegamer.inference import turn as turn_module
-from animegamer.inference.clip_writer import ClipWriter
-from animegamer.inference.contact_sheet import upscale
-from animegamer.inference.game import GameSession
-from animegamer.inference.saved import read_save
-from animegamer.inference.session import build_session
-from animegamer.inference.web import WebGame, as_text, large_clip
-from animegamer.play import run
+from animegamer.game.browser import WebGame, as_text, large_clip
+from animegamer.game.build import build_session
+from animegamer.game.clip_writer import ClipWriter
+from animegamer.game.contact_sheet import upscale
+from animegamer.game.save import read_save
+from animegamer.game.session import GameSession
+from animegamer.game.terminal import run
 from tests.helpers.clips import make_clip_frames
 from tests.helpers.game import GAME, TINY, FailingRenderer, rewrite, tiny_overrides, turn0
 

@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from animegamer.cli import load_script
-from animegamer.inference.game import GameSession
-from animegamer.inference.saved import MAX_SEED, SaveError, read_save
-from animegamer.inference.turn import AnimeGamer
-from animegamer.inference.web import WebGame
-from animegamer.play import main as play_main
-from animegamer.play import run
+from animegamer.game.browser import WebGame
+from animegamer.game.save import MAX_SEED, SaveError, read_save
+from animegamer.game.session import GameSession
+from animegamer.game.terminal import main as play_main
+from animegamer.game.terminal import run
+from animegamer.game.turn import AnimeGamer
 from tests.helpers.game import GAME, TINY, put, rewrite, turn0
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -18,15 +18,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from animegamer.game import session as game_module
+from animegamer.game import browser as web_module
 from safetensors.torch import save_file
 
-from animegamer.inference import game as game_module
-from animegamer.inference import web as web_module
-from animegamer.inference.game import GameBusy, GameSession, SaveWriteError, clean_stale_temp, sweep_stale
-from animegamer.inference.saved import MAX_TURNS, SAVE_FORMAT, SaveError, read_save
-from animegamer.inference.web import WebGame, as_text
+from animegamer.game.browser import WebGame, as_text
+from animegamer.game.save import MAX_TURNS, SAVE_FORMAT, SaveError, read_save
+from animegamer.game.session import GameBusy, GameSession, SaveWriteError, clean_stale_temp, sweep_stale
+from animegamer.game.terminal import run
 from animegamer.io import DirectoryLocked
-from animegamer.play import run
 from tests.helpers.game import GAME, FailingRenderer
 from tests.helpers.gradio_app import launch
 
@@ -330,7 +330,7 @@ def test_a_closed_browser_tab_frees_its_game(played, tmp_path, monkeypatch):
     os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
     from gradio_client import Client
 
-    from animegamer.inference.web import build_app
+    from animegamer.game.browser import build_app
 
     session, _ = played
     app = build_app(dataclasses.replace(session.game), tmp_path / "web")

@@ -18,12 +18,12 @@ from safetensors.torch import save_file
 
 from animegamer.cli import load_script
 from animegamer.data.video import probe_video
-from animegamer.inference.game import GameSession
-from animegamer.inference.mllm_runner import ResultsWriter, load_results
-from animegamer.inference.turn import AnimeGamer, Turn
-from animegamer.inference.web import WebGame
+from animegamer.game.browser import WebGame
+from animegamer.game.results import ResultsWriter, load_results
+from animegamer.game.session import GameSession
+from animegamer.game.terminal import run
+from animegamer.game.turn import AnimeGamer, Turn
 from animegamer.io import path_inside
-from animegamer.play import run
 from animegamer.states import CharacterState, StateValues
 from tests.helpers.game import GAME, TINY, drop, put, rewrite, turn0
 
@@ -121,7 +121,7 @@ def with_declared_tensor(save: Path, out: Path, key: str, shape: tuple[int, int]
 
 READ_UNDER_A_DATA_LIMIT = """
 import resource, sys
-from animegamer.inference.saved import SaveError, read_save
+from animegamer.game.save import SaveError, read_save
 data = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmData:")) * 1024
 resource.setrlimit(resource.RLIMIT_DATA, (data + 2**30, resource.RLIM_INFINITY))
 try:
@@ -333,7 +333,7 @@ def test_bad_setting_is_one_line_before_any_model(entry, setting, needle, tiny_m
 
     monkeypatch.setattr(AnimeGamerMLLM, "from_config", no_model)
     monkeypatch.setattr(AnimationShotDecoder, "from_config", no_model)
-    main = _entry(entry) if entry != "play" else importlib.import_module("animegamer.play").main
+    main = _entry(entry) if entry != "play" else importlib.import_module("animegamer.game.terminal").main
     with pytest.raises(SystemExit) as info:
         main(["--config", str(TINY), f"output_dir={tmp_path}", f"game={ROOT / 'game_demo' / 'demo.txt'}",
               f"mllm.pretrained={tiny_mistral_dir}", "mllm_checkpoint=", "decoder_checkpoint=", setting])

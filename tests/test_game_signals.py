@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 
-from animegamer.inference.saved import is_save
+from animegamer.game.save import is_save
 from tests.helpers.stage_scripts import free_port
 
 ROOT = Path(__file__).resolve().parents[1]

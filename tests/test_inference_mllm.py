@@ -6,8 +6,9 @@ import torch
 
 from animegamer.cli import load_script
 from animegamer.config import load_config
-from animegamer.inference.mllm_runner import InstructionError, MLLMPredictor, load_results
-from animegamer.inference.turn import AnimeGamer
+from animegamer.game.predictor import InstructionError, MLLMPredictor
+from animegamer.game.results import load_results
+from animegamer.game.turn import AnimeGamer
 from animegamer.models.mllm import AnimeGamerMLLM
 from animegamer.models.mllm_turn import HistoryTurn, predict_turn
 from animegamer.states import CharacterState, StateValues, read_game_file

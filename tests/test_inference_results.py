@@ -1,5 +1,5 @@
-"""The MLLM results directory (animegamer.inference.mllm_runner: ResultsWriter, load_results) and the checks the two
-inference scripts run before any model loads (animegamer.inference.preflight)."""
+"""The MLLM results directory (animegamer.game.results: ResultsWriter, load_results) and the checks the two
+inference scripts run before any model loads (animegamer.game.preflight)."""
 
 import json
 import os
@@ -12,9 +12,9 @@ from PIL import Image
 from safetensors.torch import save_file
 
 from animegamer.data.video import mp4_stream, probe_video, read_video
-from animegamer.inference.contact_sheet import MAX_SHEET_PIXELS, contact_sheet
-from animegamer.inference.mllm_runner import ResultsWriter, load_results
-from animegamer.inference.preflight import check_device, check_output_dir
+from animegamer.game.contact_sheet import MAX_SHEET_PIXELS, contact_sheet
+from animegamer.game.preflight import check_device, check_output_dir
+from animegamer.game.results import ResultsWriter, load_results
 from animegamer.models.mllm import AnimeGamerMLLM
 from animegamer.states import CharacterState
 from tests.helpers.limits import run_python
@@ -324,8 +324,8 @@ WRITE_UNTIL_FULL = """
 import sys
 from pathlib import Path
 import torch
-from animegamer.inference.mllm_runner import ResultsWriteError, ResultsWriter
-from animegamer.inference.turn import Turn
+from animegamer.game.results import ResultsWriteError, ResultsWriter
+from animegamer.game.turn import Turn
 from animegamer.states import CharacterState, StateValues
 from tests.helpers.results import SHAPE, TINY, VALUES, entry, played, refuse_models, results_dir
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from animegamer.data.video import probe_video
-from animegamer.inference.mllm_runner import load_results
+from animegamer.game.results import load_results
 from animegamer.models.mllm import AnimeGamerMLLM
 from tests.helpers.limits import directory_held, run_python
 from tests.helpers.results import TINY, entry, refuse_models, results_dir
@@ -66,7 +66,7 @@ def test_a_number_of_thousands_of_digits_names_its_file_and_field(tmp_path, wher
 
 
 def test_a_turns_line_past_its_bound_is_refused(tmp_path, monkeypatch):
-    import animegamer.inference.mllm_runner as runner
+    import animegamer.game.results as runner
 
     out = results_dir(tmp_path / "out", turns=2, shape=(8, 4), finish=False)
     monkeypatch.setattr(runner, "MAX_RECORD_BYTES", 100)

@@ -8,7 +8,7 @@ import torch
 
 from animegamer.cli import load_script
 from animegamer.config import InferenceConfig, load_config
-from animegamer.inference.session import build_game
+from animegamer.game.build import build_game
 from animegamer.sampling.cache import MagRatios
 from animegamer.sampling.presets import PresetSampler
 from tests.helpers.game import TINY, tiny_overrides
@@ -72,7 +72,7 @@ def test_magcache_skips_blocks_and_stays_close(calibrated):
 
 def test_missing_or_mismatched_ratios_are_one_line_errors(calibrated, tmp_path):
     overrides, path = calibrated
-    from animegamer.inference.session import check_render_options
+    from animegamer.game.build import check_render_options
 
     def check(*extra):
         check_render_options(load_config(TINY, [*overrides, "sampling.cache=magcache", *extra],

@@ -228,8 +228,8 @@ def test_release_window_rule(max_window):
 def test_the_game_plays_the_release_window(converted, max_window):
     """The released turn inside the core's play_turn with history_turns = max_window - 1 sees exactly the turns the
     release's loop puts in its prompt, oldest first (the reference set's own window is one of these)."""
-    from animegamer.inference.mllm_runner import MLLMPredictor
-    from animegamer.inference.turn import AnimeGamer
+    from animegamer.game.predictor import MLLMPredictor
+    from animegamer.game.turn import AnimeGamer
 
     seen = []
 
@@ -336,7 +336,7 @@ def test_base_weights_taken_from_base_dir(release_inputs, converted, tmp_path):
 def test_fast_path_on_converted_weights(converted):
     """Merged LoRA + offload (session loader) + constrained state decoding give the unmerged model's turn."""
     from animegamer.config import InferenceConfig
-    from animegamer.inference.session import load_mllm_predictor
+    from animegamer.game.build import load_mllm_predictor
     from animegamer.models.mllm_turn import HistoryTurn, predict_turn
 
     instruction = "Character: Qiqi; Motion: fly; Background: day sky."

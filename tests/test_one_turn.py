@@ -15,14 +15,14 @@ from animegamer.cli import load_script
 from animegamer.config import load_config
 from animegamer.eval.benchmark import BenchmarkGame
 from animegamer.eval.systems import AnimeGamerSystem
-from animegamer.inference.game import GameSession
-from animegamer.inference.mllm_runner import load_results
-from animegamer.inference.session import build_game
-from animegamer.inference.turn import AnimeGamer, Turn
-from animegamer.inference.web import WebGame
+from animegamer.game.browser import WebGame
+from animegamer.game.build import build_game
+from animegamer.game.results import load_results
+from animegamer.game.session import GameSession
+from animegamer.game.terminal import run
+from animegamer.game.turn import AnimeGamer, Turn
 from animegamer.models.decoder import AnimationShotDecoder
 from animegamer.models.mllm import AnimeGamerMLLM
-from animegamer.play import run
 from animegamer.states import CharacterState, parse_tags
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,9 +11,9 @@ import pytest
 
 from animegamer.config import load_config
 from animegamer.data.vocabulary import load_vocabulary
-from animegamer.inference.game import GameSession
-from animegamer.inference.session import build_session
-from animegamer.play import new_game_dir, run
+from animegamer.game.build import build_session
+from animegamer.game.session import GameSession
+from animegamer.game.terminal import new_game_dir, run
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "spriteworld" / "inference.yaml"

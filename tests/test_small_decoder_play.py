@@ -8,8 +8,8 @@ import torch
 
 from animegamer.config import DecoderConfig, SamplingConfig, load_config
 from animegamer.data.video import read_video
-from animegamer.inference.renderer import DecoderRenderer
-from animegamer.inference.session import build_session
+from animegamer.game.build import build_session
+from animegamer.game.renderer import DecoderRenderer
 from animegamer.models.causal_decoder import CausalLatentDecoder
 from animegamer.models.decoder import AnimationShotDecoder
 
@@ -90,7 +90,7 @@ def test_shipped_spriteworld_small_decoder_streams_what_the_vae_shows():
     """make demo-fast: the shipped 4-step student decoded by the shipped stage (e) small decoder, one frame per latent
     frame (SpriteWorld's VAE has no temporal compression), close to the VAE's own decode of the same latents."""
     from animegamer.eval.metrics import psnr
-    from animegamer.inference.session import load_renderer
+    from animegamer.game.build import load_renderer
     from animegamer.sampling.streaming import decode_chunks
 
     cfg = load_config("configs/spriteworld/inference.yaml", ["sampling.preset=distilled", "sampling.vae=small",

@@ -281,7 +281,7 @@ def test_resume_without_an_rng_state_needs_allow_rng_reset(stage_d_run, tmp_path
 def test_shipped_spriteworld_student_renders_in_four_calls():
     """The 4-step student shipped in checkpoints/spriteworld/stage_d (``make demo-fast``) loads through the game's
     renderer and samples a clip in 4 CFG-free transformer calls."""
-    from animegamer.inference.session import load_renderer
+    from animegamer.game.build import load_renderer
 
     cfg = load_config("configs/spriteworld/inference.yaml",
                       ["sampling.preset=distilled", "decoder_checkpoint=checkpoints/spriteworld/stage_d"])

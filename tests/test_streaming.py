@@ -41,8 +41,8 @@ def _gif_frames(path) -> int:
 def test_the_game_writes_the_first_frames_before_the_rest(tiny_cogvideox_dir, tmp_path):
     """A 17-frame clip decodes in two chunks: its gif holds the first 9 frames while the rest decodes."""
     from animegamer.config import SamplingConfig
-    from animegamer.inference.renderer import DecoderRenderer
-    from animegamer.inference.turn import AnimeGamer, Turn
+    from animegamer.game.renderer import DecoderRenderer
+    from animegamer.game.turn import AnimeGamer, Turn
     from animegamer.models.decoder import AnimationShotDecoder
     from animegamer.states import CharacterState, StateValues
 
@@ -78,7 +78,7 @@ def test_a_batch_renders_each_clip_as_it_renders_alone(tiny_cogvideox_dir):
     """render_many draws every clip from its own seed (initial latents and the DPM scheduler's per-step noise), so
     a batch gives each clip of the single renders, up to float rounding; the clips differ from each other."""
     from animegamer.config import SamplingConfig
-    from animegamer.inference.renderer import DecoderRenderer
+    from animegamer.game.renderer import DecoderRenderer
     from animegamer.models.decoder import AnimationShotDecoder
     from animegamer.sampling.schedule import initial_noise
 

@@ -30,7 +30,7 @@ WRITE_ALL = """
 import json, sys
 import numpy as np
 from animegamer.data.video import mp4_stream, write_gif, write_mp4
-from animegamer.inference.turn import write_clip
+from animegamer.game.turn import write_clip
 frames = np.random.default_rng(0).integers(0, 255, (17, 64, 96, 3), dtype=np.uint8)  # noise: ~100 kB as mp4
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from animegamer.config import load_config
 from animegamer.data.video import read_video
-from animegamer.inference.session import build_session
+from animegamer.game.build import build_session
 from tests.helpers.game import TINY, tiny_overrides
 from tests.helpers.gradio_app import launch
 
@@ -23,7 +23,7 @@ def test_page_gets_the_first_frames_then_the_whole_clip(tiny_mistral_dir, tiny_c
     os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
     from gradio_client import Client
 
-    from animegamer.inference.web import build_app
+    from animegamer.game.browser import build_app
 
     # 17 frames = 5 latent frames: the VAE decodes them in two chunks, 9 frames then 8
     cfg = load_config(TINY, [*tiny_overrides(tiny_mistral_dir, tiny_cogvideox_dir, tmp_path / "play"),

@@ -3,7 +3,7 @@
 import numpy as np
 
 from animegamer.data.video import probe_video, write_mp4
-from animegamer.inference.web import bars_html, compose_instruction, large_clip
+from animegamer.game.browser import bars_html, compose_instruction, large_clip
 
 
 def test_large_clip_is_written_once_beside_the_clip(tmp_path):

@@ -3,7 +3,7 @@ or the stage (e) small decoder, part by part and end to end.
 
     result = bench_fast_path(decoder, mllm, small, FastPathSettings(sampling, history_turns=3), device)
 
-Every row plays the game's own turn, :meth:`animegamer.inference.turn.AnimeGamer.play_turn` (the core's
+Every row plays the game's own turn, :meth:`animegamer.game.turn.AnimeGamer.play_turn` (the core's
 :class:`MLLMPredictor` and :class:`DecoderRenderer`, no file written): the MLLM's prefill + state decoding with K
 history turns, the 4-step distilled student (the stage (d) student's timesteps; random weights, so a speed figure
 only), then the streamed decode to uint8 frames on the host. Rows:
@@ -49,9 +49,9 @@ from animegamer.bench.syncs import HostSyncCounter, cuda_sync_warnings
 from animegamer.bench.timing import PeakMemory, count_flops, measure
 from animegamer.bench.turn import INSTRUCTIONS, make_history, relative_difference
 from animegamer.config import SamplingConfig
-from animegamer.inference.mllm_runner import MLLMPredictor
-from animegamer.inference.renderer import DecoderRenderer
-from animegamer.inference.turn import AnimeGamer, Turn
+from animegamer.game.predictor import MLLMPredictor
+from animegamer.game.renderer import DecoderRenderer
+from animegamer.game.turn import AnimeGamer, Turn
 from animegamer.io import atomic_write_text
 from animegamer.models.fp8 import fp8_unavailable, quantize_transformer_fp8
 from animegamer.models.mllm_static import compile_static_turn, uncompile_static_turn

@@ -190,13 +190,13 @@ def read_every_page(*modules: torch.nn.Module) -> None:
 
 
 def _mllm(root: Path) -> list[torch.nn.Module]:
-    from animegamer.inference.session import load_mllm_predictor
+    from animegamer.game.build import load_mllm_predictor
 
     return [load_mllm_predictor(inference_config(root), "cpu", offload=False).model]
 
 
 def _renderer(root: Path, *overrides: str) -> list[torch.nn.Module]:
-    from animegamer.inference.session import load_renderer
+    from animegamer.game.build import load_renderer
 
     renderer = load_renderer(inference_config(root, *overrides), "cpu", offload=False)
     return [m for m in (renderer.decoder, renderer.small_decoder) if m is not None]
@@ -243,7 +243,7 @@ def measure_row(name: str, root: str | Path) -> dict:
     if name not in ROWS:
         raise ValueError(f"unknown row {name!r}; rows are {list(ROWS)}")
     what, load = ROWS[name]
-    import animegamer.inference.session  # noqa: F401  (the imports count in the baseline, not in the row)
+    import animegamer.game.build  # noqa: F401  (the imports count in the baseline, not in the row)
 
     baseline = rss_bytes()
     started = time.perf_counter()

@@ -5,7 +5,7 @@
 Rows (our path: LoRA merged, eager, so every row runs the same kernels and only the option differs):
 
     standard              the configured sampler at the paper's 50 steps (dynamic CFG 6, guided steps batched)
-    fast                  12 DPM-Solver++ steps, CFG on the first 40% (animegamer.inference.session.fast_sampling)
+    fast                  12 DPM-Solver++ steps, CFG on the first 40% (animegamer.game.build.fast_sampling)
     distilled             4 DDIM steps at the stage (d) student's timesteps (those of configs/stage_d.yaml's 50-step
                           teacher), one conditional call each; with random weights, so a speed figure only
     cache <method>        ``standard`` with one of diffusers' cache hooks (animegamer.sampling.cache); MagCache's
@@ -32,7 +32,7 @@ import torch
 
 from animegamer.bench.timing import measure
 from animegamer.config import SamplingConfig
-from animegamer.inference.turn import clip_stem, write_clip
+from animegamer.game.turn import clip_stem, write_clip
 from animegamer.models.fp8 import fp8_unavailable, quantize_transformer_fp8
 from animegamer.sampling.cache import CACHE_METHODS, MagRatios, TransformerCache, calibrate_mag_ratios
 from animegamer.sampling.fewstep import FewStepSampler

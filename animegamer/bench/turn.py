@@ -15,7 +15,7 @@ Parts of a turn (K history turns in the prompt, the paper's sampling settings):
 
 The plain parts run first, then the fast-path switches are applied in place and our parts run; a final check
 compares the two paths' outputs (shot representation, final latents) from the same seed. Then one whole turn as
-the game plays it (:meth:`animegamer.inference.turn.AnimeGamer.play_turn`: the parts above end to end, no file
+the game plays it (:meth:`animegamer.game.turn.AnimeGamer.play_turn`: the parts above end to end, no file
 written), the ``fast`` preset's denoising and, optionally, a whole turn with offload + VAE tiling (the 24 GB option)
 with its peak.
 """
@@ -31,9 +31,9 @@ import torch
 
 from animegamer.bench.timing import PeakMemory, Timing, count_flops, measure
 from animegamer.config import SamplingConfig
-from animegamer.inference.mllm_runner import MLLMPredictor
-from animegamer.inference.renderer import DecoderRenderer
-from animegamer.inference.turn import AnimeGamer, Turn
+from animegamer.game.predictor import MLLMPredictor
+from animegamer.game.renderer import DecoderRenderer
+from animegamer.game.turn import AnimeGamer, Turn
 from animegamer.io import atomic_write_text
 from animegamer.models.mllm_static import is_fixed
 from animegamer.models.mllm_turn import HistoryTurn, decode_states, predict_turn, prefill_turn

@@ -19,9 +19,9 @@
 
 The rendering systems plan a game first (the per-turn model work, each turn possibly reading the one before: the
 MLLM's prediction, the shot encoding), then render the planned clips ``render_batch`` at a time across the games of
-one :meth:`play_games` call (:meth:`~animegamer.inference.renderer.DecoderRenderer.render_many`: every clip from its
+one :meth:`play_games` call (:meth:`~animegamer.game.renderer.DecoderRenderer.render_many`: every clip from its
 own seed, so a batch changes float rounding only; on a CPU, batches of 8 render about twice as fast). Clips are
-written as the game writes them (:func:`animegamer.inference.turn.write_clip`: ``turn_000.mp4`` + ``.gif``).
+written as the game writes them (:func:`animegamer.game.turn.write_clip`: ``turn_000.mp4`` + ``.gif``).
 
 Time per turn counts the model work only (MLLM prediction, shot encoding, decoder sampling and VAE decoding), not
 writing the clip files; a batch's rendering time is shared evenly by its clips.
@@ -47,8 +47,8 @@ from animegamer.data.features import fit_frames
 from animegamer.data.manifest import ClipRecord
 from animegamer.eval.benchmark import BenchmarkGame
 from animegamer.eval.games import GroundTruthGame
-from animegamer.inference.session import build_game, resolve_device
-from animegamer.inference.turn import AnimeGamer, Turn, clip_stem, turn_seed, write_clip
+from animegamer.game.build import build_game, resolve_device
+from animegamer.game.turn import AnimeGamer, Turn, clip_stem, turn_seed, write_clip
 from animegamer.models.clip_image import CLIPImageFeatures
 from animegamer.models.shot_encoder import ActionAwareEncoder
 from animegamer.models.t5_text import T5TextFeatures
@@ -125,7 +125,7 @@ class _Rendering:
     """Systems with a renderer: :meth:`plan_game` does a game's per-turn model work and returns each turn's output
     (without frames) and clip plan; :meth:`play_games` then renders the plans of all its games in batches."""
 
-    renderer: object  # animegamer.inference.renderer.DecoderRenderer
+    renderer: object  # animegamer.game.renderer.DecoderRenderer
     device: str
 
     def plan_game(self, game: BenchmarkGame) -> list[tuple[TurnOutput, PlannedClip]]:

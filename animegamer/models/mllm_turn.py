@@ -3,7 +3,7 @@
     prediction = predict_turn(model, history, "Character: Qiqi; Motion: gently lie down; Background: park.")
 
 ``predict_turn(model, history, instruction) -> TurnPrediction`` uses the history exactly as given (the game windows
-it: :meth:`animegamer.inference.turn.AnimeGamer.play_turn`):
+it: :meth:`animegamer.game.turn.AnimeGamer.play_turn`):
 
 1. prefill ``<s> [history turns] <TURN> instruction <VS> slots </VS> <MS>`` once: the hidden states at the current
    slots go through the output resampler (-> ``shot_embeds`` (N, shot_dim)); the KV cache is kept.
@@ -18,7 +18,7 @@ cache, grown per token). Both give the same values and, in fp32, the same shot.
 A model whose checkpoint records ``slot_attention: bidirectional`` (converted release weights, trained so) reads its
 shot from a second pass in which the current turn's slots attend to each other (:func:`slot_block_shots`). Another
 turn function (:data:`TurnFunction`) plays the same game: the release's own turn lives in
-animegamer/official/agent.py. Used by the game (animegamer.inference), stage (c)'s own-history targets
+animegamer/official/agent.py. Used by the game (animegamer.game), stage (c)'s own-history targets
 (animegamer.data.stage_c) and the speed harness.
 """
 

@@ -1,5 +1,5 @@
 """One turn of converted official weights the release's way (``compat: released``), as a turn function of
-:class:`animegamer.inference.mllm_runner.MLLMPredictor` (:func:`predict_released`), beside the core's ``fixed`` turn.
+:class:`animegamer.game.predictor.MLLMPredictor` (:func:`predict_released`), beside the core's ``fixed`` turn.
 
 The release runs two passes per turn over ``<s> [history turns] <TURN> caption <img><frame> 226 frame tokens
 </frame></img><ML>`` (../shared/official_ref/README.md lists its behaviours B1-B6)::

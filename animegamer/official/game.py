@@ -1,7 +1,7 @@
 """The one place that picks a game's parts: the release's own predictor and renderer under ``compat: released``, the
 core's otherwise. Every entry point builds its game through here; the core never imports this package.
 
-    game = build_game(cfg)                                   # an AnimeGamer (animegamer.inference.turn)
+    game = build_game(cfg)                                   # an AnimeGamer (animegamer.game.turn)
     predictor = load_predictor(cfg, device, offload)         # its StatePredictor
     renderer = load_renderer(cfg, device, offload)           # its ShotRenderer
     session = build_session(cfg)                             # a GameSession around build_game(cfg)
@@ -30,14 +30,14 @@ from typing import Any
 import torch
 
 from animegamer.config import InferenceConfig, SamplingConfig
-from animegamer.inference.game import GameSession
-from animegamer.inference.mllm_runner import MLLMPredictor
-from animegamer.inference.renderer import DecoderRenderer
-from animegamer.inference.session import build_game as build_core_game
-from animegamer.inference.session import build_session as build_core_session
-from animegamer.inference.session import load_mllm_predictor
-from animegamer.inference.session import load_renderer as load_core_renderer
-from animegamer.inference.turn import AnimeGamer
+from animegamer.game.build import build_game as build_core_game
+from animegamer.game.build import build_session as build_core_session
+from animegamer.game.build import load_mllm_predictor
+from animegamer.game.build import load_renderer as load_core_renderer
+from animegamer.game.predictor import MLLMPredictor
+from animegamer.game.renderer import DecoderRenderer
+from animegamer.game.session import GameSession
+from animegamer.game.turn import AnimeGamer
 from animegamer.io import checkpoint_decoder_dir
 from animegamer.models.decoder_parts import DECODER_CONFIG
 from animegamer.models.vae import DTYPES
@@ -181,7 +181,7 @@ def load_renderer(cfg: InferenceConfig, device: str, offload: bool) -> DecoderRe
 
 
 def build_game(cfg: InferenceConfig, mllm: bool = True, render: bool = True) -> AnimeGamer:
-    """:func:`animegamer.inference.session.build_game` with the parts :func:`load_predictor` and
+    """:func:`animegamer.game.build.build_game` with the parts :func:`load_predictor` and
     :func:`load_renderer` pick: what every entry point plays."""
     if released(cfg) and render:
         check_released_options(cfg)
@@ -189,7 +189,7 @@ def build_game(cfg: InferenceConfig, mllm: bool = True, render: bool = True) -> 
 
 
 def build_session(cfg: InferenceConfig, render: bool = True, output_dir: str | Path | None = None) -> GameSession:
-    """:func:`animegamer.inference.session.build_session` with the parts :func:`load_predictor` and
+    """:func:`animegamer.game.build.build_session` with the parts :func:`load_predictor` and
     :func:`load_renderer` pick."""
     if released(cfg) and render:
         check_released_options(cfg)

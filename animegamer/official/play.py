@@ -2,8 +2,8 @@
 
     python -m animegamer.official.play --config converted/inference.yaml compat=released
 
-The terminal game of :mod:`animegamer.play` with the parts :mod:`animegamer.official.game` picks (the core's game
-plays ``compat: fixed`` only).
+The terminal game of :mod:`animegamer.game.terminal` with the parts :mod:`animegamer.official.game` picks (the
+core's game plays ``compat: fixed`` only).
 """
 
 from __future__ import annotations

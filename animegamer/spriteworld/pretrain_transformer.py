@@ -36,7 +36,7 @@ from animegamer.config import (
 from animegamer.data.features import META_FILE, clip_frame_indices, feature_settings
 from animegamer.data.manifest import Manifest
 from animegamer.data.tensor_store import TensorStore
-from animegamer.inference.contact_sheet import contact_sheet
+from animegamer.game.contact_sheet import contact_sheet
 from animegamer.io import atomic_write_json
 from animegamer.models.clip_image import CLIPImageFeatures
 from animegamer.models.decoder import AnimationShotDecoder

@@ -30,7 +30,7 @@ from animegamer.config import SpriteWorldPretrainConfig
 from animegamer.data.features import fit_frames
 from animegamer.data.manifest import ClipRecord, Manifest
 from animegamer.data.video import read_video
-from animegamer.inference.contact_sheet import contact_sheet
+from animegamer.game.contact_sheet import contact_sheet
 from animegamer.spriteworld.home import HomeLook, home_background
 from animegamer.training.optim import build_scheduler
 

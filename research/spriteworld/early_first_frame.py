@@ -33,8 +33,8 @@ from animegamer.cli import fail, parse_config
 from animegamer.config import InferenceConfig
 from animegamer.eval.intervals import bootstrap_interval
 from animegamer.eval.metrics import psnr
-from animegamer.inference.mllm_runner import load_results
-from animegamer.inference.session import check_checkpoints, load_renderer
+from animegamer.game.build import check_checkpoints, load_renderer
+from animegamer.game.results import load_results
 from animegamer.io import atomic_write_json, atomic_write_text
 from animegamer.models.trained import load_small_decoder
 from animegamer.sampling.fewstep import alpha_at, alpha_schedule, ddim_step, v_to_x0

@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> dict:
     from animegamer.bench.turn import relative_difference  # ||a - b|| / ||b||
     from animegamer.eval.games import GroundTruthGame, load_games
     from animegamer.eval.systems import load_shot_models
-    from animegamer.inference.turn import Turn
+    from animegamer.game.turn import Turn
     from animegamer.spriteworld import CHARACTERS
 
     cfg, args = parse_config(EvalConfig, __doc__, argv, extra=add_flags)

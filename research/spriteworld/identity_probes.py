@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> dict:
     from animegamer.eval.games import GroundTruthGame, load_games
     from animegamer.eval.intervals import bootstrap_interval
     from animegamer.eval.systems import grey_frame, load_shot_models
-    from animegamer.inference.turn import Turn
+    from animegamer.game.turn import Turn
     from animegamer.spriteworld import CHARACTERS
 
     cfg, args = parse_config(EvalConfig, __doc__, argv, extra=add_flags)

@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> dict:
     from animegamer.data.video import read_video
     from animegamer.eval.harness import build_level_meter
     from animegamer.eval.systems import ShotEncoding
-    from animegamer.inference.session import load_renderer, resolve_device
+    from animegamer.game.build import load_renderer, resolve_device
     from animegamer.spriteworld.memory import caption_text
 
     cfg, args = parse_config(EvalConfig, __doc__, argv, extra=add_flags)

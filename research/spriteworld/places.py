@@ -83,7 +83,7 @@ def add_flags(parser) -> None:
 def main(argv: list[str] | None = None) -> dict:
     from animegamer.data.stage_b import SHOT_FIELD
     from animegamer.data.tensor_store import TensorStore
-    from animegamer.inference.session import build_game
+    from animegamer.game.build import build_game
 
     cfg, args = parse_config(InferenceConfig, __doc__, argv, extra=add_flags)
     manifest, picks = split_clips(args.manifest, args.split, args.turns)

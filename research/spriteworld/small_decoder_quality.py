@@ -39,7 +39,7 @@ from animegamer.eval.harness import match_clip
 from animegamer.eval.intervals import bootstrap_interval
 from animegamer.eval.metrics import CLIPScorer, psnr, ssim
 from animegamer.eval.systems import AnimeGamerSystem
-from animegamer.inference.session import check_checkpoints, load_renderer
+from animegamer.game.build import check_checkpoints, load_renderer
 from animegamer.io import atomic_write_json, atomic_write_text
 from animegamer.models.trained import load_small_decoder
 from animegamer.models.vae import vae_encode

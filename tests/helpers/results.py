@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from animegamer.inference.mllm_runner import ResultsWriter
-from animegamer.inference.turn import Turn
+from animegamer.game.results import ResultsWriter
+from animegamer.game.turn import Turn
 from animegamer.states import CharacterState, StateValues
 
 ROOT = Path(__file__).resolve().parents[2]

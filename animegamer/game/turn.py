@@ -1,7 +1,7 @@
 """One game turn, in one place: :class:`AnimeGamer` holds the MLLM and the decoder, :meth:`AnimeGamer.play_turn`
 plays a turn.
 
-    game = build_game(load_config("configs/spriteworld/inference.yaml"))     # animegamer.inference.session
+    game = build_game(load_config("configs/spriteworld/inference.yaml"))     # animegamer.game.build
     turn = game.play_turn(history, "Character: Qiqi; Motion: run; Background: park.", out_dir="outputs/play")
 
 ``play_turn(history, instruction)`` reads top to bottom:
@@ -14,14 +14,14 @@ plays a turn.
 4. sample the clip's latents from s_a and the motion level, with the turn's own seed (:func:`turn_seed`);
 5. decode them chunk by chunk; the first frames are reported as soon as they exist;
 6. write the clip: ``turn_000.gif`` and ``turn_000.mp4`` (:func:`write_turn_clip`: both or neither), at once, or,
-   given a :class:`~animegamer.inference.clip_writer.ClipWriter`, in its thread while the game goes on: the turn
+   given a :class:`~animegamer.game.clip_writer.ClipWriter`, in its thread while the game goes on: the turn
    returns as soon as its frames are decoded, and ``turn.clip`` / ``turn.gif`` are set once both files exist
    (:meth:`Turn.wait_clip` waits for them).
 
 Steps 4-6 are :meth:`AnimeGamer.render_turn`, which renders a turn predicted earlier (inference_Decoder.py) or
 loaded from a save. What a turn needs from the models are two small protocols, :class:`StatePredictor` (the MLLM)
-and :class:`ShotRenderer` (the decoder): the core's are :class:`animegamer.inference.mllm_runner.MLLMPredictor`
-and :class:`animegamer.inference.renderer.DecoderRenderer`; under ``compat: released``,
+and :class:`ShotRenderer` (the decoder): the core's are :class:`animegamer.game.predictor.MLLMPredictor`
+and :class:`animegamer.game.renderer.DecoderRenderer`; under ``compat: released``,
 :mod:`animegamer.official.game` gives the same ones the release's own turn function and sampler.
 """
 
@@ -37,8 +37,8 @@ import numpy as np
 import torch
 
 from animegamer.data.video import write_gif, write_mp4
-from animegamer.inference.clip_writer import ClipWriter, PendingWrite
-from animegamer.inference.saved import check_shot
+from animegamer.game.clip_writer import ClipWriter, PendingWrite
+from animegamer.game.save import check_shot
 from animegamer.models.mllm_turn import HistoryTurn, TurnPrediction
 from animegamer.states import MAX_INSTRUCTION_CHARS, CharacterState, StateValues, parse_instruction
 
@@ -281,7 +281,7 @@ class AnimeGamer:
         With one, the write is queued on it (``turn.writing``) and this returns as soon as the frames are decoded;
         ``turn.clip`` and ``turn.gif`` are set when both files exist (:meth:`Turn.wait_clip`), and a write that
         fails leaves neither file and the paths empty. Wait for a pending write of the same turn before rendering
-        it again (:class:`~animegamer.inference.game.GameSession` does)."""
+        it again (:class:`~animegamer.game.session.GameSession` does)."""
         if self.renderer is None:
             raise ValueError("this game has no decoder: it cannot render clips")
         renderer = self.renderer

@@ -7,7 +7,7 @@ in the order they were handed over (FIFO), while the game goes on.
     pending.wait()                                                       # True: written; False: pending.error says why
     writer.wait()                                                        # every write handed over so far is done
 
-A write is a plain function (the game's is :func:`animegamer.inference.turn.write_turn_clip`: gif then mp4,
+A write is a plain function (the game's is :func:`animegamer.game.turn.write_turn_clip`: gif then mp4,
 atomic, both or neither, the turn's paths set only once both exist). A write that raises is recorded, never
 raised in the game's thread: :meth:`ClipWriter.failures` hands each failed write out once, so the game can say
 so in one line.

@@ -24,11 +24,11 @@ import torch
 
 from animegamer.config import InferenceConfig
 from animegamer.config.recorded import history_turns_note
-from animegamer.inference.game import GameSession, check_game_settings
-from animegamer.inference.mllm_runner import MLLMPredictor
-from animegamer.inference.preflight import check_device, check_output_dir
-from animegamer.inference.renderer import DecoderRenderer
-from animegamer.inference.turn import AnimeGamer
+from animegamer.game.predictor import MLLMPredictor
+from animegamer.game.preflight import check_device, check_output_dir
+from animegamer.game.renderer import DecoderRenderer
+from animegamer.game.session import GameSession, check_game_settings
+from animegamer.game.turn import AnimeGamer
 from animegamer.io import checkpoint_decoder_dir, resolve_checkpoint
 from animegamer.models.causal_decoder import vae_layout
 from animegamer.models.decoder import AnimationShotDecoder

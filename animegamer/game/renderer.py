@@ -1,4 +1,4 @@
-"""The decoder side of a turn (:class:`animegamer.inference.turn.ShotRenderer`): s_a + motion level -> latents with
+"""The decoder side of a turn (:class:`animegamer.game.turn.ShotRenderer`): s_a + motion level -> latents with
 the ``sampling.preset`` / ``sampling.cache`` sampler (:mod:`animegamer.sampling.presets`), then the VAE decode
 chunk by chunk (:mod:`animegamer.sampling.streaming`), or with ``sampling.vae=small`` the stage (e) small causal
 decoder (:class:`animegamer.models.causal_decoder.CausalLatentDecoder`) latent frame by latent frame.
@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from animegamer.config import SamplingConfig
-from animegamer.inference.turn import on_device
+from animegamer.game.turn import on_device
 from animegamer.models.causal_decoder import CausalLatentDecoder
 from animegamer.sampling.presets import PresetSampler
 from animegamer.sampling.streaming import decode_chunks, latent_frame_batches

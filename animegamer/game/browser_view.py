@@ -1,6 +1,6 @@
 """What the browser game's page shows, as pure functions of a game: the status line's text (every text from a player
 or a file as text, no server path), the character's bars, the history rows, and the clip at display size.
-:class:`animegamer.inference.web.WebGame` puts them together."""
+:class:`animegamer.game.browser.WebGame` puts them together."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from animegamer.data.video import VideoReadError, probe_video, read_video, write_mp4
-from animegamer.inference.contact_sheet import readable_factor, upscale
-from animegamer.inference.game import GameSession, one_line
+from animegamer.game.contact_sheet import readable_factor, upscale
+from animegamer.game.session import GameSession, one_line
 from animegamer.states import STATE_MAX, CharacterState
 
 HISTORY_COLUMNS = ["turn", "instruction", "level", "social", "ent.", "stamina ±", "stamina · social · ent."]

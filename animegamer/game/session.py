@@ -1,5 +1,5 @@
 """GameSession: a game being played: its turns, undo, save and load, each turn played by
-:meth:`animegamer.inference.turn.AnimeGamer.play_turn` (the one game loop of the terminal and browser games).
+:meth:`animegamer.game.turn.AnimeGamer.play_turn` (the one game loop of the terminal and browser games).
 
     session = GameSession(game, output_dir="outputs/play")      # game: build_game(cfg)
     turn = session.play("Character: Qiqi; Motion: gently lie down; Background: night bedroom.")
@@ -7,7 +7,7 @@
     session = GameSession.load("outputs/play/qiqi.game", game)
 
 Each turn's decoder seed is derived from (session seed, turn index), so a loaded game continues exactly as the
-original would have. A save is untrusted input when loaded (:mod:`animegamer.inference.saved`): every field is
+original would have. A save is untrusted input when loaded (:mod:`animegamer.game.save`): every field is
 checked and its clip paths are never opened.
 
 A session writes its clips off the turn's critical path (its :class:`ClipWriter`, one thread, in turn order):
@@ -20,7 +20,7 @@ One action at a time: :meth:`GameSession.action` holds a game for one command (a
 one while it runs is refused (:class:`GameBusy`), and a command that fails in any way leaves the turns exactly as they
 were (the clips of turns it added removed). A game holds its own directory (:meth:`GameSession.hold`: a
 :func:`~animegamer.io.directory_lock`, so two games never write into one), and taking it removes the temp files a
-killed earlier game left there. A game holds at most :data:`~animegamer.inference.saved.MAX_TURNS` turns.
+killed earlier game left there. A game holds at most :data:`~animegamer.game.save.MAX_TURNS` turns.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import save_file
 
-from animegamer.inference.clip_writer import ClipWriter
-from animegamer.inference.saved import (
+from animegamer.game.clip_writer import ClipWriter
+from animegamer.game.save import (
     MAX_HISTORY_TURNS,
     MAX_SEED,
     MAX_TURNS,
@@ -49,7 +49,7 @@ from animegamer.inference.saved import (
     read_save,
     turn_key,
 )
-from animegamer.inference.turn import AnimeGamer, Decoded, Preview, Progress, Turn
+from animegamer.game.turn import AnimeGamer, Decoded, Preview, Progress, Turn
 from animegamer.io import DirectoryLocked, atomic_path, directory_lock, write_cause
 from animegamer.states import CharacterState
 
@@ -163,7 +163,7 @@ class GameSession:
     def __post_init__(self):
         if self.seed is None:
             self.seed = self.game.seed
-        # what a game accepts its save must hold (animegamer.inference.saved), so it is refused here, not at :load
+        # what a game accepts its save must hold (animegamer.game.save), so it is refused here, not at :load
         check_game_settings(self.seed, self.history_turns)
 
     @property
@@ -240,7 +240,7 @@ class GameSession:
 
     def save(self, path: str | Path, wait: bool = True) -> Path:
         """One atomic, fsynced safetensors file: the shots as tensors, everything else as JSON metadata
-        (format in :mod:`animegamer.inference.saved`). It replaces only an earlier save (:func:`check_save_target`)
+        (format in :mod:`animegamer.game.save`). It replaces only an earlier save (:func:`check_save_target`)
         and keeps that file's permissions. It waits for the clips being written first, so that the save names
         them (``wait=False``: a clip still being written is saved without its path, which a load never reads)."""
         mode = check_save_target(path)
@@ -324,7 +324,7 @@ class GameSession:
 
     @classmethod
     def load(cls, path: str | Path, game: AnimeGamer, output_dir: str | Path | None = None) -> GameSession:
-        """A saved game, checked as untrusted input (:func:`animegamer.inference.saved.read_save`), continued by
+        """A saved game, checked as untrusted input (:func:`animegamer.game.save.read_save`), continued by
         ``game`` (a save played with another K than ``game.history_turns`` is refused, so that the game goes on
         exactly as it would have). Clip paths in the save are dropped: :meth:`render_turn` makes a turn's clip
         again, inside ``output_dir``. Raises ValueError naming the file and field, or FileNotFoundError."""

@@ -34,9 +34,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from animegamer.data.vocabulary import Vocabulary
-from animegamer.inference.game import SAVE_NAME, GameBusy, GameSession, clean_stale_temp, one_line, sweep_stale
-from animegamer.inference.turn import AnimeGamer, Progress, clip_stem
-from animegamer.inference.web_view import (
+from animegamer.game.browser_view import (
     APP_CSS,  # noqa: F401  (app.py and the tests take it from here, with build_app)
     CLIP_HEIGHT,
     HISTORY_COLUMNS,
@@ -51,6 +49,8 @@ from animegamer.inference.web_view import (
     remove_turn_views,
     tell,
 )
+from animegamer.game.session import SAVE_NAME, GameBusy, GameSession, clean_stale_temp, one_line, sweep_stale
+from animegamer.game.turn import AnimeGamer, Progress, clip_stem
 from animegamer.io import check_regular_file, path_inside
 from animegamer.states import TagError, parse_instruction
 

@@ -1,9 +1,4 @@
-"""The MLLM side of a game: :class:`MLLMPredictor` (the :class:`animegamer.inference.turn.StatePredictor` of a
-model, its turn function :func:`animegamer.models.mllm_turn.predict_turn` or the release's own), the instruction
-check, and the results directory of inference_MLLM.py.
-
-    predictor = MLLMPredictor(model, device="cuda", max_instruction_tokens=96)     # a StatePredictor
-    prediction = predictor.predict_turn(history, "Character: Qiqi; Motion: gently lie down; Background: park.")
+"""The results directory of inference_MLLM.py (the predictor it plays: animegamer/game/predictor.py).
 
 Results directory written by ``inference_MLLM.py`` (:class:`ResultsWriter`), read by ``inference_Decoder.py``
 (:func:`load_results`)::
@@ -35,7 +30,6 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -43,8 +37,8 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 
-from animegamer.inference.saved import check_shot
-from animegamer.inference.turn import Turn, on_device
+from animegamer.game.save import check_shot
+from animegamer.game.turn import Turn
 from animegamer.io import (
     MAX_RECORD_BYTES,
     atomic_write_json,
@@ -54,7 +48,6 @@ from animegamer.io import (
     read_json_bounded,
     write_cause,
 )
-from animegamer.models.mllm_turn import HistoryTurn, TurnFunction, TurnPrediction, predict_turn
 from animegamer.models.weights import load_state_dict_file, save_state_dict_file
 from animegamer.states import CharacterState, StateValues, parse_instruction
 
@@ -67,57 +60,6 @@ TURNS_FILE = "turns.jsonl"
 _TURN_DIR = re.compile(r"^turn_\d{3,}$")
 _TURN_CLIP = re.compile(r"^turn_\d{3,}(_x\d+)?\.(mp4|gif)$")  # a rendered turn (inference_Decoder.py)
 MAX_TURNS_FILE_BYTES = 1 << 30  # turns.jsonl: a line is about 1 kB, so a million turns fit
-
-
-class InstructionError(ValueError):
-    """An instruction the MLLM cannot take: empty, too many tokens, or containing reserved layout tokens."""
-
-
-def validate_instruction(text: str, tokenizer: Any, base_vocab: int, max_tokens: int, where: str = "") -> list[int]:
-    """Token ids of an instruction, or :class:`InstructionError` naming ``where`` and the problem."""
-    prefix = f"{where}: " if where else ""
-    if text is None or not text.strip():
-        raise InstructionError(f"{prefix}empty instruction")
-    shown = repr(text[:60]) + ("..." if len(text) > 60 else "")
-    ids = list(tokenizer.encode(text, add_special_tokens=False))
-    special = set(tokenizer.all_special_ids)  # </s> or <unk> typed into an instruction would end or confuse a turn
-    reserved = [tokenizer.convert_ids_to_tokens(i) for i in ids if i >= base_vocab or i in special]
-    if reserved:
-        raise InstructionError(f"{prefix}instruction contains the reserved token(s) {reserved[:3]}: {shown}")
-    if len(ids) > max_tokens:
-        raise InstructionError(
-            f"{prefix}instruction is {len(ids)} tokens, more than mllm.max_instruction_tokens={max_tokens}: {shown}"
-        )
-    return ids
-
-
-class MLLMPredictor:
-    """The core's :class:`animegamer.inference.turn.StatePredictor`: the MLLM in eval mode, moved to ``device`` only
-    while it predicts when ``offload``; ``predict`` is the turn function (:func:`predict_turn`; the release's own:
-    animegamer.official.agent.predict_released)."""
-
-    def __init__(self, model, device: str | None = None, offload: bool = False, max_instruction_tokens: int = 96,
-                 *, predict: TurnFunction = predict_turn):
-        self.model = model.eval()
-        self.device = device if device is not None else str(model.device)
-        self.offload, self.max_instruction_tokens, self.predict = offload, max_instruction_tokens, predict
-
-    @property
-    def shot_shape(self) -> tuple[int, int]:
-        """(num_slots, shot_dim) of the shots this model predicts and reads back as history."""
-        return self.model.num_slots, self.model.shot_dim
-
-    def validate(self, instruction: str, where: str = "") -> None:
-        """Token count and reserved tokens: :class:`InstructionError` (a ValueError)."""
-        validate_instruction(instruction, self.model.tokenizer, self.model.base_vocab, self.max_instruction_tokens,
-                             where)
-
-    def predict_turn(self, history: Sequence[HistoryTurn], instruction: str) -> TurnPrediction:
-        with on_device(self.model, self.device, self.offload):
-            return self.predict(self.model, list(history), instruction)
-
-
-# ---------------------------------------------------------------------- results directory
 
 
 def turn_dir(output_dir: str | Path, index: int) -> Path:
@@ -172,7 +114,7 @@ class ResultsWriter:
     turns.jsonl line: the directory holds the turns before it, complete, as a run stopped there would.
 
         with ResultsWriter(output_dir, summary) as results:   # clears an earlier run, game.json: complete false
-            for turn in turns:                                # animegamer.inference.turn.Turn, in order
+            for turn in turns:                                # animegamer.game.turn.Turn, in order
                 results.add(turn)                             # turn files + one line appended to turns.jsonl
             results.finish()                                  # game.json: complete true, num_turns
     """

@@ -1,1 +1,0 @@
-"""Inference: the MLLM turn runner, the game session, rendering of clips and contact sheets."""
