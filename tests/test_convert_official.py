@@ -130,9 +130,8 @@ def test_the_release_plays_only_through_its_door(converted, tmp_path):
     """compat=released: the core's game refuses it in one line; animegamer.official.game builds the release's own
     predictor (the core's runner with its turn, history_turns = max_window - 1) and renderer (its sampler and fp16
     transformer), and a turn plays and renders to the VAE's frame count of the converted latent frames."""
-    from animegamer.game import build as session
-
     from animegamer.config import InferenceConfig, load_config
+    from animegamer.game import build as session
     from animegamer.official import game
     from animegamer.official.agent import predict_released
 
@@ -156,6 +155,32 @@ def test_the_release_plays_only_through_its_door(converted, tmp_path):
     fixed = game.build_session(load_config(converted / "inference.yaml", overrides[:1] + overrides[2:],
                                            schema=InferenceConfig), render=False)
     assert fixed.game.predictor.predict is not predict_released
+
+
+@pytest.mark.slow
+def test_the_terminal_game_plays_the_release(converted, tmp_path, monkeypatch, capsys):
+    """``python -m animegamer.play ... compat=released``: the terminal command plays a turn with the release's own
+    predictor and renderer (its turn records the values as the release parsed them), as the other entry points do."""
+    import io
+
+    from animegamer import play
+    from animegamer.official import game
+
+    calls = []
+    real = game.predict_released
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(game, "predict_released", counted)
+    monkeypatch.setattr(sys, "stdin", io.StringIO(GAME.splitlines()[0] + "\n:quit\n"))
+    play.main(["--config", str(converted / "inference.yaml"), "device=cpu", "compat=released", "mllm.dtype=fp32",
+               "sampling.steps=2", "decoder.dtype=fp32", f"output_dir={tmp_path}"])
+    out = capsys.readouterr().out
+    games = list(tmp_path.glob("play_*"))
+    assert len(calls) == 1 and len(games) == 1, out
+    assert (games[0] / "turn_000.mp4").is_file() and (games[0] / "game.save").is_file(), out
 
 
 def _fails(args, capsys, match):

@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from animegamer.game import turn as turn_module
 from markdown_it import MarkdownIt
 
 from animegamer.config import load_config
 from animegamer.data.video import read_video, write_mp4
 from animegamer.data.vocabulary import Vocabulary
+from animegamer.game import turn as turn_module
 from animegamer.game.browser import WebGame, as_text, large_clip
 from animegamer.game.build import build_session
 from animegamer.game.clip_writer import ClipWriter

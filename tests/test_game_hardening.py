@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from animegamer.game import session as game_module
-from animegamer.game import browser as web_module
 from safetensors.torch import save_file
 
+from animegamer.game import browser as web_module
+from animegamer.game import session as game_module
 from animegamer.game.browser import WebGame, as_text
 from animegamer.game.save import MAX_TURNS, SAVE_FORMAT, SaveError, read_save
 from animegamer.game.session import GameBusy, GameSession, SaveWriteError, clean_stale_temp, sweep_stale

@@ -146,7 +146,7 @@ def check_core_compat(cfg: InferenceConfig) -> None:
     (animegamer.official.game), never here."""
     if cfg.compat != "fixed":
         raise ValueError(f"compat={cfg.compat}: the release's own predictor and renderer play through app.py, "
-                         "inference_MLLM.py, inference_Decoder.py or python -m animegamer.official.play")
+                         "inference_MLLM.py, inference_Decoder.py or python -m animegamer.play")
 
 
 def load_mllm_predictor(cfg: InferenceConfig, device: str, offload: bool) -> MLLMPredictor:

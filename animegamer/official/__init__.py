@@ -8,7 +8,6 @@ checkpoint layout, and its own predictor and renderer for ``compat: released``. 
 ``agent``          the release's MLLM turn (its quirks B1-B6) as a turn function of the core's runner
 ``sampler``        the release's decoder sampler (B7-B10, B15)
 ``game``           the one place that picks the release's predictor/renderer or the core's for a config
-``play``           the terminal game with those parts: ``python -m animegamer.official.play``
 ``release_files``  random files in the release's layout (the speed harness's ``official`` part, tests)
 
 research/official/ holds the measurements of how far ``fixed`` moves from the release.

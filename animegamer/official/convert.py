@@ -5,7 +5,7 @@
       mllm/             our trained MLLM parts (LoRA adapter, new-token rows, resamplers, layout)
       CogVideoX/        diffusers CogVideoX: the converted transformer, the base model's vae/ and scheduler/
       decoder/          our trained decoder parts (LoRA, flow embedding, release sampler settings)
-      inference.yaml    what inference_MLLM.py, inference_Decoder.py, python -m animegamer.official.play and app.py
+      inference.yaml    what inference_MLLM.py, inference_Decoder.py, python -m animegamer.play and app.py
                         take (python -m animegamer.play too, under compat: fixed)
       conversion.json   what was converted, from which files, with which sizes
 
@@ -128,7 +128,7 @@ def convert_release(
             "# Converted official AnimeGamer weights (scripts/convert_official.py). Play them with:\n"
             f"#   python inference_MLLM.py --config {out / INFERENCE_FILE} game=game_demo/demo.txt\n"
             f"#   python inference_Decoder.py --config {out / INFERENCE_FILE}\n"
-            f"#   python -m animegamer.official.play --config {out / INFERENCE_FILE}\n"
+            f"#   python -m animegamer.play --config {out / INFERENCE_FILE}\n"
             f"#   python app.py --config {out / INFERENCE_FILE}\n"
             "# compat: released reproduces the release's numerics, quirks included; fixed corrects its bugs.\n"
         )
