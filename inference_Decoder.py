@@ -45,14 +45,13 @@ from animegamer.game.contact_sheet import (
     contact_sheet,
     readable_factor,
     sample_frame_indices,
-    state_bar,
     upscale,
 )
 from animegamer.game.preflight import check_device, check_output_dir
 from animegamer.game.results import load_results
 from animegamer.game.turn import Turn, clip_stem
 from animegamer.official.game import build_game, render_levels
-from animegamer.states import CharacterState, StateValues
+from animegamer.states import CharacterState, StateValues, state_bar
 
 SHEET_TURNS = 64  # turns per contact sheet
 SHEET_FILE = "contact_sheet.png"  # the first; then contact_sheet_064.png, ... named by their first turn

@@ -256,3 +256,9 @@ class CharacterState:
             if not STATE_MIN <= value <= STATE_MAX:
                 raise TagError(f"{value} outside {STATE_MIN}..{STATE_MAX}", field=name)
         return state
+
+
+def state_bar(name: str, value: int, width: int = 20) -> str:
+    """A text bar for the terminal and the sheet: ``stamina  [#########-----------]  45``."""
+    filled = round(width * max(0, min(100, value)) / 100)
+    return f"{name:<13} [{'#' * filled}{'-' * (width - filled)}] {value:3d}"

@@ -21,10 +21,10 @@ import torch
 from safetensors.torch import save_file
 
 from animegamer.game import browser as web_module
-from animegamer.game import session as game_module
+from animegamer.game import save as save_module
 from animegamer.game.browser import WebGame, as_text
-from animegamer.game.save import MAX_TURNS, SAVE_FORMAT, SaveError, read_save
-from animegamer.game.session import GameBusy, GameSession, SaveWriteError, clean_stale_temp, sweep_stale
+from animegamer.game.save import MAX_TURNS, SAVE_FORMAT, SaveError, SaveWriteError, read_save
+from animegamer.game.session import GameBusy, GameSession, clean_stale_temp, sweep_stale
 from animegamer.game.terminal import run
 from animegamer.io import DirectoryLocked
 from tests.helpers.game import GAME, FailingRenderer
@@ -117,14 +117,14 @@ def test_browser_save_past_the_limit_says_why_without_the_server_path(played, tm
 @pytest.mark.parametrize("interrupts", [1, 3])
 def test_ctrl_c_during_the_exit_save_does_not_cut_it_short(played, tmp_path, monkeypatch, interrupts):
     game = copy_game(played, tmp_path)
-    real = game_module.save_file
+    real = save_module.save_file
 
     def interrupted_save(*args, **kwargs):  # real Ctrl-Cs (SIGINT to this process) while the save is written
         for _ in range(interrupts):
             os.kill(os.getpid(), signal.SIGINT)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(game_module, "save_file", interrupted_save)
+    monkeypatch.setattr(save_module, "save_file", interrupted_save)
     out = io.StringIO()
     final = run(game, io.StringIO(":state\n"), out, games_dir=tmp_path)  # end of input: the autosave
     text = out.getvalue()

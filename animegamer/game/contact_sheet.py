@@ -94,9 +94,3 @@ def contact_sheet(rows: list[tuple[np.ndarray, list[str]]], path: str | Path, fr
     with atomic_path(path) as tmp:
         sheet.save(tmp, format="PNG")
     return path
-
-
-def state_bar(name: str, value: int, width: int = 20) -> str:
-    """A text bar for the terminal and the sheet: ``stamina  [#########-----------]  45``."""
-    filled = round(width * max(0, min(100, value)) / 100)
-    return f"{name:<13} [{'#' * filled}{'-' * (width - filled)}] {value:3d}"

@@ -19,14 +19,16 @@ from __future__ import annotations
 import json
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 
+from animegamer.io import atomic_path, write_cause
 from animegamer.states import (
     MAX_INSTRUCTION_CHARS,
     STATE_MAX,
@@ -305,3 +307,48 @@ def _read_save(path: Path, history_turns: int, shot_shape, validate, max_chars: 
                 raise SaveError(f"{field}.{name}: expected a string, got {_type(raw[name])}")
         turns.append(SavedTurn(position, instruction, values, state, shots[turn_key(position)], prompt_tokens))
     return SavedGame(meta["seed"], meta["history_turns"], turns)
+
+
+# ---------------------------------------------------------------------- writing
+
+
+class SaveWriteError(OSError):
+    """A save could not be written (a full disk, a file size limit, a folder gone); the message names the file and
+    the cause, and the game's turns are as they were, in memory."""
+
+
+def check_save_target(path: str | Path) -> int | None:
+    """Whether a game may be saved to ``path``: a new file, or an earlier animegamer save (recognised by its
+    content, not its name) with no other hard link. Anything else (a text file, a directory, a device, a pipe, a
+    symbolic link, a hard-linked file) is refused with ValueError naming it, and left untouched. Returns the mode
+    to give the new file: the replaced save's, so that saving never widens who may read it; None for a new one."""
+    kind = file_kind(path, follow=False)
+    if kind == "missing":
+        return None
+    if kind != "file":
+        raise ValueError(f"{path} is {kind}, not a saved game: not replaced (save to another file)")
+    info = os.lstat(path)
+    if info.st_nlink > 1:
+        raise ValueError(f"{path} has {info.st_nlink} hard links: not replaced, saving would break them "
+                         "(save to another file)")
+    if not is_save(path):
+        raise ValueError(f"{path} exists and is not an animegamer saved game: not replaced (save to another file)")
+    return info.st_mode & 0o777
+
+
+def write_save(path: str | Path, seed: int, history_turns: int, turns: Sequence[Any], mode: int | None = None) -> Path:
+    """One atomic, fsynced safetensors file of a game: the turns' shots (``turn_000``, ...) as tensors, the rest as
+    JSON metadata (the format read by :func:`read_save`). ``turns``: the game's :class:`animegamer.game.turn.Turn`
+    objects; ``mode``: the new file's permissions (:func:`check_save_target`'s). A write that fails raises
+    :class:`SaveWriteError` and leaves any earlier file at ``path`` as it was."""
+    meta = {"format": SAVE_FORMAT, "seed": seed, "history_turns": history_turns, "turns": [t.summary() for t in turns]}
+    tensors = {turn_key(t.index): t.shot_embeds for t in turns}
+    if not tensors:  # safetensors needs at least one tensor
+        tensors = {"empty": torch.zeros(0)}
+    try:
+        with atomic_path(path, mode=mode) as tmp:
+            save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"game": json.dumps(meta)})
+    except (OSError, SafetensorError) as exc:  # safetensors' own error on a full disk is no OSError
+        raise SaveWriteError(f"could not save the game to {path}: {write_cause(exc)}; its {len(turns)} turns are "
+                             "kept (save to another place)") from None
+    return Path(path)

@@ -25,8 +25,6 @@ killed earlier game left there. A game holds at most :data:`~animegamer.game.sav
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -34,23 +32,17 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-from safetensors import SafetensorError
-from safetensors.torch import save_file
-
 from animegamer.game.clip_writer import ClipWriter
 from animegamer.game.save import (
     MAX_HISTORY_TURNS,
     MAX_SEED,
     MAX_TURNS,
-    SAVE_FORMAT,
-    file_kind,
-    is_save,
+    check_save_target,
     read_save,
-    turn_key,
+    write_save,
 )
 from animegamer.game.turn import AnimeGamer, Decoded, Preview, Progress, Turn
-from animegamer.io import DirectoryLocked, atomic_path, directory_lock, write_cause
+from animegamer.io import DirectoryLocked, directory_lock
 from animegamer.states import CharacterState
 
 SAVE_NAME = "game.save"  # a game's default save file, inside its own output directory
@@ -59,11 +51,6 @@ STALE_TEMP = ".*.tmp*"  # what atomic writes leave behind when their process is 
 
 class GameBusy(RuntimeError):
     """Another action of the same game is running (:meth:`GameSession.action`); nothing was done."""
-
-
-class SaveWriteError(OSError):
-    """A save could not be written (a full disk, a file size limit, a folder gone); the message names the file and
-    the cause, and the game's turns are as they were, in memory."""
 
 
 def clean_stale_temp(folder: str | Path) -> list[Path]:
@@ -124,25 +111,6 @@ def check_game_settings(seed: int, history_turns: int) -> None:
     if isinstance(history_turns, bool) or not isinstance(history_turns, int) \
             or not 0 <= history_turns <= MAX_HISTORY_TURNS:
         raise ValueError(f"history_turns={history_turns} must be an integer in 0..{MAX_HISTORY_TURNS}")
-
-
-def check_save_target(path: str | Path) -> int | None:
-    """Whether a game may be saved to ``path``: a new file, or an earlier animegamer save (recognised by its
-    content, not its name) with no other hard link. Anything else (a text file, a directory, a device, a pipe, a
-    symbolic link, a hard-linked file) is refused with ValueError naming it, and left untouched. Returns the mode
-    to give the new file: the replaced save's, so that saving never widens who may read it; None for a new one."""
-    kind = file_kind(path, follow=False)
-    if kind == "missing":
-        return None
-    if kind != "file":
-        raise ValueError(f"{path} is {kind}, not a saved game: not replaced (save to another file)")
-    info = os.lstat(path)
-    if info.st_nlink > 1:
-        raise ValueError(f"{path} has {info.st_nlink} hard links: not replaced, saving would break them "
-                         "(save to another file)")
-    if not is_save(path):
-        raise ValueError(f"{path} exists and is not an animegamer saved game: not replaced (save to another file)")
-    return info.st_mode & 0o777
 
 
 @dataclass
@@ -246,22 +214,7 @@ class GameSession:
         mode = check_save_target(path)
         if wait:
             self.wait()
-        meta = {
-            "format": SAVE_FORMAT,
-            "seed": self.seed,
-            "history_turns": self.history_turns,
-            "turns": [t.summary() for t in self.turns],
-        }
-        tensors = {turn_key(t.index): t.shot_embeds for t in self.turns}
-        if not tensors:  # safetensors needs at least one tensor
-            tensors = {"empty": torch.zeros(0)}
-        try:
-            with atomic_path(path, mode=mode) as tmp:
-                save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp),
-                          metadata={"game": json.dumps(meta)})
-        except (OSError, SafetensorError) as exc:  # safetensors' own error on a full disk is no OSError
-            raise SaveWriteError(f"could not save the game to {path}: {write_cause(exc)}; its {len(self.turns)} "
-                                 "turns are kept (save to another place)") from None
+        write_save(path, self.seed, self.history_turns, self.turns, mode)
         self.saved_turns = list(self.turns)
         return Path(path)
 

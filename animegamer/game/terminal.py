@@ -38,9 +38,9 @@ from animegamer.cli import fail, no_bars_in_logs, parse_config
 from animegamer.config import InferenceConfig
 from animegamer.data.vocabulary import Vocabulary, load_vocabulary
 from animegamer.game.build import build_session, check_play_settings
-from animegamer.game.contact_sheet import state_bar
 from animegamer.game.session import SAVE_NAME, GameSession, one_line, shielded, sweep_stale
 from animegamer.game.turn import Turn
+from animegamer.states import state_bar
 
 GAME_COMMAND = "python -m animegamer.play"  # what a game's directory lock names as its holder
 
