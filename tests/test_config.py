@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 import pytest
@@ -111,6 +112,51 @@ def test_a_base_that_is_not_a_config_is_refused_without_quoting_it(tmp_path, con
     message = str(exc.value)
     assert str(secret) in message and "\n" not in message
     assert "hunter2" not in message and "root:x" not in message and "daemon" not in message
+
+
+# ---- a shipped YAML writes only what differs: the defaults (the dataclasses: the paper's settings) live in one place
+
+_LEAF = re.compile(r"^(\s*)([A-Za-z_]\w*)\s*:\s*([^#\s|>].*)$")  # `key: value` on one line
+_HEADER = re.compile(r"^(\s*)([A-Za-z_]\w*)\s*:\s*(#.*)?$")  # `section:`
+
+
+def _resolved_without(path: Path, lines: list[str], drop: set[int], tmp: Path):
+    """What ``path`` resolves to without the lines ``drop`` (its ``base`` made absolute, the copy in ``tmp``)."""
+    import dataclasses
+
+    kept = [line for n, line in enumerate(lines) if n not in drop]
+    text = "".join(re.sub(r"^base:\s*(\S+)", lambda m: f"base: {(path.parent / m.group(1)).resolve()}", line)
+                   for line in kept)
+    trial = tmp / path.name
+    trial.write_text(text)
+    try:
+        return dataclasses.asdict(load_config(trial))
+    except Exception as exc:  # a key the file needs (kind, a required path): not a restated default
+        return ("error", type(exc).__name__)
+
+
+@pytest.mark.parametrize("path", ALL_CONFIGS, ids=lambda p: str(p.relative_to(ROOT / "configs")))
+def test_a_shipped_config_writes_only_what_differs_from_the_defaults(path, tmp_path):
+    """Every one-line ``key: value`` of a shipped YAML changes what the file resolves to: none restates a default
+    (of the dataclasses, or of its ``base`` file). A section holding only a restated default counts as one."""
+    lines = path.read_text().splitlines(keepends=True)
+    whole = _resolved_without(path, lines, set(), tmp_path)
+    restated = []
+    for n, line in enumerate(lines):
+        match = _LEAF.match(line)
+        if not match or match.group(2) in ("kind", "base"):
+            continue
+        indent = len(match.group(1))
+        after = next((x for x in lines[n + 1:] if x.strip() and not x.lstrip().startswith("#")), "")
+        if after and len(after) - len(after.lstrip()) > indent:
+            continue  # a value continued on the next lines
+        drop = {n}
+        alone = n > 0 and _HEADER.match(lines[n - 1]) and len(after) - len(after.lstrip()) < indent
+        if alone:
+            drop.add(n - 1)  # the only key of its section: the section goes with it
+        if _resolved_without(path, lines, drop, tmp_path) == whole:
+            restated.append(f"line {n + 1}: {line.strip()}")
+    assert not restated, f"{path.relative_to(ROOT)} restates defaults: {restated}"
 
 
 # ---- the resolved shipped configs: a refactor of the schemas or the YAMLs must not move any value ----------------
