@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import threading
 
 import pytest
 import torch
@@ -48,6 +50,20 @@ def tiny_t5_config(tmp_path_factory) -> T5Config:
 def tiny_cogvideox_dir(tiny_t5_config):
     """A whole tiny CogVideoX folder: transformer/, vae/, scheduler/ added beside the tiny T5 (64x96 clips)."""
     return tiny.build_tiny_cogvideox(tiny_t5_config.path)
+
+
+@pytest.fixture(autouse=True)
+def signal_handlers_as_they_were():
+    """Every test starts with the worker's own signal handlers: an in-process game or run that installs its own
+    (SIGHUP/SIGTERM, or SIGINT ignored while it prints its last line) must not change what a later test's child
+    processes inherit (a child of a process that ignores SIGINT ignores Ctrl-C too)."""
+    numbers = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGXFSZ)
+    before = {number: signal.getsignal(number) for number in numbers}
+    yield
+    if threading.current_thread() is threading.main_thread():
+        for number, handler in before.items():
+            if handler is not None and signal.getsignal(number) is not handler:
+                signal.signal(number, handler)
 
 
 @pytest.fixture

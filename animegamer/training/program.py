@@ -133,8 +133,11 @@ def run_program(main: Callable[[], object]) -> None:
     try:
         main()
     except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not break the line below
-        _say(f"interrupted: {_where()}")
+        before = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not break the line below
+        try:
+            _say(f"interrupted: {_where()}")
+        finally:  # a caller that goes on (a test) keeps its Ctrl-C; an ignored SIGINT is inherited by child processes
+            signal.signal(signal.SIGINT, before if before is not None else signal.SIG_DFL)
         raise SystemExit(130) from None
     except CheckpointWriteError as exc:
         _say(f"error: {exc}")
