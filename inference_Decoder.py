@@ -59,9 +59,9 @@ SHEET_FRAMES = 6  # frames shown per turn
 
 def sheet_label(state: dict) -> list[str]:
     """A turn's lines on the contact sheet: the instruction, the predicted values, the state bars after it."""
-    v, s = state["values"], state["character_state"]
+    v, s = state["values"], state["state"]
     return [
-        f"turn {state['turn']}: {state['instruction']}",
+        f"turn {state['index']}: {state['instruction']}",
         f"level {v['motion_level']}  social {v['social']}  ent {v['entertainment']}  stamina {v['stamina']:+d}",
         state_bar("stamina", s["stamina"], 12),
         state_bar("social", s["social"], 12),
@@ -71,8 +71,8 @@ def sheet_label(state: dict) -> list[str]:
 
 def recorded_turn(state: dict, shot_embeds) -> Turn:
     """A turn of the MLLM results (``load_results`` checked it) as the game holds it."""
-    return Turn(state["turn"], state["instruction"], StateValues(**state["values"]),
-                CharacterState.from_dict(state["character_state"]), shot_embeds, state["prompt_tokens"])
+    return Turn(state["index"], state["instruction"], StateValues(**state["values"]),
+                CharacterState.from_dict(state["state"]), shot_embeds, state["prompt_tokens"])
 
 
 def main(argv: list[str] | None = None) -> dict[str, Path]:
@@ -125,7 +125,7 @@ def render(cfg: InferenceConfig, out: Path, game: dict, turns: list) -> dict:
         big_video = videos.enter_context(mp4_stream(written["game_upscaled"], fps)) if factor > 1 else None
         for (state, shot_embeds), level in tqdm(list(zip(turns, levels, strict=True)), desc="render turns",
                                                 disable=None):  # (no bar in a log file)
-            index = state["turn"]
+            index = state["index"]
             frames = animegamer.render_turn(recorded_turn(state, shot_embeds), out, seed=seed, motion_level=level)
             game_video(frames)
             if big_video is not None:

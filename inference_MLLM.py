@@ -28,7 +28,7 @@ write, however long the game::
     output_dir/game.json                          the settings; "complete": true once every turn is written
     output_dir/turns.jsonl                        one line per finished turn
     output_dir/turn_000/shot_embeds.safetensors   (num_slots, shot_dim) float32 under key "shot_embeds"
-    output_dir/turn_000/state.json                instruction, values, character_state, prompt_tokens
+    output_dir/turn_000/state.json                index, instruction, values, state, prompt_tokens
 """
 
 from __future__ import annotations

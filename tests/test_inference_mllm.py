@@ -59,11 +59,11 @@ def test_demo_game_writes_eight_turns(tmp_path, tiny_checkpoint):
     state = CharacterState()
     for index, (record, shot) in enumerate(turns):
         assert shot.shape == (226, 32) and shot.dtype == torch.float32 and torch.isfinite(shot).all()
-        assert record["instruction"] == instructions[index] and record["turn"] == index
+        assert record["instruction"] == instructions[index] and record["index"] == index
         values = StateValues(**record["values"])  # valid by construction
         state = state.update(values)
-        assert record["character_state"] == state.to_dict()
-        assert set(record) >= {"instruction", "values", "character_state", "prompt_tokens"}
+        assert record["state"] == state.to_dict()
+        assert set(record) >= {"index", "instruction", "values", "state", "prompt_tokens"}
         assert abs(sum(record["value_probs"]["motion_level"].values()) - 1) < 1e-5
         assert game["turns"][index]["dir"] == f"turn_{index:03d}"
     assert turns[0][0]["prompt_tokens"] < turns[1][0]["prompt_tokens"]  # turn 0 has no history

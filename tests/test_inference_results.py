@@ -16,9 +16,8 @@ from animegamer.game.contact_sheet import MAX_SHEET_PIXELS, contact_sheet
 from animegamer.game.preflight import check_device, check_output_dir
 from animegamer.game.results import ResultsWriter, load_results
 from animegamer.models.mllm import AnimeGamerMLLM
-from animegamer.states import CharacterState
 from tests.helpers.limits import run_python
-from tests.helpers.results import SHAPE, TINY, VALUES, entry, played, refuse_models, results_dir
+from tests.helpers.results import SHAPE, TINY, entry, played, refuse_models, results_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_GPU = not torch.cuda.is_available()
@@ -50,7 +49,7 @@ def test_a_turn_writes_the_same_bytes_early_and_late_in_a_long_game(tmp_path):
         assert os.stat(tmp_path / "out" / "game.json").st_ino == game_inode  # not rewritten during the game
         results.finish()
     early, late = np.mean(cost[10:20]), np.mean(cost[-10:])
-    # the digits of the turn number ("turn": 249 vs 10) are the only growth allowed
+    # the digits of the turn number ("index": 249 vs 10) are the only growth allowed
     assert late - early < 16, (early, late)
     assert max(cost) < 2 * min(cost)
     game, loaded = load_results(tmp_path / "out", shape)
@@ -108,22 +107,18 @@ def test_a_new_game_replaces_every_file_of_the_last_one(tmp_path):
     assert len(load_results(out)[1]) == 2 and (keep / "mine.txt").read_text() == "mine"
 
 
-def test_results_of_the_earlier_format_are_still_read(tmp_path):
-    """v1: game.json itself listed every turn (it was rewritten after each)."""
-    out = tmp_path / "old"
-    states = []
-    for i in range(2):
-        (out / f"turn_{i:03d}").mkdir(parents=True)
-        state = {"turn": i, "instruction": f"Qiqi runs {i}", "values": vars(VALUES),
-                 "character_state": CharacterState().to_dict(), "prompt_tokens": 40, "value_probs": {}}
-        (out / f"turn_{i:03d}" / "state.json").write_text(json.dumps(state))
-        save_file({"shot_embeds": torch.ones(8, 4) * i}, str(out / f"turn_{i:03d}" / "shot_embeds.safetensors"))
-        states.append({**state, "dir": f"turn_{i:03d}"})
-    game = {"format": "animegamer-mllm-results-v1", "complete": True, "game": "g.txt", "history_turns": 1,
-            "seed": 5, "mllm": {"num_slots": 8, "shot_dim": 4}, "turns": states}
-    (out / "game.json").write_text(json.dumps(game))
-    read, turns = load_results(out, (8, 4))
-    assert read["seed"] == 5 and [s["turn"] for s, _ in turns] == [0, 1] and float(turns[1][1].sum()) == 32
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_results_of_an_earlier_format_are_refused_in_one_line(tmp_path, version):
+    """A turn is written in one JSON form (Turn.record: index, state), the one a save holds; results written by an
+    earlier version are refused by name, with what to do."""
+    out = results_dir(tmp_path / "old", turns=2, shape=(8, 4))
+    game = json.loads((out / "game.json").read_text())
+    (out / "game.json").write_text(json.dumps({**game, "format": f"animegamer-mllm-results-{version}"}))
+    with pytest.raises(ValueError) as exc:
+        load_results(out, (8, 4))
+    assert "\n" not in str(exc.value) and "run inference_MLLM.py again" in str(exc.value)
+    state = json.loads((out / "turn_001" / "state.json").read_text())
+    assert state["index"] == 1 and set(state) >= {"instruction", "values", "state", "prompt_tokens", "clip", "gif"}
 
 
 # ---------------------------------------------------------------------- reading: the config decides the shape
@@ -153,7 +148,7 @@ def test_shots_are_checked_against_the_config_not_the_results(tmp_path, recorded
         ("x" * 10_000_000, "more than 400"),  # one 10 MB word: would be a sheet row of megapixels
         ("Qiqi\x1b[2J runs", "control characters"),
         ("   ", "empty instruction"),
-        (["a", "list"], "'turn' or 'instruction' is wrong"),
+        (["a", "list"], "'index' or 'instruction' is wrong"),
     ],
     ids=["410-chars", "10MB", "escape", "blank", "list"],
 )
@@ -355,6 +350,6 @@ def test_a_turn_that_cannot_be_written_leaves_the_turns_before_it_whole(tmp_path
     assert f"the {count} turns before it are complete" in message
     lines = (out / "turns.jsonl").read_bytes().decode().split("\n")
     assert lines[-1] == "" and len(lines) - 1 == count  # only whole lines
-    assert [json.loads(line)["turn"] for line in lines[:-1]] == list(range(count))
+    assert [json.loads(line)["index"] for line in lines[:-1]] == list(range(count))
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == [f"turn_{i:03d}" for i in range(count)]
     assert not [p for p in out.rglob("*") if ".tmp" in p.name]

@@ -51,7 +51,7 @@ def test_a_results_file_that_is_a_pipe_or_a_device_is_one_line(tmp_path, tiny_co
 
 @pytest.mark.parametrize("where, field", [("game.json", "num_turns"), ("game.json", "seed"),
                                           ("turn_000/state.json", "prompt_tokens"),
-                                          ("turn_000/state.json", "turn")])
+                                          ("turn_000/state.json", "index")])
 def test_a_number_of_thousands_of_digits_names_its_file_and_field(tmp_path, where, field):
     out = results_dir(tmp_path / "out", turns=1, shape=(8, 4))
     path = out / where

@@ -128,7 +128,7 @@ def test_inference_mllm_then_decoder(shipped, calls, tmp_path):
     _, recorded = load_results(tmp_path / "out")
     for (state, shot), ref in zip(recorded, reference, strict=True):
         assert torch.equal(shot, ref.shot_embeds) and state["values"] == vars(ref.values)
-        assert CharacterState.from_dict(state["character_state"]) == ref.state
+        assert CharacterState.from_dict(state["state"]) == ref.state
     calls.clear()
     load_script("inference_Decoder.py").main(args)
     assert [name for name, _ in calls] == ["render_turn"] * 3  # the render step of the same object

@@ -3,16 +3,17 @@
 Results directory written by ``inference_MLLM.py`` (:class:`ResultsWriter`), read by ``inference_Decoder.py``
 (:func:`load_results`)::
 
-    output_dir/game.json                       {"format": "animegamer-mllm-results-v2", "complete": bool,
+    output_dir/game.json                       {"format": "animegamer-mllm-results-v3", "complete": bool,
                                                 "game": path, "history_turns": K, "seed": int,
                                                 "mllm": {pretrained, checkpoint, vocabulary, num_slots, shot_dim},
                                                 "turns_file": "turns.jsonl", "num_turns": int (once complete)}
     output_dir/turns.jsonl                     one line per finished turn: its state.json plus "dir": "turn_000"
     output_dir/turn_000/shot_embeds.safetensors  key "shot_embeds": (num_slots, shot_dim) float32
-    output_dir/turn_000/state.json             {"turn": 0, "instruction": str,
+    output_dir/turn_000/state.json             the turn as a save holds it (Turn.record): {"index": 0,
+                                                "instruction": str,
                                                 "values": {motion_level, social, entertainment, stamina},
-                                                "character_state": {stamina, social, entertainment},  (after the turn)
-                                                "prompt_tokens": int,
+                                                "state": {stamina, social, entertainment},  (after the turn)
+                                                "prompt_tokens": int, "clip": null, "gif": null}, and
                                                 "value_probs": {field: {value: probability}},
                                                 "release_values": [ML, SC, ET, ST]}  (the release's own turn
                                                 only: the values as it parsed them, 0s on a failed parse)
@@ -20,8 +21,8 @@ Results directory written by ``inference_MLLM.py`` (:class:`ResultsWriter`), rea
 A turn costs the same to write whether it is the first or the ten-thousandth: its two files are written atomically,
 then one line is appended to ``turns.jsonl`` and flushed to disk; ``game.json`` is written only at the start
 (``complete`` false) and at the end (``complete`` true, ``num_turns``). So ``turns.jsonl`` always lists exactly
-the turns whose files are complete (a line cut short by a crash is not a turn). Results of the earlier format
-(``animegamer-mllm-results-v1``: game.json listing every turn under ``"turns"``) are still read.
+the turns whose files are complete (a line cut short by a crash is not a turn). Results of an earlier format are
+refused in one line (run inference_MLLM.py again).
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ import json
 import os
 import re
 import shutil
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +51,7 @@ from animegamer.io import (
 from animegamer.models.weights import load_state_dict_file, save_state_dict_file
 from animegamer.states import CharacterState, StateValues, parse_instruction
 
-RESULTS_FORMAT = "animegamer-mllm-results-v2"
-RESULTS_FORMAT_V1 = "animegamer-mllm-results-v1"  # game.json held every turn (rewritten after each): still read
+RESULTS_FORMAT = "animegamer-mllm-results-v3"
 SHOT_FILE = "shot_embeds.safetensors"
 STATE_FILE = "state.json"
 GAME_FILE = "game.json"
@@ -84,12 +83,10 @@ def clear_results(output_dir: str | Path) -> None:
 
 
 def turn_record(turn: Turn) -> dict[str, Any]:
+    """A turn's state.json: :meth:`Turn.record` and what only the MLLM's results keep (its value probabilities and,
+    under the release's own turn, the values as the release parsed them)."""
     return {
-        "turn": turn.index,
-        "instruction": turn.instruction,
-        "values": asdict(turn.values),
-        "character_state": turn.state.to_dict(),
-        "prompt_tokens": turn.prompt_tokens,
+        **turn.record(),
         "value_probs": {k: {str(v): p for v, p in d.items()} for k, d in turn.value_probs.items()},
         **({"release_values": turn.release_values} if turn.release_values is not None else {}),
     }
@@ -189,8 +186,10 @@ def load_results(
     if not os.path.lexists(game_file):  # something there that is not a file: refused by name below
         raise FileNotFoundError(f"no MLLM results in {out} ({GAME_FILE} missing); run inference_MLLM.py first")
     game = _read_json(game_file)
-    if game.get("format") not in (RESULTS_FORMAT, RESULTS_FORMAT_V1):
-        raise ValueError(f"{game_file}: unknown results format {game.get('format')!r}")
+    if game.get("format") != RESULTS_FORMAT:
+        known = str(game.get("format", "")).startswith("animegamer-mllm-results-")
+        raise ValueError(f"{game_file}: results format {game.get('format')!r}, not {RESULTS_FORMAT!r}"
+                         + ("; written by an earlier version: run inference_MLLM.py again" if known else ""))
     mllm, seed = game.get("mllm"), game.get("seed")
     if not isinstance(mllm, dict) or type(seed) is not int:
         raise ValueError(f"{game_file}: 'mllm' must be a mapping and 'seed' an integer")
@@ -198,29 +197,24 @@ def load_results(
     if shape is not None and recorded != tuple(shape):
         raise ValueError(f"{game_file}: the results hold shots of num_slots={recorded[0]}, shot_dim={recorded[1]}; "
                          f"this config's models take num_slots={shape[0]}, shot_dim={shape[1]}")
-    if game["format"] == RESULTS_FORMAT_V1:
-        if not isinstance(game.get("turns"), list):
-            raise ValueError(f"{game_file}: 'turns' must be a list")
-        entries, where = game["turns"], f"{game_file}: turns"
-    else:
-        entries, where = _read_turn_lines(out, game, game_file), str(out / TURNS_FILE) + ": line "
+    entries = _read_turn_lines(out, game, game_file)
     game["turns"] = entries
     turns = []
     for index, entry in enumerate(entries):
-        place = f"{where}[{index}]" if game["format"] == RESULTS_FORMAT_V1 else f"{where}{index + 1}"
+        place = f"{out / TURNS_FILE}: line {index + 1}"
         expected = turn_dir(".", index).name
         if not isinstance(entry, dict) or entry.get("dir") != expected:
             raise ValueError(f"{place}: 'dir' must be {expected!r}")
         state_file, shot_file = (path_inside(out, Path(expected) / name) for name in (STATE_FILE, SHOT_FILE))
         state = _read_json(state_file)
         try:
-            if state.get("turn") != index or not isinstance(state.get("instruction"), str):
-                raise ValueError("'turn' or 'instruction' is wrong")
+            if state.get("index") != index or not isinstance(state.get("instruction"), str):
+                raise ValueError("'index' or 'instruction' is wrong")
             if type(state.get("prompt_tokens")) is not int:
                 raise ValueError("'prompt_tokens' must be an integer")
             parse_instruction(state["instruction"], source="instruction")
             StateValues(**state["values"])
-            CharacterState.from_dict(state["character_state"])
+            CharacterState.from_dict(state["state"])
             shot = check_shot(load_state_dict_file(shot_file)["shot_embeds"], SHOT_FILE, shape or recorded)
         except (KeyError, TypeError, ValueError, SafetensorError) as exc:  # TagError and SaveError are ValueErrors
             raise ValueError(f"{state_file.parent}: not a turn written by inference_MLLM.py ({exc})") from None

@@ -341,7 +341,7 @@ def write_save(path: str | Path, seed: int, history_turns: int, turns: Sequence[
     JSON metadata (the format read by :func:`read_save`). ``turns``: the game's :class:`animegamer.game.turn.Turn`
     objects; ``mode``: the new file's permissions (:func:`check_save_target`'s). A write that fails raises
     :class:`SaveWriteError` and leaves any earlier file at ``path`` as it was."""
-    meta = {"format": SAVE_FORMAT, "seed": seed, "history_turns": history_turns, "turns": [t.summary() for t in turns]}
+    meta = {"format": SAVE_FORMAT, "seed": seed, "history_turns": history_turns, "turns": [t.record() for t in turns]}
     tensors = {turn_key(t.index): t.shot_embeds for t in turns}
     if not tensors:  # safetensors needs at least one tensor
         tensors = {"empty": torch.zeros(0)}

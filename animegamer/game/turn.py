@@ -163,7 +163,10 @@ class Turn:
             self.writing.wait(timeout)
         return bool(self.clip)
 
-    def summary(self) -> dict:
+    def record(self) -> dict:
+        """The turn as JSON, the one form every file holds (a save's ``turns``, inference_MLLM.py's
+        ``state.json``): ``index``, ``instruction``, ``values`` (the predicted values), ``state`` (the character's
+        bars after the turn), ``prompt_tokens``, ``clip`` and ``gif`` (the clip's files, or None)."""
         return {
             "index": self.index,
             "instruction": self.instruction,
