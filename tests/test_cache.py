@@ -135,7 +135,6 @@ def test_renderer_uses_the_preset_and_bad_options_fail_early(decoder, tmp_path):
         f"decoder_checkpoint={tmp_path / 'decoder' / 'none'}": (FileNotFoundError, "not found"),
         "fp8=true": (ValueError, "compile=true"),
         "fp8=true compile=true": (ValueError, "CUDA GPU"),
-        "fast=true": (ValueError, "pick one"),
     }
     (tmp_path / "decoder" / "none").mkdir()
     bad[f"decoder_checkpoint={tmp_path / 'decoder' / 'none'}"] = (FileNotFoundError, "needs a stage \\(d\\)")

@@ -85,7 +85,7 @@ def test_missing_or_mismatched_ratios_are_one_line_errors(calibrated, tmp_path):
     with pytest.raises(ValueError, match=f"ratios for {STEPS} transformer calls per clip, but this sampler makes 4"):
         check(f"sampling.magcache_ratios={path}", "sampling.steps=4")
     with pytest.raises(ValueError, match="makes 12"):  # the fast preset's 12 steps
-        check(f"sampling.magcache_ratios={path}", "sampling.steps=50", "fast=true")
+        check(f"sampling.magcache_ratios={path}", "sampling.steps=50", "sampling.preset=fast")
     check(f"sampling.magcache_ratios={path}")  # the calibrated settings pass
     bad = tmp_path / "bad.json"
     for text, message in [("{", "not valid JSON"), ('{"format": "other"}', "not a MagCache ratios file"),

@@ -141,20 +141,7 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None, sch
         for inference in inference_configs(cfg):
             apply_training_record(inference)
     _check_values(cfg, "")
-    for inference in inference_configs(cfg):
-        name = next((f.name for f in dataclasses.fields(cfg) if getattr(cfg, f.name) is inference), "")
-        _fold_fast(inference, f"{name}." if name else "")
     return cfg
-
-
-def _fold_fast(cfg: InferenceConfig, where: str) -> None:
-    """``fast: true`` is the one-word spelling of ``sampling.preset: fast``: folded in here, once, for every
-    inference config (also an eval config's), so nothing downstream reads ``fast``."""
-    if cfg.fast:
-        if cfg.sampling.preset == "distilled":
-            raise ConfigError(f"{where}fast=true and {where}sampling.preset=distilled are two different samplers: "
-                              "pick one")
-        cfg.sampling.preset, cfg.fast = "fast", False
 
 
 def inference_configs(cfg: Any) -> list[InferenceConfig]:

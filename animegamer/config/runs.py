@@ -55,8 +55,6 @@ class InferenceConfig:
         "none",
         help="none | sequential (each model on the GPU only while it runs)",
     )
-    fast: bool = knob(False, help="= sampling.preset=fast (fewer steps, partial CFG); folded into sampling.preset "
-                                  "when the config loads")
     compile: bool = knob(
         False,
         help="torch.compile the decoder's transformer blocks (first turn compiles; same outputs)",
