@@ -18,6 +18,7 @@ from animegamer.bench.turn import STATE_TOKENS, make_history, plain_denoise, pla
 from animegamer.cli import load_script
 from animegamer.config import DecoderConfig, MLLMConfig, SamplingConfig
 from animegamer.models.mllm_turn import decode_states, predict_turn, prefill_turn
+from animegamer.sampling.denoise import sample as denoise
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLING = SamplingConfig(steps=4, height=48, width=64, num_frames=9, guidance_scale=6.0)
@@ -38,8 +39,8 @@ def tiny_mllm(tokenizer_dir):
 
 def sample(decoder, sampling=SAMPLING):
     shots = torch.randn(2, 226, 32, generator=torch.Generator().manual_seed(5))
-    return decoder.sample(shots, torch.tensor([2, 4]), sampling, generator=torch.Generator().manual_seed(3),
-                          decode=False)
+    return denoise(decoder, shots, torch.tensor([2, 4]), sampling, generator=torch.Generator().manual_seed(3),
+                   decode=False)
 
 
 # ---------------------------------------------------------------------------------------------- the whole script
@@ -202,7 +203,7 @@ def test_batched_cfg_equals_the_plain_per_branch_loop():
     torch.testing.assert_close(ours, plain, rtol=1e-5, atol=1e-5)
     # guidance and the motion level both change the result, so the agreement above is not vacuous
     assert (sample(decoder, replace(SAMPLING, guidance_scale=1.0)) - ours).abs().max() > 1e-3
-    other = decoder.sample(shots, torch.tensor([5, 1]), SAMPLING, generator=torch.Generator().manual_seed(3),
+    other = denoise(decoder, shots, torch.tensor([5, 1]), SAMPLING, generator=torch.Generator().manual_seed(3),
                            decode=False)
     assert (other - ours).abs().max() > 1e-4
     # with motion guidance the unconditional branch gets the null level in both loops

@@ -8,6 +8,7 @@ import torch
 from animegamer.config import DecoderConfig, InferenceConfig, SamplingConfig, load_config
 from animegamer.models.decoder import AnimationShotDecoder
 from animegamer.sampling.cache import CACHE_METHODS, TransformerCache
+from animegamer.sampling.denoise import sample
 from animegamer.sampling.fewstep import FewStepSampler, fewstep_sample
 from animegamer.sampling.presets import PresetSampler, effective_sampling, guided_calls
 
@@ -36,7 +37,7 @@ def block_calls(decoder):
 
 def _sample(decoder, sampling, seed=0):
     shots = torch.randn(1, 226, 32, generator=torch.Generator().manual_seed(5))
-    return decoder.sample(shots, torch.tensor([3]), sampling, generator=torch.Generator().manual_seed(seed),
+    return sample(decoder, shots, torch.tensor([3]), sampling, generator=torch.Generator().manual_seed(seed),
                           decode=False)
 
 

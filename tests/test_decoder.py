@@ -12,6 +12,7 @@ from animegamer.data.video import probe_video, read_video
 from animegamer.game.turn import clip_stem, write_clip
 from animegamer.models.decoder import AnimationShotDecoder
 from animegamer.models.shot_encoder import ActionAwareEncoder
+from animegamer.sampling.denoise import sample
 from animegamer.sampling.schedule import guidance_scales
 from tests.helpers.clips import make_clip_frames
 
@@ -144,13 +145,13 @@ def test_motion_guidance_drops_the_level_with_the_shot(tiny_cogvideox_dir, tmp_p
     with torch.no_grad():
         assert (guided(latents, t, shots, torch.tensor([0, 0])) - guided(latents, t, shots, levels)).abs().max() > 1e-3
     sampling = SamplingConfig(steps=2, height=48, width=64, num_frames=9, guidance_scale=4.0, dynamic_cfg=False)
-    with_null = guided.sample(shots, levels, sampling, decode=False)
+    with_null = sample(guided, shots, levels, sampling, decode=False)
     guided.motion_guidance = False
-    assert (guided.sample(shots, levels, sampling, decode=False) - with_null).abs().max() > 1e-4
+    assert (sample(guided, shots, levels, sampling, decode=False) - with_null).abs().max() > 1e-4
     no_cfg = replace(sampling, guidance_scale=1.0)  # one branch only: the null level never enters
-    unguided = guided.sample(shots, levels, no_cfg, decode=False)
+    unguided = sample(guided, shots, levels, no_cfg, decode=False)
     guided.motion_guidance = True
-    assert torch.equal(guided.sample(shots, levels, no_cfg, decode=False), unguided)
+    assert torch.equal(sample(guided, shots, levels, no_cfg, decode=False), unguided)
 
     # a checkpoint records how its level was dropped, and loading adopts it (files without it: plain)
     guided.save_trained(tmp_path / "dec")
@@ -215,14 +216,14 @@ def test_sampling_writes_playable_clips(decoder, tmp_path, scheduler):
         guidance_steps_fraction=0.67,
     )
     shots = torch.randn(2, 226, 32, generator=torch.Generator().manual_seed(0))
-    frames = decoder.sample(shots, torch.tensor([1, 5]), sampling)
+    frames = sample(decoder, shots, torch.tensor([1, 5]), sampling)
     assert frames.shape == (2, 9, 48, 64, 3) and frames.dtype == torch.uint8
-    again = decoder.sample(shots, torch.tensor([1, 5]), sampling)
+    again = sample(decoder, shots, torch.tensor([1, 5]), sampling)
     assert torch.equal(frames, again)  # seeded
-    other = decoder.sample(shots, torch.tensor([1, 5]), sampling, generator=torch.Generator().manual_seed(1))
+    other = sample(decoder, shots, torch.tensor([1, 5]), sampling, generator=torch.Generator().manual_seed(1))
     assert not torch.equal(frames, other)
     with pytest.raises(ValueError, match="motion levels"):
-        decoder.sample(shots, torch.tensor([0, 6]), sampling)
+        sample(decoder, shots, torch.tensor([0, 6]), sampling)
     mp4, gif = write_clip(frames[0], clip_stem(tmp_path, 0), fps=sampling.fps)
     info = probe_video(mp4)
     assert (info.height, info.width, info.num_frames) == (48, 64, 9) and info.fps == pytest.approx(8)

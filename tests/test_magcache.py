@@ -10,6 +10,7 @@ from animegamer.cli import load_script
 from animegamer.config import InferenceConfig, load_config
 from animegamer.game.build import build_game
 from animegamer.sampling.cache import MagRatios
+from animegamer.sampling.denoise import sample as denoise
 from animegamer.sampling.presets import PresetSampler
 from tests.helpers.game import TINY, tiny_overrides
 
@@ -122,8 +123,8 @@ def test_magcache_with_the_fast_preset_keeps_counting_when_guidance_stops(calibr
         lambda m, a, k: batches.append(k["hidden_states"].shape[0]), with_kwargs=True)
 
     def sample():
-        return decoder.sample(shots, torch.tensor([3]), sampling, generator=torch.Generator().manual_seed(4),
-                              decode=False)
+        return denoise(decoder, shots, torch.tensor([3]), sampling, generator=torch.Generator().manual_seed(4),
+                       decode=False)
 
     try:
         reference = sample()

@@ -35,6 +35,7 @@ from animegamer.official.sampler import (
     sampler_schedule,
     snap_to_table,
 )
+from animegamer.sampling.denoise import sample
 from tests.helpers.pickle_trap import PickleTrap
 
 REF = Path(os.environ.get("ANIMEGAMER_OFFICIAL_REF", Path(__file__).parent / "data" / "official_ref"))
@@ -241,7 +242,7 @@ def test_released_compat_samples_with_the_release_sampler(fresh_decoder, convert
     assert decoder.motion_values == [0.5, 2.5, 10.0, 15.0, 40.0]  # inference_Decoder.py's level -> flow table
     sampling = _clip_sampling(summary)
     level = torch.tensor([4])
-    fixed = decoder.sample(t["s_a"], level, sampling, decode=False)
+    fixed = sample(decoder, t["s_a"], level, sampling, decode=False)
     sampler = _released(decoder, summary, sampling)
     assert decoder.dtype == torch.float16  # the release's fp16 decoder
     assert {p.dtype for p in decoder.transformer.parameters()} == {torch.float16}  # LoRA and motion embedding too
@@ -313,13 +314,13 @@ def test_merged_lora_samples_like_unmerged(fresh_decoder, converted, ref):
     _, summary = converted
     s_a = ref[1]["s_a"]
     sampling = _clip_sampling(summary, guidance_steps_fraction=0.67)
-    plain = fresh_decoder.sample(s_a, torch.tensor([2]), sampling, decode=False)
+    plain = sample(fresh_decoder, s_a, torch.tensor([2]), sampling, decode=False)
     fresh_decoder.merge_lora()
-    merged = fresh_decoder.sample(s_a, torch.tensor([2]), sampling, decode=False)
+    merged = sample(fresh_decoder, s_a, torch.tensor([2]), sampling, decode=False)
     assert rel(merged, plain) < 1e-5
     fresh_decoder.unmerge_lora()
     fresh_decoder.transformer.disable_adapters()  # the LoRA matters: without it the clip changes
-    assert rel(fresh_decoder.sample(s_a, torch.tensor([2]), sampling, decode=False), plain) > 1e-3
+    assert rel(sample(fresh_decoder, s_a, torch.tensor([2]), sampling, decode=False), plain) > 1e-3
 
 
 def test_layernorm_eps_follow_the_release(decoder, ref):

@@ -13,6 +13,7 @@ from animegamer.config import SamplingConfig, load_config
 from animegamer.models.trained import load_decoder
 from animegamer.models.weights import load_state_dict_file
 from animegamer.recipes import stage_d as train_stage_d
+from animegamer.sampling.denoise import sample, start_sampling
 from animegamer.sampling.fewstep import SAMPLER_FILE, FewStepSampler, alpha_schedule, ddim_step, fewstep_sample
 from animegamer.sampling.schedule import guidance_scales
 from animegamer.training.checkpoint import list_checkpoints
@@ -65,14 +66,14 @@ def test_target_x0_is_what_the_ddim_jump_needs():
 
 
 def test_teacher_segment_is_the_decoders_guided_ddim_sampler(stage_d_run):
-    """The whole teacher trajectory as one segment equals AnimationShotDecoder.sample with the DDIM scheduler."""
+    """The whole teacher trajectory as one segment equals sampling.denoise.sample with the DDIM scheduler."""
     decoder = load_decoder(stage_d_run["stage_c"], stage_d_run["decoder_cfg"])
     # 4 steps: 1000 is a multiple, so diffusers' DDIM steps walk the grid too (as with the paper's 50)
     sampling = SamplingConfig(scheduler="ddim", steps=4, height=64, width=96, num_frames=5, guidance_scale=4.0)
     g = torch.Generator().manual_seed(3)
     shots, levels = torch.randn(2, SLOTS, SHOT_DIM, generator=g), torch.tensor([2, 5])
-    reference = decoder.sample(shots, levels, sampling, generator=torch.Generator().manual_seed(7), decode=False)
-    scheduler, scales, latents = decoder.start_sampling(2, sampling, torch.Generator().manual_seed(7))
+    reference = sample(decoder, shots, levels, sampling, generator=torch.Generator().manual_seed(7), decode=False)
+    scheduler, scales, latents = start_sampling(decoder, 2, sampling, torch.Generator().manual_seed(7))
     alphas, final_alpha = alpha_schedule(decoder.scheduler_config)
     timesteps = [int(t) for t in scheduler.timesteps]
     assert scales == guidance_scales(sampling) and scales[0] > 1.0
@@ -81,7 +82,7 @@ def test_teacher_segment_is_the_decoders_guided_ddim_sampler(stage_d_run):
     torch.testing.assert_close(whole, reference, rtol=1e-4, atol=1e-4)
     # the few-step sampler at all the teacher's timesteps is the same walk without guidance
     unguided = SamplingConfig(scheduler="ddim", steps=4, height=64, width=96, num_frames=5, guidance_scale=1.0)
-    plain = decoder.sample(shots, levels, unguided, generator=torch.Generator().manual_seed(7), decode=False)
+    plain = sample(decoder, shots, levels, unguided, generator=torch.Generator().manual_seed(7), decode=False)
     fewstep = fewstep_sample(decoder, shots, levels, FewStepSampler(tuple(timesteps)), latents)
     torch.testing.assert_close(fewstep, plain, rtol=1e-4, atol=1e-4)
     assert not torch.allclose(plain, reference, atol=1e-3)  # guidance does change the teacher's clip

@@ -39,6 +39,7 @@ from animegamer.eval.intervals import bootstrap_interval
 from animegamer.eval.metrics import psnr, ssim
 from animegamer.io import atomic_write_json, atomic_write_text
 from animegamer.sampling.cache import MagRatios, TransformerCache, calibrate_mag_ratios
+from animegamer.sampling.denoise import sample
 from animegamer.sampling.fewstep import FewStepSampler, fewstep_sample
 
 RESULT_NAME = "teacher_agreement"
@@ -92,7 +93,8 @@ def teacher_sampling(sampling: SamplingConfig, students: list[Student]) -> Sampl
 
 
 def _noise(decoder, sampling: SamplingConfig, generator: torch.Generator) -> torch.Tensor:
-    """Gaussian latents (1, F, C, h, w), drawn as decoder.sample and PresetSampler draw them from ``generator``."""
+    """Gaussian latents (1, F, C, h, w), drawn as sampling.denoise.sample and PresetSampler draw them from
+    ``generator``."""
     shape = (1, *decoder.latent_shape(sampling.num_frames, sampling.height, sampling.width))
     return torch.randn(shape, generator=generator, device=generator.device)
 
@@ -136,7 +138,7 @@ def teacher_agreement(
         raise ValueError("no conditions to render")
 
     def guided(shot, level, g):
-        return teacher.sample(shot, level, sampling, generator=g, decode=False)
+        return sample(teacher, shot, level, sampling, generator=g, decode=False)
 
     rows = [Row("teacher", "teacher", sampling.steps, teacher, guided)]
     by_steps = {s.sampler.steps: s for s in students}
@@ -164,7 +166,7 @@ def teacher_agreement(
                 if magcache_ratios is None:
                     first = [c for c in conditions if c.game == conditions[0].game]
                     per_clip = calibrate_mag_ratios(teacher.transformer, sampling.steps, [
-                        lambda c=c: teacher.sample(c.shot[None].to(teacher.dtype), torch.tensor([c.level]), sampling,
+                        lambda c=c: sample(teacher, c.shot[None].to(teacher.dtype), torch.tensor([c.level]), sampling,
                                                    generator=torch.Generator().manual_seed(c.seed), decode=False)
                         for c in first])
                     magcache_ratios = MagRatios(tuple(sum(col) / len(col) for col in zip(*per_clip, strict=True)))

@@ -55,6 +55,7 @@ from animegamer.official.release_files import (
     write_random_checkpoint,
 )
 from animegamer.official.sat_layout import SatDecoderSpec
+from animegamer.sampling.denoise import sample
 from animegamer.tiny import COGVIDEOX_2B_SCHEDULER
 
 INSTRUCTION = "Character: Qiqi; Motion: gently lie down; Background: night bedroom."
@@ -295,7 +296,7 @@ def bench_official(preset: str, device, work: Path, steps: int, dtype: str, warm
         decoder.compile_blocks()
 
     def sample_fixed(shot, levels, generator):
-        return decoder.sample(shot, levels, sampling, generator, decode=False)
+        return sample(decoder, shot, levels, sampling, generator, decode=False)
 
     modes["fixed"] = _turn(mllm, decoder, predict_turn, sample_fixed, False, device, warmup, repeats, seed)
     # the VAE decode is the same call in both modes (the release's dtype is the transformer's only): timed once, so

@@ -8,7 +8,7 @@ Parts of a turn (K history turns in the prompt, the paper's sampling settings):
                            plain: transformers ``generate`` of 1 token with hidden states (same one forward)
     state decoding         ours: :func:`decode_states`: 3 cached forwards of 3 tokens, argmax over value tokens
                            plain: ``generate`` of the 10 state tokens one by one, minus its prefill
-    denoising              ours: :meth:`AnimationShotDecoder.sample` (CFG branches in one batch; LoRA merged and
+    denoising              ours: :func:`animegamer.sampling.denoise.sample` (CFG branches in one batch; LoRA merged and
                            blocks compiled when enabled)
                            plain: the diffusers transformer called once per CFG branch, eager, LoRA unmerged
     VAE decode             the same diffusers call on both paths
@@ -37,6 +37,7 @@ from animegamer.game.turn import AnimeGamer, Turn
 from animegamer.io import atomic_write_text
 from animegamer.models.mllm_static import is_fixed
 from animegamer.models.mllm_turn import HistoryTurn, decode_states, predict_turn, prefill_turn
+from animegamer.sampling.denoise import sample, start_sampling
 from animegamer.sampling.presets import fast_sampling
 from animegamer.sampling.schedule import guidance_scales, scheduler_step
 from animegamer.states import CharacterState, StateValues
@@ -117,12 +118,12 @@ def plain_generate(model, history: list[HistoryTurn], instruction: str, new_toke
 def plain_denoise(decoder, shot_embeds, motion_level, sampling: SamplingConfig, generator) -> torch.Tensor:
     """The plain denoising loop: diffusers' CogVideoX transformer called once per CFG branch (batch B each).
 
-    Same scheduler, seeds, guidance scales and latents as :meth:`AnimationShotDecoder.sample`; only the batching
+    Same scheduler, seeds, guidance scales and latents as :func:`animegamer.sampling.denoise.sample`; only the batching
     of the two branches differs, so the final latents (B, F, C, h, w) agree up to rounding.
     """
     transformer, device, dtype = decoder.transformer, decoder.device, decoder.dtype
     batch = shot_embeds.shape[0]
-    scheduler, scales, latents = decoder.start_sampling(batch, sampling, generator)  # latents (B, F, C, h, w)
+    scheduler, scales, latents = start_sampling(decoder, batch, sampling, generator)  # latents (B, F, C, h, w)
     timesteps = scheduler.timesteps
     cond = shot_embeds.to(device, dtype)
     null = decoder.null_shot_embeds(batch, device, dtype)
@@ -239,7 +240,7 @@ def bench_turn(
     ours_shot = predict_turn(mllm, history, instruction).shot_embeds
 
     def ours_denoise(s: SamplingConfig):
-        return decoder.sample(shot, levels, s, generator=generator(), decode=False)
+        return sample(decoder, shot, levels, s, generator=generator(), decode=False)
 
     ours_den, ours_den_mem = part(lambda: ours_denoise(sampling))
     ours_latents = ours_denoise(sampling)
@@ -272,7 +273,7 @@ def bench_turn(
     }
     plain["turn_s"] = plain["mllm_s"] + plain["denoise_s"] + plain["vae_decode_s"]
     ours = {
-        "path": "prefill_turn + decode_states (KV cache) + AnimationShotDecoder.sample (CFG batched)"
+        "path": "prefill_turn + decode_states (KV cache) + sampling.denoise.sample (CFG batched)"
         + (", LoRA merged" if settings.merge_lora else "")
         + (", blocks compiled" if settings.compile else "")
         + (", VAE decoder compiled" if settings.compile_vae else ""),
@@ -423,7 +424,7 @@ def profile_turn(decoder, mllm, history, instruction, shot, levels, sampling, de
         with record_function("mllm"):
             predict_turn(mllm, history, instruction)
         with record_function("denoise"):
-            latents = decoder.sample(shot, levels, sampling, generator=torch.Generator().manual_seed(0), decode=False)
+            latents = sample(decoder, shot, levels, sampling, generator=torch.Generator().manual_seed(0), decode=False)
         with record_function("vae_decode"):
             decoder.decode_latents(latents)
     sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"

@@ -24,17 +24,16 @@ Trained parts only (LoRA in peft layout + the motion embedding) are saved and lo
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from animegamer.config import DecoderConfig, SamplingConfig
+from animegamer.config import DecoderConfig
 from animegamer.io import read_json_bounded
 from animegamer.models.decoder_parts import load_parts, save_parts
 from animegamer.models.vae import DTYPES, load_vae, require_dir, vae_decode, vae_encode
-from animegamer.sampling.schedule import Generators, build_scheduler, guidance_scales, initial_noise, scheduler_step
+from animegamer.sampling.schedule import build_scheduler
 
 NULL_MOTION_LEVEL = 0  # the unconditional level of ``motion_guidance`` decoders (real levels are 1..5)
 
@@ -361,72 +360,3 @@ class AnimationShotDecoder(nn.Module):
             height // spatial,
             width // spatial,
         )
-
-    # ------------------------------------------------------------------ sampling
-
-    def start_sampling(self, batch: int, sampling: SamplingConfig, generator: Generators):
-        """The scheduler set to ``sampling.steps``, the guidance scale of every step and the initial latents.
-
-        Latents are drawn on the generator's device (CPU by default) so a seed gives the same clip on any device.
-        """
-        scheduler = build_scheduler(sampling.scheduler, self.scheduler_config)
-        scheduler.set_timesteps(sampling.steps, device=self.device)
-        shape = (batch, *self.latent_shape(sampling.num_frames, sampling.height, sampling.width))
-        latents = initial_noise(shape, generator).to(self.device)
-        return scheduler, guidance_scales(sampling), latents * scheduler.init_noise_sigma  # (B, F, C, h, w)
-
-    @torch.no_grad()
-    def sample(
-        self,
-        shot_embeds: torch.Tensor,
-        motion_level: torch.Tensor | None,
-        sampling: SamplingConfig,
-        generator: Generators | None = None,
-        progress: bool = False,
-        decode: bool = True,
-        on_step: Callable[[int, int], None] | None = None,
-    ) -> torch.Tensor:
-        """Render clips: s_a (B, N, H) and levels (B,) -> uint8 frames (B, T, H, W, 3).
-
-        ``on_step(step, steps)`` is called after every denoising step (the games' progress line).
-
-        ``decode=False`` returns the final latents (B, F, C, h, w) instead and leaves the VAE decode to the caller
-        (the benchmark times the two apart).
-
-        The denoising loop, written out: start from Gaussian latents; at each step run the conditional and the
-        unconditional (null s_a) branch in one batch while guidance is on, combine them with that step's scale,
-        and let the scheduler step (DPM-Solver++ keeps the previous x0 prediction for its second order). The
-        unconditional branch keeps the levels, or gets the null level with ``motion_guidance``.
-        """
-        from tqdm.auto import tqdm
-
-        batch = shot_embeds.shape[0]
-        device = self.device
-        if motion_level is not None and not ((motion_level >= 1) & (motion_level <= self.num_motion_levels)).all():
-            raise ValueError(f"motion levels must be in 1..{self.num_motion_levels}, got {motion_level.tolist()}")
-        if generator is None:
-            generator = torch.Generator().manual_seed(sampling.seed)
-        scheduler, scales, latents = self.start_sampling(batch, sampling, generator)
-        timesteps = scheduler.timesteps
-        cond = shot_embeds.to(device)
-        null = self.null_shot_embeds(batch, device, cond.dtype)
-        levels = motion_level.to(device) if motion_level is not None else None
-        null_levels = self.unconditional_levels(levels)
-        old_x0 = None
-        for i, t in enumerate(tqdm(timesteps, desc="denoise", disable=not progress, leave=False)):
-            guided = scales[i] > 1.0
-            model_in = torch.cat([latents, latents]) if guided else latents  # (2B | B, F, C, h, w)
-            model_in = scheduler.scale_model_input(model_in, t)
-            out = self(
-                model_in,
-                t.expand(model_in.shape[0]),
-                torch.cat([null, cond]) if guided else cond,
-                torch.cat([null_levels, levels]) if guided and levels is not None else levels,
-            )
-            if guided:
-                uncond, conditional = out.chunk(2)
-                out = uncond + scales[i] * (conditional - uncond)
-            latents, old_x0 = scheduler_step(scheduler, out, i, latents, old_x0, generator)
-            if on_step is not None:
-                on_step(i + 1, len(timesteps))
-        return self.decode_latents(latents) if decode else latents

@@ -43,6 +43,7 @@ from animegamer.models.decoder_parts import DECODER_CONFIG
 from animegamer.models.vae import DTYPES
 from animegamer.official.agent import predict_released, release_render_level
 from animegamer.official.sampler import sample_released
+from animegamer.sampling.denoise import check_motion_levels
 from animegamer.sampling.presets import effective_sampling
 from animegamer.sampling.schedule import Generators
 
@@ -128,8 +129,7 @@ class ReleasedSampler:
         decoder, s = self.decoder, self.sampling
         if motion_level is None:
             raise ValueError("the release's sampler needs the motion level (its flow value)")
-        if not ((motion_level >= 1) & (motion_level <= decoder.num_motion_levels)).all():
-            raise ValueError(f"motion levels must be in 1..{decoder.num_motion_levels}, got {motion_level.tolist()}")
+        check_motion_levels(motion_level, decoder.num_motion_levels)
         if isinstance(generator, list):
             if len(generator) != shot_embeds.shape[0]:
                 raise ValueError(f"{len(generator)} generators for {shot_embeds.shape[0]} clips")

@@ -130,7 +130,7 @@ def sample_released(
 
     ``init_noise`` + ``noises`` inject recorded draws (x_T, then every later draw in order); otherwise they come
     from ``generator``. ``trace``, when given, receives ``x_in`` and ``denoised`` lists (one entry per step).
-    ``on_step(step, steps)`` is called after every step, as by ``AnimationShotDecoder.sample``.
+    ``on_step(step, steps)`` is called after every step, as by ``animegamer.sampling.denoise.sample``.
     """
     device = decoder.device
     batch = shot_embeds.shape[0]

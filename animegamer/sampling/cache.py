@@ -1,7 +1,7 @@
 """``sampling.cache``: diffusers' own caching hooks on the decoder's CogVideoX transformer.
 
     cache = TransformerCache(decoder.transformer, "first_block")   # any sampler, unchanged, now skips work
-    frames = decoder.sample(...)
+    frames = sample(decoder, ...)
     cache.remove()
 
 Denoising steps close in time compute nearly the same thing; each method reuses earlier results instead of
@@ -28,7 +28,7 @@ current timestep feeds the methods that depend on it, a timestep that does not d
 and a change of batch size (guidance switching off: 2B -> B) starts the caches afresh (FasterCache keeps the
 conditional half itself; MagCache keeps counting its steps and the residual's conditional half), and FasterCache's
 unconditional-branch skipping sees only the guided calls (its hook splits every input into [uncond, cond]). So
-``AnimationShotDecoder.sample``, the fast preset and the distilled sampler all compose with any method.
+``sampling.denoise.sample``, the fast preset and the distilled sampler all compose with any method.
 """
 
 from __future__ import annotations

@@ -105,7 +105,7 @@ def fewstep_sample(
 ) -> torch.Tensor:
     """The distilled sampler, written out: s_a (B, N, H), levels (B,), Gaussian latents (B, F, C, h, w) -> the
     final latents (B, F, C, h, w). One conditional transformer call per timestep of ``sampler``; ``on_step(step,
-    steps)`` after each, as :meth:`AnimationShotDecoder.sample` calls it."""
+    steps)`` after each, as :func:`animegamer.sampling.denoise.sample` calls it."""
     alphas, final_alpha = alpha_schedule(decoder.scheduler_config)
     device = decoder.device
     x = latents.to(device).float()

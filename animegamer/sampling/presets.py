@@ -22,6 +22,7 @@ import torch
 from animegamer.config import SamplingConfig
 from animegamer.io import checkpoint_decoder_dir
 from animegamer.sampling.cache import MagRatios, TransformerCache
+from animegamer.sampling.denoise import check_motion_levels, sample
 from animegamer.sampling.fewstep import FewStepSampler, fewstep_sample
 from animegamer.sampling.schedule import Generators, guidance_scales, initial_noise
 
@@ -103,11 +104,10 @@ class PresetSampler:
         ``on_step(step, steps)`` after every denoising step."""
         decoder, s = self.decoder, self.sampling
         if self.fewstep is None:
-            return decoder.sample(shot_embeds, motion_level, s, generator=generator, decode=False, on_step=on_step)
-        if motion_level is not None and not ((motion_level >= 1) & (motion_level <= decoder.num_motion_levels)).all():
-            raise ValueError(f"motion levels must be in 1..{decoder.num_motion_levels}, got {motion_level.tolist()}")
+            return sample(decoder, shot_embeds, motion_level, s, generator=generator, decode=False, on_step=on_step)
+        check_motion_levels(motion_level, decoder.num_motion_levels)
         shape = (shot_embeds.shape[0], *decoder.latent_shape(s.num_frames, s.height, s.width))
-        noise = initial_noise(shape, generator)  # as decoder.sample draws it
+        noise = initial_noise(shape, generator)  # as sample draws it
         return fewstep_sample(decoder, shot_embeds, motion_level, self.fewstep, noise, on_step)
 
     def close(self) -> None:

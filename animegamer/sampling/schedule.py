@@ -1,5 +1,5 @@
 """The denoising loop's pieces: CogVideoX schedulers, the initial noise of a clip, one solver step, the guidance
-schedule. Used by :meth:`animegamer.models.decoder.AnimationShotDecoder.sample`, the presets and the speed harness's
+schedule. Used by :func:`animegamer.sampling.denoise.sample`, the presets and the speed harness's
 plain loop.
 """
 

@@ -41,6 +41,7 @@ from animegamer.io import atomic_write_json
 from animegamer.models.clip_image import CLIPImageFeatures
 from animegamer.models.decoder import AnimationShotDecoder
 from animegamer.models.vae import vae_encode
+from animegamer.sampling.denoise import sample
 from animegamer.spriteworld.memory import caption_text
 from animegamer.spriteworld.pretrain_vae import empty_scenery, figure_latents, figure_pixels, read_clips
 from animegamer.tiny import COGVIDEOX_2B_SCHEDULER
@@ -207,7 +208,7 @@ def sample_preview(cfg: SpriteWorldPretrainConfig, store: TensorStore, manifest:
     sampling = SamplingConfig(
         steps=20, guidance_scale=1.0, height=cfg.data.height, width=cfg.data.width, num_frames=cfg.data.num_frames
     )
-    generated = decoder.sample(F.linear(text, weight, bias), None, sampling).numpy()  # (B, T, H, W, 3)
+    generated = sample(decoder, F.linear(text, weight, bias), None, sampling).numpy()  # (B, T, H, W, 3)
     real = read_clips(manifest, records, cfg, progress=False).numpy()
     rows = []
     for i, r in enumerate(records):

@@ -62,7 +62,7 @@ def teacher_segment(
     Every step goes to the next timestep of the grid (clean after the last), which is diffusers' DDIM step when
     the step count divides the 1000 training timesteps (the paper's 50: 20 apart). Each guided step runs the
     unconditional (zero s_a; null level with ``motion_guidance``) and the conditional
-    branch in one batch and combines them with that step's scale, as :meth:`AnimationShotDecoder.sample` does.
+    branch in one batch and combines them with that step's scale, as :func:`animegamer.sampling.denoise.sample` does.
     """
     batch = x.shape[0]
     null = teacher.null_shot_embeds(batch, shots.device, shots.dtype)
