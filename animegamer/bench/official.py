@@ -224,7 +224,7 @@ def _turn(mllm, decoder, predict, sample, released: bool, device, warmup: int, r
     with the LLM forward passes and transformer calls of one untimed turn; ``latents`` (not JSON) is what the VAE
     decodes. ``released``: the level renders as the release parsed it."""
 
-    llm_calls, dit_calls = CallCounter(mllm.decoder), CallCounter(decoder.transformer)
+    llm_calls, dit_calls = CallCounter(mllm.backbone), CallCounter(decoder.transformer)
     try:
         with PeakMemory(device) as memory:
             prediction = predict(mllm, [], INSTRUCTION)

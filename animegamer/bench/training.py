@@ -185,7 +185,7 @@ def bench_stage_b(model, cfg: StageBConfig, device, peak_flops: float, settings:
     ours = _timed(step, device, settings)
 
     llm_config = model.llm.get_base_model().config
-    tokenwise = tokenwise_linear_params(model.decoder.layers)
+    tokenwise = tokenwise_linear_params(model.backbone.layers)
     attention_width = llm_config.num_attention_heads * getattr(
         llm_config, "head_dim", llm_config.hidden_size // llm_config.num_attention_heads
     )

@@ -222,8 +222,8 @@ class AnimeGamerMLLM(nn.Module):
     # ------------------------------------------------------------------ building blocks (also used by inference)
 
     @property
-    def decoder(self) -> nn.Module:
-        """The base transformer (``MistralModel``) with the LoRA layers injected."""
+    def backbone(self) -> nn.Module:
+        """The base transformer (``MistralModel``: its layer stack) with the LoRA layers injected."""
         return self.llm.get_base_model().model
 
     @property
@@ -269,7 +269,7 @@ class AnimeGamerMLLM(nn.Module):
         then keeps the sequences of a row from attending to each other.
         """
         dtype = self.llm.get_input_embeddings().weight.dtype
-        out = self.decoder(
+        out = self.backbone(
             inputs_embeds=inputs_embeds.to(dtype),
             attention_mask=attention_mask,
             position_ids=position_ids,
@@ -331,7 +331,7 @@ class AnimeGamerMLLM(nn.Module):
     def compile_blocks(self, **compile_kwargs) -> None:
         """``torch.compile`` every decoder layer in place (regional compilation; ``compile_kwargs`` go to
         torch.compile). Meant for training, where every step has the same shapes."""
-        for layer in self.decoder.layers:
+        for layer in self.backbone.layers:
             layer.compile(**compile_kwargs)
 
     # ------------------------------------------------------------------ training

@@ -170,7 +170,7 @@ def state_steps(model, last: torch.Tensor, cache) -> tuple[torch.Tensor, torch.T
         tags = model.device_table("step", name, last.device)
         step = torch.cat([value_ids.index_select(0, choices[-1].view(1)), tags])[None]  # (1, 3)
         positions = cache.prompt_length + STEP_TOKENS * i + steps
-        mask = attention_mask(positions, cache.length, model.decoder.config.sliding_window)
+        mask = attention_mask(positions, cache.length, model.backbone.config.sliding_window)
         last = _forward(model, model.embed(step), positions, cache, cache.length, mask)[0, -1]
     return torch.stack(choices), torch.cat(dists)
 

@@ -99,7 +99,7 @@ def history_attention(model, window: list, instruction: str) -> np.ndarray:
     embeds = model.embed(input_ids, positions, torch.stack([h.shot_embeds for h in window]))
     maps = []
     hooks = [layer.self_attn.register_forward_hook(lambda _m, _i, out: maps.append(out[1]))
-             for layer in model.decoder.layers]
+             for layer in model.backbone.layers]
     try:
         model.transformer(embeds)
     finally:

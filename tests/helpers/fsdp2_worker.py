@@ -96,7 +96,7 @@ def build_mllm(pretrained: str) -> AnimeGamerMLLM:
 
 
 def shard_mllm(model: AnimeGamerMLLM) -> AnimeGamerMLLM:
-    for layer in model.decoder.layers:
+    for layer in model.backbone.layers:
         fully_shard(layer)
     fully_shard(model)
     return model
