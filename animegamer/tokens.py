@@ -7,7 +7,7 @@ One turn of the game, as the MLLM sees it (paper vocabulary)::
 
 The released checkpoint spells the same layout ``<img><frame><frame_00000>…</frame></img>``, ``<ML>`` and
 ``<Strength_k>`` (one value spelling for every field: ``<SC><Strength_1></SC>``); both spellings are
-:class:`Vocabulary` instances of one layout. The ids of the released tokens come from the release's tokenizer
+:class:`TokenSpelling` instances of one layout. The ids of the released tokens come from the release's tokenizer
 directory (``<frame_00000>`` = 32000 … ``</TURN>`` = 32283 there), never from the order of this list.
 
 Earlier turns carry ``input_resampler(s_a)`` in their slots and their true state values; the current
@@ -27,7 +27,7 @@ IGNORE_INDEX = -100
 
 
 @dataclass(frozen=True)
-class Vocabulary:
+class TokenSpelling:
     """One spelling of the turn layout's special tokens."""
 
     name: str
@@ -69,7 +69,7 @@ class Vocabulary:
 
 _VALUE_FORMATS = {"social": "<social_{v}>", "entertainment": "<ent_{v}>", "stamina": "<stamina_{v:+d}>"}
 
-PAPER = Vocabulary(
+PAPER = TokenSpelling(
     name="paper",
     turn_open="<TURN>",
     turn_close="</TURN>",
@@ -80,7 +80,7 @@ PAPER = Vocabulary(
     value_formats={"motion_level": "<level_{v}>", **_VALUE_FORMATS},
 )
 
-RELEASED = Vocabulary(
+RELEASED = TokenSpelling(
     name="released",
     turn_open="<TURN>",
     turn_close="</TURN>",
@@ -95,13 +95,13 @@ RELEASED = Vocabulary(
 VOCABULARIES = {v.name: v for v in (PAPER, RELEASED)}
 
 
-def get_vocabulary(name: str) -> Vocabulary:
+def get_vocabulary(name: str) -> TokenSpelling:
     if name not in VOCABULARIES:
         raise ValueError(f"unknown vocabulary {name!r}; choose one of {sorted(VOCABULARIES)}")
     return VOCABULARIES[name]
 
 
-def add_special_tokens(tokenizer, vocab: Vocabulary, num_slots: int = NUM_SLOTS) -> int:
+def add_special_tokens(tokenizer, vocab: TokenSpelling, num_slots: int = NUM_SLOTS) -> int:
     """Add the vocabulary's tokens to a Hugging Face tokenizer; returns how many were new."""
     return tokenizer.add_special_tokens(
         {"additional_special_tokens": vocab.special_tokens(num_slots)}, replace_extra_special_tokens=False
@@ -137,7 +137,7 @@ class SequenceLayout:
 class TurnLayout:
     """Builds token ids for turns and sequences with one tokenizer and one vocabulary."""
 
-    def __init__(self, tokenizer, vocab: Vocabulary, num_slots: int = NUM_SLOTS):
+    def __init__(self, tokenizer, vocab: TokenSpelling, num_slots: int = NUM_SLOTS):
         self.tokenizer = tokenizer
         self.vocab = vocab
         self.num_slots = num_slots
@@ -165,7 +165,7 @@ class TurnLayout:
         return int(self.tokenizer.convert_tokens_to_ids(token))
 
     def encode_text(self, text: str) -> list[int]:
-        """The instruction's ids as they follow ``<TURN>`` (see :attr:`Vocabulary.text_joins_turn_tag`)."""
+        """The instruction's ids as they follow ``<TURN>`` (see :attr:`TokenSpelling.text_joins_turn_tag`)."""
         if self.vocab.text_joins_turn_tag:
             ids = list(self.tokenizer.encode(self.vocab.turn_open + text, add_special_tokens=False))
             if ids and ids[0] == self.turn_open_id:
