@@ -1,10 +1,10 @@
-"""scripts/run_ablations.py: the shipped ablation tables are complete and consistent; two tiny rows train and print."""
+"""scripts/run_ablations.py (animegamer.eval.ablations): the shipped ablation tables are complete and consistent;
+two tiny rows train and print."""
 
 from pathlib import Path
 
 import pytest
 
-from animegamer.cli import load_script
 from animegamer.config import SCHEMAS, EvalConfig, load_config
 from tests.helpers.eval_data import clip_overrides, eval_overrides, make_spriteworld
 
@@ -17,7 +17,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 
 def _script():
-    return load_script("scripts/run_ablations.py")
+    from animegamer.eval import ablations
+
+    return ablations
 
 
 def _listed(items: list[str]) -> str:

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from animegamer.bench.report import markdown
-from animegamer.cli import load_script
+from tests.helpers.scripts import load_script
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -7,7 +7,7 @@ import pytest
 
 from animegamer.bench.fastpath import ROWS, rows_to_run
 from animegamer.bench.report import markdown
-from animegamer.cli import load_script
+from tests.helpers.scripts import load_script
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -9,7 +9,7 @@ from safetensors import safe_open
 
 from animegamer.bench.memory import ROWS, main, measure_row, peak_rss_bytes, rss_bytes, write_random_pretrained
 from animegamer.bench.models import TINY
-from animegamer.cli import load_script
+from tests.helpers.scripts import load_script
 
 GIB = 1 << 30
 memory_floor = load_script("research/memory_floor")

@@ -10,7 +10,6 @@ import torch
 import yaml
 
 from animegamer.bench.official import measure_conversion, release_sizes, write_release
-from animegamer.cli import load_script
 from animegamer.official.agent import RELEASE_MAX_NEW_TOKENS
 from animegamer.official.release_files import sat_model_yaml
 from animegamer.official.sat_layout import (
@@ -20,6 +19,7 @@ from animegamer.official.sat_layout import (
     read_model_yaml,
     read_sat_checkpoint,
 )
+from tests.helpers.scripts import load_script
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

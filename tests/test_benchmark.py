@@ -6,7 +6,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from animegamer.cli import load_script
 from animegamer.config import BenchmarkGenConfig, EvalConfig, JudgeConfig, load_config
 from animegamer.eval.benchmark import (
     BenchmarkError,
@@ -20,6 +19,7 @@ from animegamer.eval.metrics import MetricSettings, summarize
 from animegamer.llm import make_backend
 from animegamer.states import StateValues, TagError, read_game_file
 from tests.helpers.llm_server import FakeChatServer
+from tests.helpers.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 MOTIONS = ["wake up", "eat breakfast", "run", "fly over the trees", "talk with a friend", "read a book", "dance",

@@ -15,10 +15,10 @@ from animegamer.bench.models import FULL, TINY, build_decoder, build_mllm
 from animegamer.bench.report import markdown, mfus_above_peak
 from animegamer.bench.timing import PeakMemory, _rss_bytes, count_flops, measure, mllm_training_flops
 from animegamer.bench.turn import STATE_TOKENS, make_history, plain_denoise, plain_generate
-from animegamer.cli import load_script
 from animegamer.config import DecoderConfig, MLLMConfig, SamplingConfig
 from animegamer.models.mllm_turn import decode_states, predict_turn, prefill_turn
 from animegamer.sampling.denoise import sample as denoise
+from tests.helpers.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLING = SamplingConfig(steps=4, height=48, width=64, num_frames=9, guidance_scale=6.0)

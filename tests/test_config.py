@@ -3,8 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from animegamer.cli import load_script
 from animegamer.config import SCHEMAS, ConfigError, StageAConfig, config_help, load_config, to_yaml
+from tests.helpers.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 ALL_CONFIGS = sorted(p for p in (ROOT / "configs").rglob("*.yaml") if "accelerate" not in p.parts)

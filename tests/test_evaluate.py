@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from animegamer.cli import load_script
 from animegamer.data.manifest import ClipRecord, read_manifest, write_manifest
 from animegamer.data.motion import MotionSettings
 from animegamer.eval.benchmark import BenchmarkError, BenchmarkGame
@@ -36,6 +35,7 @@ from animegamer.states import ShotTags, StateValues, parse_tags
 from tests.helpers.clips import make_clip_frames
 from tests.helpers.eval_data import eval_overrides, make_spriteworld
 from tests.helpers.llm_server import FakeChatServer
+from tests.helpers.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_EVAL = ROOT / "configs" / "tiny" / "eval.yaml"

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from animegamer.cli import load_script
 from animegamer.game.browser import WebGame
 from animegamer.game.save import MAX_SEED, SaveError, read_save
 from animegamer.game.session import GameSession
@@ -20,6 +19,7 @@ from animegamer.game.terminal import main as play_main
 from animegamer.game.terminal import run
 from animegamer.game.turn import AnimeGamer
 from tests.helpers.game import GAME, TINY, put, rewrite, turn0
+from tests.helpers.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 K = 2  # history_turns of tiny_overrides

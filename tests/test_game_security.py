@@ -16,7 +16,6 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from animegamer.cli import load_script
 from animegamer.data.video import probe_video
 from animegamer.game.browser import WebGame
 from animegamer.game.results import ResultsWriter, load_results
@@ -26,6 +25,7 @@ from animegamer.game.turn import AnimeGamer, Turn
 from animegamer.io import path_inside
 from animegamer.states import CharacterState, StateValues
 from tests.helpers.game import GAME, TINY, drop, put, rewrite, turn0
+from tests.helpers.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 K = 2  # history_turns of tiny_overrides

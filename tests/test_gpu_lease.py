@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from animegamer.cli import load_script
+from tests.helpers.scripts import load_script
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

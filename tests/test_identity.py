@@ -130,7 +130,7 @@ def test_identity_columns_get_bootstrap_intervals_and_paired_differences():
 
 
 def test_identity_probes_read_a_linear_signal_and_not_noise():
-    from animegamer.cli import load_script
+    from tests.helpers.scripts import load_script
 
     probes = load_script("research/spriteworld/identity_probes.py")
     rng = np.random.default_rng(0)

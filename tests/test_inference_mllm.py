@@ -4,7 +4,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from animegamer.cli import load_script
 from animegamer.config import load_config
 from animegamer.game.predictor import InstructionError, MLLMPredictor
 from animegamer.game.results import load_results
@@ -13,6 +12,7 @@ from animegamer.models.mllm import AnimeGamerMLLM
 from animegamer.models.mllm_turn import HistoryTurn, predict_turn
 from animegamer.states import CharacterState, StateValues, read_game_file
 from animegamer.tokens import TurnSpec
+from tests.helpers.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny" / "inference.yaml"

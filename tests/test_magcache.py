@@ -6,13 +6,13 @@ import json
 import pytest
 import torch
 
-from animegamer.cli import load_script
 from animegamer.config import InferenceConfig, load_config
 from animegamer.game.build import build_game
 from animegamer.sampling.cache import MagRatios
 from animegamer.sampling.denoise import sample as denoise
 from animegamer.sampling.presets import PresetSampler
 from tests.helpers.game import TINY, tiny_overrides
+from tests.helpers.scripts import load_script
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 STEPS = 10

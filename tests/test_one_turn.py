@@ -11,7 +11,6 @@ import torch
 from PIL import Image, ImageSequence
 
 from animegamer.bench.turn import TurnSettings, bench_turn, make_history
-from animegamer.cli import load_script
 from animegamer.config import load_config
 from animegamer.eval.benchmark import BenchmarkGame
 from animegamer.eval.systems import AnimeGamerSystem
@@ -24,6 +23,7 @@ from animegamer.game.turn import AnimeGamer, Turn
 from animegamer.models.decoder import AnimationShotDecoder
 from animegamer.models.mllm import AnimeGamerMLLM
 from animegamer.states import CharacterState, parse_tags
+from tests.helpers.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "spriteworld" / "inference.yaml"

@@ -11,12 +11,12 @@ import imageio_ffmpeg
 import numpy as np
 import pytest
 
-from animegamer.cli import load_script
 from animegamer.data.manifest import read_manifest
 from animegamer.data.video import probe_video, read_video, write_mp4
 from animegamer.states import parse_tags
 from tests.helpers.limits import directory_held, python_env, run_python
 from tests.helpers.llm_server import FakeChatServer
+from tests.helpers.scripts import load_script
 from tests.helpers.synthetic_films import make_film, moving_patch_frames
 
 pytestmark = pytest.mark.slow  # an end-to-end run: `make test-fast` leaves it out

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from animegamer.cli import load_script
 from animegamer.config import StageAConfig, load_config
 from animegamer.data.features import (
     StageADataset,
@@ -30,6 +29,7 @@ from animegamer.models.weights import load_state_dict_file
 from animegamer.recipes import stage_a as train_stage_a
 from animegamer.training.checkpoint import list_checkpoints
 from tests.helpers.clips import make_clip_frames
+from tests.helpers.scripts import load_script
 from tests.helpers.stage_runs import STAGE_A_CONFIG
 from tests.helpers.stage_scripts import free_port
 

@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from animegamer.bench.options import distilled_timesteps
-from animegamer.cli import load_script
 from animegamer.config import SamplingConfig
 from animegamer.models.decoder import AnimationShotDecoder
 from animegamer.sampling.fewstep import FewStepSampler
 from animegamer.sampling.presets import guided_calls
 from tests.helpers.eval_data import make_spriteworld
 from tests.helpers.game import TINY, tiny_overrides
+from tests.helpers.scripts import load_script
 from tests.helpers.stage_scripts import tiny_decoder_config, write_decoder_run
 
 pytestmark = pytest.mark.usefixtures("one_thread")

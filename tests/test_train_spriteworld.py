@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import torch
 
-from animegamer.cli import load_script
 from animegamer.config import load_config
 from animegamer.data.manifest import read_manifest
 from animegamer.data.sequences import windows_from_config
@@ -27,6 +26,7 @@ from animegamer.spriteworld.pretrain_vae import (
     to_unit,
     train_vae,
 )
+from tests.helpers.scripts import load_script
 
 pytestmark = pytest.mark.slow  # an end-to-end run: `make test-fast` leaves it out
 

@@ -20,7 +20,6 @@ import yaml
 from diffusers import CogVideoXDDIMScheduler, CogVideoXDPMScheduler
 from safetensors.torch import load_file
 
-from animegamer.cli import load_script
 from animegamer.config import DecoderConfig
 from animegamer.models.trained import load_decoder
 from animegamer.official.decoder import convert_decoder
@@ -28,7 +27,18 @@ from animegamer.official.game import cast_transformer, release_sampler_settings
 from animegamer.official.sampler import NO_QUIRKS, RELEASED, denoise, denoiser_table, sample_released, sampler_schedule
 from animegamer.tiny import COGVIDEOX_2B_SCHEDULER
 
-_MLLM_TOOL = load_script(Path(__file__).with_name("measure_mllm.py"))  # the sibling tool: its reference set and norm
+
+def _sibling(name: str):
+    """The research tool beside this one (a program, not a package) as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_MLLM_TOOL = _sibling("measure_mllm")  # the sibling tool: its reference set and norm
 DEFAULT_REF, rel = _MLLM_TOOL.DEFAULT_REF, _MLLM_TOOL.rel
 
 

@@ -54,14 +54,14 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from animegamer.cli import fail, load_script, parse_config
+from animegamer.cli import fail, parse_config
 from animegamer.config import ConfigError, SpriteWorldRunConfig, load_config, to_yaml
 from animegamer.data.manifest import ManifestError
+from animegamer.eval.ablations import main as run_ablations
 from animegamer.io import atomic_write_json, atomic_write_text, resolve_checkpoint
 from animegamer.models.trained import SMALL_DECODER_DIR
 from animegamer.recipes import train_stage
 
-ROOT = Path(__file__).resolve().parents[2]
 STEPS = ("data", "pretrain", "pretrain_llm", "stage_a", "stage_b", "stage_c", "stage_d", "stage_d2", "stage_d1",
          "stage_e", "ship", "ship_stage_e", "evaluate")
 CONFIG_FILES = ("data", "pretrain", "pretrain_llm", "stage_a", "stage_b", "stage_c", "stage_d", "stage_d2", "stage_d1",
@@ -226,8 +226,7 @@ def step_evaluate(cfg: SpriteWorldRunConfig, configs: dict[str, Path]) -> dict:
     if "ship" in cfg.steps and table_dir.is_dir():  # rows evaluated on the previous checkpoint are stale
         shutil.rmtree(table_dir)
     rows = ["--rows", ",".join(cfg.eval_rows)] if cfg.eval_rows else []
-    run_ablations = load_script(ROOT / "scripts" / "run_ablations.py")
-    entries = run_ablations.main(["--config", str(configs["ablations"]), "--quiet", *rows])
+    entries = run_ablations(["--config", str(configs["ablations"]), "--quiet", *rows])
     copied = []
     if ship.is_dir():
         for name in ("table.md", "table.csv", "table_intervals.md", "table_intervals.csv", "table_intervals.json"):
