@@ -18,9 +18,8 @@ import threading
 
 from animegamer.cli import fail, no_bars_in_logs, parse_config
 from animegamer.config import InferenceConfig
-from animegamer.data.vocabulary import load_vocabulary
 from animegamer.game.browser import APP_CSS, MAX_UPLOAD_BYTES, build_app
-from animegamer.game.build import check_play_settings
+from animegamer.game.build import prepare_play
 from animegamer.game.session import shielded
 from animegamer.official.game import build_game
 
@@ -38,12 +37,7 @@ def main(argv: list[str] | None = None) -> None:
         fail(f"--port {args.port} is not a port (1..65535)")
     if args.max_upload_mb < 1:
         fail(f"--max-upload-mb {args.max_upload_mb} must be at least 1")
-    try:
-        check_play_settings(cfg)
-        vocabulary = load_vocabulary(cfg.mllm_checkpoint)
-        game = build_game(cfg)
-    except (FileNotFoundError, ValueError) as exc:  # a setting, a weights path or a vocabulary file, before any model
-        fail(str(exc))
+    vocabulary, game = prepare_play(cfg, build_game)  # a bad setting, weights path or vocabulary: one line, no model
     app = build_app(game, cfg.output_dir, vocabulary=vocabulary, max_upload_bytes=args.max_upload_mb << 20)
     stop = threading.Event()
     # a file size limit fails the write that reaches it; Ctrl-C, SIGTERM (docker, systemd), a hang-up stop the server

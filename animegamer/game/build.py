@@ -22,8 +22,10 @@ from typing import Any
 
 import torch
 
+from animegamer.cli import fail
 from animegamer.config import InferenceConfig
 from animegamer.config.recorded import history_turns_note
+from animegamer.data.vocabulary import Vocabulary, load_vocabulary
 from animegamer.game.predictor import MLLMPredictor
 from animegamer.game.preflight import check_device, check_output_dir
 from animegamer.game.renderer import DecoderRenderer
@@ -72,6 +74,17 @@ def check_play_settings(cfg: InferenceConfig) -> None:
             raise ValueError(f"sampling.{name}={value} must be >= 1")
     check_device(cfg.device)
     check_output_dir(cfg.output_dir)
+
+
+def prepare_play(cfg: InferenceConfig, build: Callable[[InferenceConfig], Any]) -> tuple[Vocabulary, Any]:
+    """What a play entry point (the terminal, the browser) starts with: the world's words and ``build(cfg)`` (a
+    game or a session). Settings, weights paths and the vocabulary file are checked before any model loads; a
+    problem ends the program with one ``error:`` line (exit 2)."""
+    try:
+        check_play_settings(cfg)
+        return load_vocabulary(cfg.mllm_checkpoint), build(cfg)
+    except (FileNotFoundError, ValueError) as exc:
+        fail(str(exc))
 
 
 def check_checkpoints(cfg: InferenceConfig, mllm: bool = True, decoder: bool = True, base_only: bool = False) -> None:

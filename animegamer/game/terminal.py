@@ -34,10 +34,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TextIO
 
-from animegamer.cli import fail, no_bars_in_logs, parse_config
+from animegamer.cli import no_bars_in_logs, parse_config
 from animegamer.config import InferenceConfig
-from animegamer.data.vocabulary import Vocabulary, load_vocabulary
-from animegamer.game.build import build_session, check_play_settings
+from animegamer.data.vocabulary import Vocabulary
+from animegamer.game.build import build_session, prepare_play
 from animegamer.game.session import SAVE_NAME, GameSession, one_line, shielded, sweep_stale
 from animegamer.game.turn import Turn
 from animegamer.states import state_bar
@@ -336,12 +336,7 @@ def main(argv: list[str] | None = None, build: Callable[[InferenceConfig], GameS
     """``build``: the game's builder (an entry point that plays other parts passes its own)."""
     cfg, _ = parse_config(InferenceConfig, __doc__, argv)
     no_bars_in_logs()
-    try:
-        check_play_settings(cfg)
-        vocabulary = load_vocabulary(cfg.mllm_checkpoint)
-        session = build(cfg)
-    except (FileNotFoundError, ValueError) as exc:  # a setting, a weights path or a vocabulary file, before any model
-        fail(str(exc))
+    vocabulary, session = prepare_play(cfg, build)  # a bad setting, weights path or vocabulary: one line, no model
     # a file size limit (ulimit -f) fails the write that reaches it (one line) instead of killing the game unsaved
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     for number in (signal.SIGHUP, signal.SIGTERM):  # the terminal closed, or docker/systemd stopping the game
