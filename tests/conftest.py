@@ -54,13 +54,17 @@ def tiny_cogvideox_dir(tiny_t5_config):
 
 @pytest.fixture(autouse=True)
 def signal_handlers_as_they_were():
-    """Every test starts with the worker's own signal handlers: an in-process game or run that installs its own
-    (SIGHUP/SIGTERM, or SIGINT ignored while it prints its last line) must not change what a later test's child
-    processes inherit (a child of a process that ignores SIGINT ignores Ctrl-C too)."""
+    """Every test starts with Python's own Ctrl-C handling and the worker's other signal handlers, and leaves them
+    so: an in-process game or run that installs its own (SIGHUP/SIGTERM), or a library that left SIGINT ignored in
+    this process, must not change what a later test's child processes inherit (a child of a process that ignores
+    SIGINT ignores Ctrl-C too)."""
+    main = threading.current_thread() is threading.main_thread()
+    if main and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     numbers = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGXFSZ)
     before = {number: signal.getsignal(number) for number in numbers}
     yield
-    if threading.current_thread() is threading.main_thread():
+    if main:
         for number, handler in before.items():
             if handler is not None and signal.getsignal(number) is not handler:
                 signal.signal(number, handler)

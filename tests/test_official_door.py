@@ -7,6 +7,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "animegamer"
 SATELLITES = ("official", "eval", "bench", "spriteworld")
+COMMANDS = ("play.py",)  # python -m animegamer.play: the entry point that picks the parts, above the satellites
 
 
 def _imports(path: Path) -> set[str]:
@@ -21,7 +22,7 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_core_never_imports_official():
-    core = [p for p in PACKAGE.rglob("*.py") if p.relative_to(PACKAGE).parts[0] not in SATELLITES]
+    core = [p for p in PACKAGE.rglob("*.py") if p.relative_to(PACKAGE).parts[0] not in SATELLITES + COMMANDS]
     assert len(core) > 30  # the walk found the package
     offenders = {
         str(p.relative_to(PACKAGE)): sorted(n for n in _imports(p) if n.startswith("animegamer.official"))
@@ -29,4 +30,4 @@ def test_core_never_imports_official():
     }
     assert {k: v for k, v in offenders.items() if v} == {}
     # and the checker sees a real import where there is one
-    assert "animegamer.official.game" in _imports(PACKAGE / "official" / "play.py")
+    assert "animegamer.official.game" in _imports(PACKAGE / "play.py")

@@ -21,12 +21,12 @@ def test_import_is_light():
 
 
 def test_real_data_path_never_imports_spriteworld():
-    """Every module of animegamer.data / inference / models / training imports without the SpriteWorld package:
+    """Every module of the core (data, game, models, recipes, sampling, training) imports without SpriteWorld:
     the real-data path stands on its own (SpriteWorld lives in animegamer.spriteworld, beside it)."""
     code = (
         "import importlib, pkgutil, sys\n"
         "names = []\n"
-        "for part in ('data', 'inference', 'models', 'training'):\n"
+        "for part in ('data', 'game', 'models', 'recipes', 'sampling', 'training'):\n"
         "    package = importlib.import_module(f'animegamer.{part}')\n"
         "    names += [m.name for m in pkgutil.walk_packages(package.__path__, f'animegamer.{part}.')]\n"
         "for name in names:\n"

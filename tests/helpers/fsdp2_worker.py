@@ -35,6 +35,7 @@ from animegamer.data.tensor_store import TensorStore
 from animegamer.models.decoder import AnimationShotDecoder
 from animegamer.models.mllm import AnimeGamerMLLM
 from animegamer.training.engines import gather_trained_state
+from animegamer.training.losses import stage_b_loss
 from tests.helpers.stage_b_data import write_stage_b_data
 from tests.helpers.stage_scripts import tiny_decoder_config
 
@@ -120,7 +121,7 @@ def mllm_batches(data: Path, model: AnimeGamerMLLM):
 def mllm_loss(model, rows_batch: list[dict], rows: slice) -> torch.Tensor:
     # the mean of the rows' losses: what the two processes' averaged gradients are the gradient of
     chosen = rows_batch[rows]
-    return sum(model(b)["loss"] for b in chosen) / len(chosen)
+    return sum(stage_b_loss(model(b), b["target_shots"], 0.5, 0.0)["loss"] for b in chosen) / len(chosen)
 
 
 MODELS = {

@@ -51,6 +51,8 @@ class Child:
     bar ends a line too), so that a test can wait for a line."""
 
     def __init__(self, command: list[str], **popen) -> None:
+        # Ctrl-C as a terminal's child gets it: a test worker that ignores SIGINT must not pass that on
+        popen.setdefault("preexec_fn", lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      env=popen.pop("env", child_env()), cwd=ROOT, **popen)
         self.lines: list[str] = []
