@@ -59,8 +59,7 @@ def main(argv: list[str] | None = None) -> tuple[Path, Path]:
         fail(f"--undistilled step counts must be >= 1 and --max-games >= 0, got {args.undistilled}, {args.max_games}")
     if not cfg.decoder_checkpoint:
         fail("decoder_checkpoint= must name the teacher (the stage (c) decoder the students were distilled from)")
-    cfg = dataclasses.replace(cfg, fast=False, sampling=dataclasses.replace(cfg.sampling, preset="standard",
-                                                                            cache="none"))
+    cfg = dataclasses.replace(cfg, sampling=dataclasses.replace(cfg.sampling, preset="standard", cache="none"))
     device = resolve_device(cfg.device)
     try:
         check_checkpoints(cfg)

@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> dict:
     cfg, args = parse_config(InferenceConfig, __doc__, argv, extra=flags)
     if args.seeds < 1:
         fail(f"--seeds={args.seeds} must be >= 1")
-    variant = dataclasses.replace(cfg, decoder_checkpoint=args.student, fast=False,
+    variant = dataclasses.replace(cfg, decoder_checkpoint=args.student,
                                   sampling=dataclasses.replace(cfg.sampling, preset="distilled"))
     try:
         check_checkpoints(variant, mllm=False)

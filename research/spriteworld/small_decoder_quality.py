@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> dict:
     cfg, args = parse_config(EvalConfig, __doc__, argv, extra=flags)
     if args.batch < 1:
         fail(f"--batch={args.batch} must be >= 1")
-    inference = dataclasses.replace(cfg.inference, fast=False)
+    inference = cfg.inference
     variants = {"full game": inference}
     if args.student:
         variants["4-step student"] = dataclasses.replace(
