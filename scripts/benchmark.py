@@ -214,7 +214,9 @@ def memory_cap(device: torch.device, cap_gb: float) -> dict:
         return {"gb": cap_gb, "applied": False, "why": "no GPU: the cap is a GPU memory fraction"}
     total = torch.cuda.get_device_properties(device).total_memory
     fraction = min(cap_gb * 1024**3 / total, 1.0)
-    torch.cuda.set_per_process_memory_fraction(fraction, device)
+    # the call wants an index: "cuda" alone names no device
+    torch.cuda.set_per_process_memory_fraction(fraction, device.index if device.index is not None else
+                                               torch.cuda.current_device())
     return {"gb": cap_gb, "applied": True, "fraction": fraction}
 
 

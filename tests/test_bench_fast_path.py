@@ -4,6 +4,7 @@ part by part and end to end, rows saved as they end."""
 import json
 
 import pytest
+import torch
 
 from animegamer.bench.fastpath import ROWS, rows_to_run
 from animegamer.bench.report import markdown
@@ -77,3 +78,29 @@ def test_fast_path_part_times_a_whole_turn_eager_and_compiled(tmp_path):
     assert "| eager, dynamic MLLM cache |" in table and "MLLM host syncs" in table
     profile = (out / "profile_fast_turn.txt").read_text()
     assert all(label in profile for label in ("mllm", "denoise", "decode"))
+
+
+def test_a_vae_that_does_not_fit_leaves_the_fast_turn_measured(tmp_path, monkeypatch):
+    """Under a memory cap the VAE's decode (only the comparison column) may not fit beside the game's models: the
+    row of the fast turn (small decoder) is still measured, the VAE's columns say why they are missing."""
+    from animegamer.game.renderer import DecoderRenderer
+
+    real_decode = DecoderRenderer.decode
+
+    def decode(self, latents):
+        if self.small_decoder is None:  # the VAE's path: as torch raises it on a GPU past its cap
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.48 GiB. 24.00 GiB allowed")
+        return real_decode(self, latents)
+
+    monkeypatch.setattr(DecoderRenderer, "decode", decode)
+    out = tmp_path / "bench"
+    result = load_script("scripts/benchmark.py").main([
+        "--preset", "tiny", "--device", "cpu", f"output_dir={out}", "parts=[fast_path]", "repeats=1", "warmup=0",
+        "fast_path_rows=[eager]"])
+    fast = json.loads((out / "benchmark.json").read_text())["fast_path"]
+    assert not result["errors"] and fast["vae_decode_s"] is None and fast["vae_first_frames"] is None
+    assert fast["vae_error"].startswith("OutOfMemoryError: CUDA out of memory")
+    row = fast["rows"]["eager"]
+    assert row["turn_s"] > 0 and row["small_decode_s"] > 0 and row["turn_with_vae_s"] is None
+    assert row["time_to_first_frames_with_vae_s"] is None
+    assert "not measured: OutOfMemoryError" in (out / "benchmark.md").read_text()

@@ -164,11 +164,13 @@ def fast_path_table(result: dict[str, Any]) -> list[str]:
     write = (f"writing the clip (gif + mp4, {st['frames'][0]} frames of {st['frames'][2]}x{st['frames'][1]}) "
              f"{_s(writing['write_s'])} s on this machine's CPU, off the turn's critical path"
              if writing.get("write_s") is not None else f"writing not measured ({writing.get('error', 'failed')})")
+    vae = (f"{_s(fast['vae_decode_s'])} s; its first chunk of {fast['vae_first_frames']} frames "
+           f"{_s(fast['vae_first_chunk_s'])} s" if fast.get("vae_decode_s") is not None
+           else f"not measured: {fast.get('vae_error')}")
     lines += [
         "",
         f"Turn: timed whole, no file written. First frames: MLLM + denoising + the small decoder's first chunk. "
-        f"Turn with the VAE: MLLM + denoising + the VAE's decode ({_s(fast['vae_decode_s'])} s; its first chunk of "
-        f"{fast['vae_first_frames']} frames {_s(fast['vae_first_chunk_s'])} s). MLLM host syncs: per turn, counted "
+        f"Turn with the VAE: MLLM + denoising + the VAE's decode ({vae}). MLLM host syncs: per turn, counted "
         f"by operator (HostSyncCounter) / by CUDA's sync debug mode on a GPU. Latents vs eager: relative L2 "
         f"distance of the row's 4-step latents from the eager row's. {write[0].upper() + write[1:]}.",
     ]
