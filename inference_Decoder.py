@@ -31,6 +31,7 @@ before it stay, the game video and the contact sheet being written are removed);
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from contextlib import ExitStack
 from pathlib import Path
@@ -112,7 +113,7 @@ def render(cfg: InferenceConfig, out: Path, game: dict, turns: list) -> dict:
     except (FileNotFoundError, ValueError) as exc:
         fail(str(exc))
     fps = animegamer.renderer.fps
-    seed = int(game.get("seed", cfg.seed))
+    animegamer = dataclasses.replace(animegamer, seed=int(game.get("seed", cfg.seed)))  # the recorded game's seed
     factor = readable_factor(cfg.sampling.height)
 
     written = {"clips": clip_stem(out, 0).with_suffix(".mp4"), "game": out / "game.mp4",
@@ -126,7 +127,7 @@ def render(cfg: InferenceConfig, out: Path, game: dict, turns: list) -> dict:
         for (state, shot_embeds), level in tqdm(list(zip(turns, levels, strict=True)), desc="render turns",
                                                 disable=None):  # (no bar in a log file)
             index = state["index"]
-            frames = animegamer.render_turn(recorded_turn(state, shot_embeds), out, seed=seed, motion_level=level)
+            frames = animegamer.render_turn(recorded_turn(state, shot_embeds), out, motion_level=level)
             game_video(frames)
             if big_video is not None:
                 big = upscale(frames, factor)

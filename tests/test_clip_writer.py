@@ -21,6 +21,7 @@ from animegamer.game.clip_writer import ClipWriter
 from animegamer.game.save import read_save
 from animegamer.game.session import GameSession
 from animegamer.game.terminal import load_game, run
+from animegamer.game.turn import TurnEvents
 from tests.helpers.clips import make_clip_frames
 from tests.helpers.game import GAME, FailingRenderer
 
@@ -103,7 +104,12 @@ def test_writes_run_in_order_in_one_thread_and_failures_are_recorded():
 def test_the_turn_returns_before_its_clip_is_written(played, tmp_path):
     game = held_game(played, tmp_path)
     decoded = []
-    turn = game.play(GAME[0], decoded=decoded.append)
+
+    class Watcher(TurnEvents):
+        def clip(self, frames):
+            decoded.append(frames)
+
+    turn = game.play(GAME[0], Watcher())
     # played and decoded; its clip is not written yet, and no path names a file that does not exist
     assert len(game.turns) == 1 and decoded[0].shape == (9, 48, 64, 3)
     assert turn.clip == turn.gif == "" and not turn.writing.done and clip_files(tmp_path) == []

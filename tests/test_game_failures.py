@@ -25,6 +25,7 @@ from animegamer.game.contact_sheet import upscale
 from animegamer.game.save import read_save
 from animegamer.game.session import GameSession
 from animegamer.game.terminal import run
+from animegamer.game.turn import TurnEvents
 from tests.helpers.clips import make_clip_frames
 from tests.helpers.game import GAME, TINY, FailingRenderer, rewrite, tiny_overrides, turn0
 
@@ -78,8 +79,15 @@ def test_a_failed_turn_leaves_no_half_of_its_clip(played, tmp_path, monkeypatch,
         # one latent frame per VAE batch: the tiny clip decodes in three chunks, so its first frames come early
         monkeypatch.setattr(session.game.renderer.decoder.vae, "num_latent_frames_batch_size", 1)
     stages = []
+
+    class Terminal(TurnEvents):
+        early_gif = True  # as the terminal: the first frames to the turn's gif at once
+
+        def stage(self, what, done):
+            stages.append(what)
+
     with pytest.raises((OSError, RuntimeError, ZeroDivisionError)):
-        game.play(GAME[1], progress=lambda stage, done: stages.append(stage))
+        game.play(GAME[1], Terminal())
     # the early gif (the terminal's progress line names it) was written before the failure
     assert case == "disk-full-on-gif" or any(stage.startswith("first ") and stage.endswith(
         f" frames: {tmp_path / 'turn_001.gif'}") for stage in stages)

@@ -33,8 +33,8 @@ def mllm_only(session) -> AnimeGamer:
 def fresh(played, out: Path, renderer: bool = False, seed: int = 42) -> GameSession:
     session, _ = played
     out.mkdir(parents=True, exist_ok=True)
-    return GameSession(dataclasses.replace(session.game, renderer=session.game.renderer if renderer else None),
-                       output_dir=out, seed=seed)
+    return GameSession(dataclasses.replace(session.game, renderer=session.game.renderer if renderer else None,
+                                           seed=seed), output_dir=out)
 
 
 def snapshot(path: Path):
@@ -248,8 +248,8 @@ def test_app_port_out_of_range_is_one_line_before_any_model(port, tiny_mistral_d
 def test_a_game_a_save_cannot_hold_is_refused_when_made(played, tmp_path, seed, history_turns):
     session, _ = played
     with pytest.raises(ValueError, match="must be an integer in"):
-        GameSession(dataclasses.replace(session.game, renderer=None, history_turns=history_turns),
-                    output_dir=tmp_path, seed=seed)
+        GameSession(dataclasses.replace(session.game, renderer=None, history_turns=history_turns, seed=seed),
+                    output_dir=tmp_path)
 
 
 @pytest.mark.parametrize("seed", [0, 1, MAX_SEED])

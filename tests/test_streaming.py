@@ -42,7 +42,7 @@ def test_the_game_writes_the_first_frames_before_the_rest(tiny_cogvideox_dir, tm
     """A 17-frame clip decodes in two chunks: its gif holds the first 9 frames while the rest decodes."""
     from animegamer.config import SamplingConfig
     from animegamer.game.renderer import DecoderRenderer
-    from animegamer.game.turn import AnimeGamer, Turn
+    from animegamer.game.turn import AnimeGamer, Turn, TurnEvents
     from animegamer.models.decoder import AnimationShotDecoder
     from animegamer.states import CharacterState, StateValues
 
@@ -61,14 +61,17 @@ def test_the_game_writes_the_first_frames_before_the_rest(tiny_cogvideox_dir, tm
     gif = tmp_path / "turn_000.gif"
     heard = []
 
-    def progress(text, done):
-        heard.append(text)
-        if text.startswith("first 9 frames"):  # the gif on disk now: the first chunk only
-            assert _gif_frames(gif) == 9
+    class Terminal(TurnEvents):
+        early_gif = True
+
+        def stage(self, text, done):
+            heard.append(text)
+            if text.startswith("first 9 frames"):  # the gif on disk now: the first chunk only
+                assert _gif_frames(gif) == 9
 
     game = AnimeGamer(None, renderer, seed=0)
     turn = Turn(0, "instruction", StateValues(3, 0, 0, 0), CharacterState(), torch.randn(226, 32), 10)
-    rendered = game.render_turn(turn, tmp_path, progress=progress)
+    rendered = game.render_turn(turn, tmp_path, events=Terminal())
     assert f"first 9 frames: {gif}" in heard and heard[-1] == "writing the clip"
     assert turn.gif == str(gif) and _gif_frames(gif) == 17 and turn.clip == str(tmp_path / "turn_000.mp4")
     assert rendered.shape == (17, 48, 64, 3)

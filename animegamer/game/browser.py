@@ -50,7 +50,7 @@ from animegamer.game.browser_view import (
     tell,
 )
 from animegamer.game.session import SAVE_NAME, GameBusy, GameSession, clean_stale_temp, one_line, sweep_stale
-from animegamer.game.turn import AnimeGamer, Progress, clip_stem
+from animegamer.game.turn import AnimeGamer, Progress, TurnEvents, clip_stem
 from animegamer.io import check_regular_file, path_inside
 from animegamer.states import TagError, parse_instruction
 
@@ -59,6 +59,24 @@ from animegamer.states import TagError, parse_instruction
 MAX_UPLOAD_BYTES = 1 << 30
 CLOSE_WAIT = 120.0  # seconds a closed tab or a stopping server waits for a running turn before freeing its game
 WEB_COMMAND = "app.py (the browser game)"  # what a tab's directory lock names as its holder
+
+
+class PageEvents(TurnEvents):
+    """The browser's view of a running turn (in the turn's thread): stages to Gradio's progress bar, the first
+    frames and the whole clip to the page's queue (``("frames", frames)``, ``("clip", frames)``)."""
+
+    def __init__(self, page: queue.Queue, progress: Progress | None):
+        self.page, self.progress = page, progress
+
+    def stage(self, what: str, done: float) -> None:
+        if self.progress is not None:
+            self.progress(what, done)
+
+    def first_frames(self, frames) -> None:
+        self.page.put(("frames", frames))
+
+    def clip(self, frames) -> None:
+        self.page.put(("clip", frames))
 
 
 class WebGame:
@@ -187,8 +205,7 @@ class WebGame:
 
         def turn_worker():
             try:
-                events.put(("turn", session.play(text, progress, lambda frames: events.put(("frames", frames)),
-                                                 lambda frames: events.put(("clip", frames)))))
+                events.put(("turn", session.play(text, PageEvents(events, progress))))
             except BaseException as exc:  # a turn may fail in a model; the game must survive it
                 events.put(("failed", exc))
 

@@ -25,6 +25,7 @@ killed earlier game left there. A game holds at most :data:`~animegamer.game.sav
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import threading
 from collections.abc import Iterator
@@ -41,7 +42,7 @@ from animegamer.game.save import (
     read_save,
     write_save,
 )
-from animegamer.game.turn import AnimeGamer, Decoded, Preview, Progress, Turn
+from animegamer.game.turn import QUIET, AnimeGamer, Turn, TurnEvents
 from animegamer.io import DirectoryLocked, directory_lock
 from animegamer.states import CharacterState
 
@@ -115,9 +116,8 @@ def check_game_settings(seed: int, history_turns: int) -> None:
 
 @dataclass
 class GameSession:
-    game: AnimeGamer
+    game: AnimeGamer  # its seed is this game's (a loaded game plays on a copy with the save's seed)
     output_dir: str | Path = "outputs/play"
-    seed: int | None = None  # this game's seed (default: the AnimeGamer's; a loaded game keeps its own)
     turns: list[Turn] = field(default_factory=list)
     # the turns as last saved or loaded: the game has unsaved changes when they differ (same Turn objects or not)
     saved_turns: list[Turn] = field(default_factory=list, repr=False)
@@ -129,10 +129,12 @@ class GameSession:
     _hold: ExitStack | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        if self.seed is None:
-            self.seed = self.game.seed
         # what a game accepts its save must hold (animegamer.game.save), so it is refused here, not at :load
         check_game_settings(self.seed, self.history_turns)
+
+    @property
+    def seed(self) -> int:
+        return self.game.seed
 
     @property
     def history_turns(self) -> int:
@@ -148,31 +150,27 @@ class GameSession:
         """The character's state now."""
         return self.turns[-1].state if self.turns else CharacterState()
 
-    def play(self, instruction: str, progress: Progress | None = None, preview: Preview | None = None,
-             decoded: Decoded | None = None) -> Turn:
+    def play(self, instruction: str, events: TurnEvents = QUIET) -> Turn:
         """The next turn (:meth:`AnimeGamer.play_turn`), its clip written to this session's output directory, in
-        the background with a writer (the turn returns once its frames are decoded); ``progress`` hears each stage
-        of the turn, ``preview`` the clip's first frames while the rest decode, ``decoded`` the whole clip's frames
-        before they are written. A game of :data:`MAX_TURNS` turns plays no more (ValueError: a save holds no
-        more)."""
+        the background with a writer (the turn returns once its frames are decoded); ``events`` hears the turn as
+        it runs (:class:`~animegamer.game.turn.TurnEvents`). A game of :data:`MAX_TURNS` turns plays no more
+        (ValueError: a save holds no more)."""
         if len(self.turns) >= MAX_TURNS:
             raise ValueError(f"the game has {len(self.turns):,} turns, the most a game holds (MAX_TURNS); save it "
                              "and start a new game to play on")
-        turn = self.game.play_turn(self.turns, instruction, seed=self.seed, out_dir=self.output_dir,
-                                   progress=progress, preview=preview, decoded=decoded, writer=self.writer)
+        turn = self.game.play_turn(self.turns, instruction, out_dir=self.output_dir, events=events,
+                                   writer=self.writer)
         self.turns.append(turn)
         return turn
 
-    def render_turn(self, turn: Turn, progress: Progress | None = None, preview: Preview | None = None,
-                    decoded: Decoded | None = None):
+    def render_turn(self, turn: Turn, events: TurnEvents = QUIET):
         """Render ``turn``'s clip again into this session's output directory (a loaded game's last turn), once the
         clips being written are (the same turn's among them); returns its frames (T, H, W, 3) uint8, or None
         without a decoder."""
         if self.game.renderer is None:
             return None
         self.wait()
-        return self.game.render_turn(turn, self.output_dir, seed=self.seed, progress=progress, preview=preview,
-                                     decoded=decoded, writer=self.writer)
+        return self.game.render_turn(turn, self.output_dir, events=events, writer=self.writer)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every clip handed to the writer is written or has failed (:meth:`clip_failures`); False if
@@ -294,7 +292,8 @@ class GameSession:
             validate_instruction=predictor.validate if predictor is not None else None,
             max_instruction_chars=game.max_instruction_chars,
         )
-        session = cls(game, output_dir=output_dir if output_dir is not None else path.parent, seed=saved.seed)
+        session = cls(dataclasses.replace(game, seed=saved.seed),
+                      output_dir=output_dir if output_dir is not None else path.parent)
         session.turns = [Turn(t.index, t.instruction, t.values, t.state, t.shot_embeds, t.prompt_tokens)
                          for t in saved.turns]
         session.saved_turns = list(session.turns)

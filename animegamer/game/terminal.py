@@ -39,7 +39,7 @@ from animegamer.config import InferenceConfig
 from animegamer.data.vocabulary import Vocabulary
 from animegamer.game.build import build_session, prepare_play
 from animegamer.game.session import SAVE_NAME, GameSession, one_line, shielded, sweep_stale
-from animegamer.game.turn import Turn
+from animegamer.game.turn import QUIET, Turn, TurnEvents
 from animegamer.states import state_bar
 
 GAME_COMMAND = "python -m animegamer.play"  # what a game's directory lock names as its holder
@@ -116,15 +116,18 @@ def new_game_dir(output_dir: str | Path) -> Path:
     raise FileExistsError(f"{root}: no free name for a new game directory ({stem}-N)")
 
 
-class ProgressLine:
-    """One status line, rewritten in place while a turn runs (MLLM, denoising steps, decoding) and cleared at the
-    end; only on a terminal, so a log file gets the turn's results and no progress clutter."""
+class ProgressLine(TurnEvents):
+    """The terminal's view of a running turn: one status line, rewritten in place (MLLM, denoising steps,
+    decoding, the first frames' gif as soon as it is written) and cleared at the end; only on a terminal, so a log
+    file gets the turn's results and no progress clutter."""
+
+    early_gif = True  # a terminal shows files: the first frames go to the turn's gif, and the line names it
 
     def __init__(self, out: TextIO, prefix: str):
         self.out, self.prefix, self.width, self.start = out, prefix, 0, time.monotonic()
 
-    def __call__(self, stage: str, done: float) -> None:
-        text = f"{self.prefix}{stage}  {100 * done:3.0f}%  ({time.monotonic() - self.start:.0f} s)"
+    def stage(self, what: str, done: float) -> None:
+        text = f"{self.prefix}{what}  {100 * done:3.0f}%  ({time.monotonic() - self.start:.0f} s)"
         self.out.write("\r" + text.ljust(self.width))
         self.width = len(text)
         self.out.flush()
@@ -257,11 +260,11 @@ def do_command(session: GameSession, command: str, arg: str, line: str, games_di
     else:
         for warning in vocabulary.unknown_words(line) if vocabulary else []:
             print(f"warning: {warning}; the model will guess", file=out)
-        progress = ProgressLine(out, f"turn {len(session.turns)}: ") if _isatty(out) else None
+        progress = ProgressLine(out, f"turn {len(session.turns)}: ") if _isatty(out) else QUIET
         try:
             turn = session.play(line, progress)
         finally:
-            if progress:
+            if isinstance(progress, ProgressLine):
                 progress.clear()
         v = turn.values
         print(f"turn {turn.index}: {turn.instruction}", file=out)

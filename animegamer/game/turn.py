@@ -109,10 +109,32 @@ def on_device(module: torch.nn.Module, device: str, offload: bool):
 
 # hears what a turn is doing now ("MLLM: ...", "denoising 3/20", "decoding", ...) and the fraction of it done
 Progress = Callable[[str, float], None]
-# gets a clip's first decoded frames (t, H, W, 3) uint8 as soon as they exist, before the rest decode
-Preview = Callable[[np.ndarray], None]
-# gets the whole clip's frames (T, H, W, 3) uint8 as soon as they are decoded, before its files are written
-Decoded = Callable[[np.ndarray], None]
+
+
+class TurnEvents:
+    """What a turn tells its player while it runs; each method does nothing here, and a game's screen overrides
+    what it shows (the terminal's status line, the browser's page). One object for the whole turn, handed from the
+    session through :meth:`AnimeGamer.play_turn` to :meth:`AnimeGamer.render_turn`."""
+
+    def stage(self, what: str, done: float) -> None:
+        """What the turn is doing now ("MLLM: the next game state", "denoising 3/4", "decoding", "first 9 frames",
+        "writing the clip") and the fraction of the turn done, 0..1."""
+
+    # True: a clip's first frames go to the turn's gif at once, where the clip is written (the whole clip replaces
+    # it), and :meth:`stage` names that file, for a screen that shows files (the terminal); False: they go to
+    # :meth:`first_frames`
+    early_gif: bool = False
+
+    def first_frames(self, frames: np.ndarray) -> None:
+        """A clip's first decoded frames (t, H, W, 3) uint8, while the rest decode (only for a clip that decodes
+        in several chunks)."""
+
+    def clip(self, frames: np.ndarray) -> None:
+        """The whole clip's frames (T, H, W, 3) uint8, as soon as they are decoded, before its files are
+        written."""
+
+
+QUIET = TurnEvents()  # a turn nobody watches
 
 
 def turn_seed(seed: int, index: int) -> int:
@@ -214,7 +236,8 @@ class AnimeGamer:
     predictor: StatePredictor | None
     renderer: ShotRenderer | None
     history_turns: int = 1  # K
-    seed: int = 42  # a game's turns render from turn_seed(seed, index)
+    # the game's seed, its one place: turn i renders from turn_seed(seed, i) (a loaded game is a copy with its own)
+    seed: int = 42
     max_instruction_chars: int = MAX_INSTRUCTION_CHARS
 
     def validate(self, instruction: str) -> str:
@@ -231,14 +254,13 @@ class AnimeGamer:
         return [HistoryTurn(t.instruction, t.shot_embeds, t.values) for t in recent]
 
     def play_turn(self, history: Sequence[Turn], instruction: str, *, index: int | None = None,
-                  seed: int | None = None, out_dir: str | Path | None = None, render: bool = True,
-                  progress: Progress | None = None, preview: Preview | None = None,
-                  decoded: Decoded | None = None, writer: ClipWriter | None = None) -> Turn:
+                  out_dir: str | Path | None = None, render: bool = True, events: TurnEvents = QUIET,
+                  writer: ClipWriter | None = None) -> Turn:
         """The next turn of a game whose turns so far are ``history``: parse, window, predict, then (with a renderer
         and ``render``) :meth:`render_turn`. ``index`` is the turn's number in the game (default ``len(history)``;
         given, ``history`` need only hold the last ``history_turns`` turns, at least one, as a long game keeps them).
-        ``seed`` is the game's (default: this object's). With ``writer`` the turn returns before its clip is
-        written (:meth:`render_turn`)."""
+        ``events`` hears the turn as it runs (:class:`TurnEvents`). With ``writer`` the turn returns before its clip
+        is written (:meth:`render_turn`)."""
         if self.predictor is None:
             raise ValueError("this game has no MLLM: it can only render turns predicted before (render_turn)")
         # 1. parse: every check before any model runs
@@ -246,8 +268,7 @@ class AnimeGamer:
         # 2. the history window: the MLLM reads the last K turns
         window = self.window(history)
         # 3. the MLLM: one prefill -> s_a and the state values -> the character's state after the turn
-        if progress:
-            progress("MLLM: the next game state", 0.0)
+        events.stage("MLLM: the next game state", 0.0)
         prediction = self.predictor.predict_turn(window, text)
         # a save refuses a shot with NaN or infinite values, so the turn is refused first (ValueError)
         shot = check_shot(prediction.shot_embeds.detach().float().cpu(), "the predicted shot")
@@ -264,21 +285,18 @@ class AnimeGamer:
         )
         # 4-6. sample, decode (streamed), write
         if render and self.renderer is not None:
-            self.render_turn(turn, out_dir, seed=seed, progress=progress, preview=preview, decoded=decoded,
-                             writer=writer)
+            self.render_turn(turn, out_dir, events=events, writer=writer)
         return turn
 
-    def render_turn(self, turn: Turn, out_dir: str | Path | None, *, seed: int | None = None,
-                    motion_level: int | None = None, progress: Progress | None = None,
-                    preview: Preview | None = None, decoded: Decoded | None = None,
-                    writer: ClipWriter | None = None) -> np.ndarray:
+    def render_turn(self, turn: Turn, out_dir: str | Path | None, *, motion_level: int | None = None,
+                    events: TurnEvents = QUIET, writer: ClipWriter | None = None) -> np.ndarray:
         """Render ``turn``'s clip and write it to ``out_dir`` (:func:`write_turn_clip`; None: not written); returns
-        the frames (T, H, W, 3) uint8. The clip depends on the game seed and the turn index only, so a re-render
+        the frames (T, H, W, 3) uint8. The clip depends on the game's seed and the turn index only, so a re-render
         gives the same clip. ``motion_level`` overrides the predicted one (the release renders the level as it
-        parsed it). The first decoded chunk of a clip that decodes in several goes to ``preview(frames)`` as soon
-        as it exists, or, with ``progress`` alone (the terminal, which names the file), to the turn's gif at once,
-        which the whole clip replaces; the whole clip goes to ``decoded(frames)`` as soon as it is decoded. A failed
-        or interrupted render leaves no part of the turn's clip (no gif or mp4 at its stem).
+        parsed it). ``events`` hears the stages, the first decoded chunk of a clip that decodes in several (not
+        shown by it: written to the turn's gif at once, which the whole clip replaces) and the whole clip as soon as
+        it is decoded (:class:`TurnEvents`). A failed or interrupted render leaves no part of the turn's clip (no
+        gif or mp4 at its stem).
 
         Without ``writer`` the clip is written before this returns (what scripts that need the files at once use).
         With one, the write is queued on it (``turn.writing``) and this returns as soon as the frames are decoded;
@@ -290,43 +308,37 @@ class AnimeGamer:
         renderer = self.renderer
         stem = clip_stem(out_dir, turn.index) if out_dir is not None else None
         level = turn.values.motion_level if motion_level is None else motion_level
-        # the MLLM took the first tenth of the turn (a guess: it varies with model sizes)
-        heard = (lambda stage, done: progress(stage, 0.1 + 0.85 * done)) if progress else None
         steps = [0]  # the sampler's step count, as its steps report it (the decode counts as one more step)
 
         def on_step(step: int, total: int) -> None:
             steps[0] = total
-            heard(f"denoising {step}/{total}", step / (total + 1))
+            # the MLLM took the first tenth of the turn (a guess: it varies with model sizes)
+            events.stage(f"denoising {step}/{total}", 0.1 + 0.85 * step / (total + 1))
 
         # 4. sample the latents (1, F, C, h, w) from the turn's own seed
-        game_seed = self.seed if seed is None else seed
-        latents = renderer.latents(turn.shot_embeds, level, turn_seed(game_seed, turn.index),
-                                   on_step if heard else None)
+        latents = renderer.latents(turn.shot_embeds, level, turn_seed(self.seed, turn.index),
+                                   None if events is QUIET else on_step)
         # 5. decode chunk by chunk; the first frames go out as soon as they exist
-        if heard:
-            heard("decoding", 1 - 1 / (steps[0] + 1))
+        events.stage("decoding", 0.1 + 0.85 * (1 - 1 / (steps[0] + 1)))
         count, chunks = renderer.chunk_count(latents), []
         try:
             for chunk in renderer.decode(latents):  # (t, H, W, 3) uint8
                 chunks.append(chunk)
-                if len(chunks) == 1 and count > 1 and preview:  # shown from memory: no file in their way
-                    preview(chunk)
-                    if progress:
-                        progress(f"first {len(chunk)} frames", 0.9)
-                elif len(chunks) == 1 and count > 1 and progress and stem is not None:
+                if len(chunks) == 1 and count > 1 and events.early_gif and stem is not None:
                     first_gif = write_gif(stem.with_suffix(".gif"), chunk, fps=renderer.fps)  # replaced below
-                    progress(f"first {len(chunk)} frames: {first_gif}", 0.9)
+                    events.stage(f"first {len(chunk)} frames: {first_gif}", 0.9)
+                elif len(chunks) == 1 and count > 1:  # shown from memory: no file in their way
+                    events.first_frames(chunk)
+                    events.stage(f"first {len(chunk)} frames", 0.9)
             frames = np.concatenate(chunks)  # (T, H, W, 3)
-            if decoded:
-                decoded(frames)
+            events.clip(frames)
             # 6. write the clip: gif and mp4, both or neither; at once, or queued on the writer (the last step: once
             # queued, the write is the writer's, and nothing here can fail any more)
             if stem is not None and writer is not None:
                 turn.writing = writer.submit(write_turn_clip, turn, frames, stem, renderer.fps,
                                              label=f"turn {turn.index}")
             elif stem is not None:
-                if progress:
-                    progress("writing the clip", 0.95)
+                events.stage("writing the clip", 0.95)
                 turn.writing = None
                 write_turn_clip(turn, frames, stem, renderer.fps)
         except BaseException:
