@@ -16,7 +16,7 @@ from __future__ import annotations
 import signal
 import threading
 
-from animegamer.cli import fail, no_bars_in_logs, parse_config
+from animegamer.cli import fail, no_bars_in_logs, parse_config, reports_usage_errors
 from animegamer.config import InferenceConfig
 from animegamer.game.browser import APP_CSS, MAX_UPLOAD_BYTES, build_app
 from animegamer.game.build import prepare_play
@@ -24,6 +24,7 @@ from animegamer.game.session import shielded
 from animegamer.official.game import build_game
 
 
+@reports_usage_errors
 def main(argv: list[str] | None = None) -> None:
     def flags(parser):
         parser.add_argument("--host", default="127.0.0.1", help="address to serve on (0.0.0.0: every interface)")

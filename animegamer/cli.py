@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import json
+import functools
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
 
 from animegamer.config import ConfigError, config_help, load_config
-from animegamer.data.manifest import read_manifest
-from animegamer.io import LOCK_NAME, DirectoryLocked, atomic_write_json, directory_lock, remove_stale_temps
+from animegamer.io import LOCK_NAME, DirectoryLocked, directory_lock, remove_stale_temps
 
 # an override example per config kind, shown in --help (tests load each one against its schema)
 OVERRIDE_EXAMPLES: dict[str, str] = {
@@ -89,9 +88,29 @@ def no_bars_in_logs() -> None:
 
 
 def fail(message: str) -> NoReturn:
-    """A user's mistake: one ``error: ...`` line on stderr and exit code 2, never a traceback."""
+    """A user's mistake: one ``error: ...`` line on stderr and exit code 2, never a traceback. For programs (their
+    ``main``); library code raises :class:`UsageError` instead, and the program reports it."""
     print(f"error: {message}", file=sys.stderr)
     raise SystemExit(2)
+
+
+class UsageError(Exception):
+    """A user's mistake found inside the library (a setting, a file, a launch that cannot work): the program that
+    called it reports it as one ``error:`` line, exit 2 (:func:`reports_usage_errors`)."""
+
+
+def reports_usage_errors(main: Callable) -> Callable:
+    """Decorate a program's ``main``: a :class:`UsageError` from anything it calls ends the process with one
+    ``error:`` line (exit 2, :func:`fail`) instead of a traceback."""
+
+    @functools.wraps(main)
+    def wrapped(*args, **kwargs):
+        try:
+            return main(*args, **kwargs)
+        except UsageError as exc:
+            fail(str(exc))
+
+    return wrapped
 
 
 @contextmanager
@@ -112,30 +131,3 @@ def hold_output_dir(directory: str | Path, temp_depth: int = 0) -> Iterator[None
         yield
     finally:
         lock.__exit__(None, None, None)
-
-
-def write_report(path: str | Path, report: dict, hide: tuple[str, ...] = ()) -> dict:
-    """A research tool's JSON report: written atomically to ``path``, printed without the ``hide`` keys (the long
-    per-row parts), its path on stderr. Returns ``report``."""
-    atomic_write_json(path, report)
-    print(json.dumps({k: v for k, v in report.items() if k not in hide}, indent=2))
-    print(f"report {path}", file=sys.stderr)
-    return report
-
-
-def add_split_flags(parser: argparse.ArgumentParser, count: int, what: str, count_flag: str = "--clips") -> None:
-    """``--manifest``, ``--split`` and a clip count: the flags of scripts that sample a manifest's train/test films."""
-    parser.add_argument("--manifest", required=True, help="clips.jsonl with train/test films in its meta splits")
-    parser.add_argument("--split", default="test", choices=("test", "train"), help="films to take the clips from")
-    parser.add_argument(count_flag, type=int, default=count, help=f"{what} (evenly spread over the split)")
-
-
-def split_clips(manifest_path: str, split: str, count: int) -> tuple[Any, list]:
-    """The manifest and up to ``count`` evenly spread tagged clips of its ``split`` films
-    (:meth:`Manifest.sample_split`); an unreadable manifest or an empty split exits with one readable line (code 2)."""
-
-    try:
-        manifest = read_manifest(manifest_path)
-        return manifest, manifest.sample_split(split, count)
-    except (ValueError, FileNotFoundError) as exc:  # ManifestError is a ValueError
-        fail(str(exc))

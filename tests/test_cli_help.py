@@ -12,10 +12,11 @@ from typing import Literal
 
 import pytest
 
-from animegamer.cli import OVERRIDE_EXAMPLES, command_name, split_clips
+from animegamer.cli import OVERRIDE_EXAMPLES, command_name
 from animegamer.config import SCHEMAS, InferenceConfig, config_help, load_config
 from animegamer.config.parts import knob
 from animegamer.config_docs import config_keys_help, field_descriptions
+from animegamer.eval.research import split_clips
 from animegamer.game.build import check_checkpoints
 from tests.helpers.scripts import load_script
 

@@ -71,7 +71,7 @@ def test_sample_split_spreads_tagged_clips_of_the_split_films(tmp_path):
 
 
 def test_split_clips_reads_and_samples_or_exits_with_one_line(tmp_path, capsys):
-    from animegamer.cli import split_clips
+    from animegamer.eval.research import split_clips
 
     tags = "<S>Qiqi</S><MD>run</MD><EV>park</EV><ML>3</ML><MA>quickly</MA><SC>0</SC><ET>0</ET><ST>-1</ST>"
     records = [ClipRecord(f"a_{i:05d}", f"a/{i}.mp4", "a", i, 2.0 * i, 2.0 * i + 2, tags=tags) for i in range(4)]

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from animegamer.cli import fail
+from animegamer.cli import UsageError
 from animegamer.config import InferenceConfig
 from animegamer.config.recorded import history_turns_note
 from animegamer.data.vocabulary import Vocabulary, load_vocabulary
@@ -79,12 +79,12 @@ def check_play_settings(cfg: InferenceConfig) -> None:
 def prepare_play(cfg: InferenceConfig, build: Callable[[InferenceConfig], Any]) -> tuple[Vocabulary, Any]:
     """What a play entry point (the terminal, the browser) starts with: the world's words and ``build(cfg)`` (a
     game or a session). Settings, weights paths and the vocabulary file are checked before any model loads; a
-    problem ends the program with one ``error:`` line (exit 2)."""
+    problem is a :class:`~animegamer.cli.UsageError` (the program's one ``error:`` line)."""
     try:
         check_play_settings(cfg)
         return load_vocabulary(cfg.mllm_checkpoint), build(cfg)
     except (FileNotFoundError, ValueError) as exc:
-        fail(str(exc))
+        raise UsageError(str(exc)) from None
 
 
 def check_checkpoints(cfg: InferenceConfig, mllm: bool = True, decoder: bool = True, base_only: bool = False) -> None:

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TextIO
 
-from animegamer.cli import no_bars_in_logs, parse_config
+from animegamer.cli import no_bars_in_logs, parse_config, reports_usage_errors
 from animegamer.config import InferenceConfig
 from animegamer.data.vocabulary import Vocabulary
 from animegamer.game.build import build_session, prepare_play
@@ -335,6 +335,7 @@ def run(session: GameSession, lines: TextIO, out: TextIO, vocabulary: Vocabulary
     return session
 
 
+@reports_usage_errors
 def main(argv: list[str] | None = None, build: Callable[[InferenceConfig], GameSession] = build_session) -> None:
     """``build``: the game's builder (an entry point that plays other parts passes its own)."""
     cfg, _ = parse_config(InferenceConfig, __doc__, argv)

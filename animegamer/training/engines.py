@@ -22,19 +22,20 @@ import torch
 from accelerate.utils import DistributedType, set_seed
 from torch import nn
 
-from animegamer.cli import fail
+from animegamer.cli import UsageError
 from animegamer.config import TrainConfig
 
 
 def check_world_size(accelerator) -> None:
-    """Stop with one ``error:`` line (exit 2) when the launcher started more processes than accelerate sees.
+    """Refuse (:class:`~animegamer.cli.UsageError`, one ``error:`` line from the program) a launch that started
+    more processes than accelerate sees.
 
     That happens when an engine cannot start on this machine (accelerate's FSDP plugin on CPUs, for one): each
     process would then train alone into the same output directory and the processes would overwrite each other's
     checkpoints. Called before anything of the run is read or written."""
     launched = os.environ.get("WORLD_SIZE", "")
     if launched.isdigit() and int(launched) > accelerator.num_processes:
-        fail(
+        raise UsageError(
             f"the launcher started {launched} processes (WORLD_SIZE) but accelerate sees "
             f"{accelerator.num_processes} ({accelerator.distributed_type}): the accelerate config's engine did not "
             "start on this machine (FSDP needs GPUs; on CPUs use configs/accelerate/cpu_2proc.yaml with "

@@ -37,7 +37,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from animegamer.cli import fail
+from animegamer.cli import UsageError, reports_usage_errors
 from animegamer.data.manifest import ManifestError
 from animegamer.io import atomic_write_text
 from animegamer.training.batches import resumable_batches
@@ -151,6 +151,7 @@ def say_left_out(recipe: Recipe, say) -> None:
         say(f"  ... and {len(lines) - SHOWN_LEFT_OUT} more (see {Path(recipe.cfg.output_dir) / 'left_out.txt'})")
 
 
+@reports_usage_errors  # a user's mistake found anywhere below: one error: line, exit 2
 @releases_output_dir
 def train(recipe_class: type[Recipe], doc: str | None, argv: list[str] | None = None) -> Path:
     """Parse a stage's command line (``doc``: its ``--help`` text) and train its recipe; returns output_dir.
@@ -162,7 +163,7 @@ def train(recipe_class: type[Recipe], doc: str | None, argv: list[str] | None = 
     try:
         recipe.check()
     except ValueError as exc:
-        fail(str(exc))
+        raise UsageError(str(exc)) from None
 
     accelerator = build_accelerator(cfg.output_dir, train_cfg)
     recipe.accelerator = accelerator
@@ -175,7 +176,7 @@ def train(recipe_class: type[Recipe], doc: str | None, argv: list[str] | None = 
         resume = resume_point(cfg, accelerator)
         recipe.build(resume)
     except BAD_INPUT as exc:
-        fail(str(exc))
+        raise UsageError(str(exc)) from None
     say_left_out(recipe, say)
     say(recipe.summary or f"{len(recipe.dataset)} examples")
     if train_cfg.compile:

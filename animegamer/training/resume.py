@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from animegamer.cli import fail
+from animegamer.cli import UsageError
 from animegamer.io import read_text_bounded
 from animegamer.training.checkpoint import CheckpointError, ResumePoint, check_resume, load_checkpoint
 from animegamer.training.engines import engine_info
@@ -89,26 +89,27 @@ def resume_point(cfg: Any, accelerator) -> ResumePoint | None:
 def load_resume_weights(resume: ResumePoint | None, load: Callable[[Path], None]) -> None:
     """``load(checkpoint_dir)`` the resume point's trained weights into the bare model, before
     ``accelerator.prepare``: ZeRO-3 and FSDP2 then shard the restored values like any others (the engine restores
-    its own optimizer state afterwards, :func:`restore`). A checkpoint that does not load ends the run with one
-    ``error:`` line naming it (exit 2). Nothing to do without a resume point."""
+    its own optimizer state afterwards, :func:`restore`). A checkpoint that does not load is a
+    :class:`~animegamer.cli.UsageError` naming it. Nothing to do without a resume point."""
     if resume is None:
         return
     try:
         load(resume.path)
     except (FileNotFoundError, ValueError, RuntimeError) as exc:
-        fail(f"{resume.path}: could not be loaded ({(str(exc).strip().splitlines() or [type(exc).__name__])[0]})")
+        raise UsageError(f"{resume.path}: could not be loaded "
+                         f"({(str(exc).strip().splitlines() or [type(exc).__name__])[0]})") from None
 
 
 def restore(accelerator, resume: ResumePoint | None, allow_rng_reset: bool) -> int:
     """The optimizer step a run starts from: 0, or ``resume``'s step once its optimizer, scheduler and every
     process's RNG are restored (the weights: :func:`load_resume_weights`, before ``prepare``). A checkpoint that
-    fails to load ends the run with one ``error:`` line naming the file (exit 2)."""
+    fails to load is a :class:`~animegamer.cli.UsageError` naming the file."""
     if resume is None:
         return 0
     try:
         step = load_checkpoint(accelerator, resume.path, allow_rng_reset=allow_rng_reset)["step"]
     except (FileNotFoundError, ValueError) as exc:  # CheckpointError and DamagedFileError are ValueErrors
-        fail(str(exc))
+        raise UsageError(str(exc)) from None
     accelerator.print(f"resumed from {resume.path} at step {step}")
     return step
 

@@ -25,8 +25,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from animegamer.cli import fail, parse_config, write_report
+from animegamer.cli import fail, parse_config
 from animegamer.config import EvalConfig
+from animegamer.eval.research import write_report
 
 
 def named_friend(instruction: str, hero: str, names) -> str | None:

@@ -22,8 +22,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from animegamer.cli import add_split_flags, fail, parse_config, split_clips, write_report
+from animegamer.cli import fail, parse_config
 from animegamer.config import EvalConfig
+from animegamer.eval.research import add_split_flags, split_clips, write_report
 from animegamer.states import NUM_MOTION_LEVELS
 
 

@@ -22,9 +22,10 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from animegamer.cli import add_split_flags, fail, parse_config, split_clips, write_report
+from animegamer.cli import fail, parse_config
 from animegamer.config import InferenceConfig
 from animegamer.data.manifest import ClipRecord
+from animegamer.eval.research import add_split_flags, split_clips, write_report
 
 SCENERY_CLIPS = 12  # clips per background whose first frames make its empty scenery
 

@@ -34,8 +34,9 @@ import dataclasses
 import torch
 from tqdm.auto import tqdm
 
-from animegamer.cli import add_split_flags, fail, parse_config, split_clips, write_report
+from animegamer.cli import fail, parse_config
 from animegamer.config import EvalConfig
+from animegamer.eval.research import add_split_flags, split_clips, write_report
 
 
 def relative_error(predicted: torch.Tensor, target: torch.Tensor) -> tuple[float, list[float]]:
