@@ -12,7 +12,7 @@
     ReLU, conv_out 3x3 (channels[-1] -> 3)                                 frames (B, T, 3, H, W) in about [-1, 1]
     T = 1 + r * k: the first latent frame gives 1 frame, every later one r (CogVideoX: r = 4, 5 latents -> 17 frames)
 
-Why this shape. In a 4-step turn the CogVideoX VAE is most of the time (0.74 s of 1.09 s on an H200) and its 3D
+Why this shape. In a 4-step turn the CogVideoX VAE is most of the time (docs/fast_turns.md) and its 3D
 causal convolutions over 123 M parameters make the first frames wait for the first two latent frames' batch. The
 open real-time video models pair few-step samplers with a small latent decoder instead (MotionStream puts about 70 %
 of its latency in the VAE until it swaps one in; Turbo-VAED reports 8x CogVideoX's decode speed at -0.65 dB PSNR).

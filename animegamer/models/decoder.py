@@ -227,9 +227,8 @@ class AnimationShotDecoder(nn.Module):
     def compile_vae(self, **compile_kwargs) -> None:
         """``torch.compile`` the VAE's decoder in place (``compile_kwargs`` go to torch.compile).
 
-        Measured on an H100 (README, Performance): the 17-frame 480x720 decode takes 0.39 s instead of 0.80 s, the
-        frames the same up to bf16 rounding, but the first decode compiles for about 150 s (once per frame-chunk
-        shape; VAE tiling changes the shapes and compiles again). Worth it for a long game, not for one clip.
+        The first decode compiles (once per frame-chunk shape; VAE tiling changes the shapes and compiles again),
+        so it pays for a long game, not for one clip; its times are in docs/performance.md.
         """
         self._need_vae().decoder.compile(**compile_kwargs)
 

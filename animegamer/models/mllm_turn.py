@@ -172,11 +172,8 @@ def slot_block_shots(model, seq: SequenceLayout, history: list[HistoryTurn]) -> 
     :func:`slot_block_pass`.
 
     A second pass over the prompt, on purpose: the state tags come after the slot block, so their keys/values
-    depend on the mask from the block on, and the states are decoded from the causal prefill's cache. Decoding
-    them from this pass's cache instead was measured on the tiny converted reference set (0, 1, 2 history turns):
-    the first-field open tag's hidden state moved by 0.53 / 0.10 / 0.10 relative, value probabilities by up to
-    0.25, and with no history the chosen values changed. Only the causal prefix before the current slots could be
-    shared (53% / 69% of the prompt with 1 / 2 history turns, same hidden state to 3e-7 relative).
+    depend on the mask from the block on, and the states are decoded from the causal prefill's cache (what
+    decoding them from this pass's cache would change: docs/released_weights.md, B2).
     """
     shots = torch.stack([h.shot_embeds for h in history]) if history else None  # (M, N, shot_dim)
     return model.predict_shots(slot_block_pass(model, seq, shots)[seq.slot_positions[-1]])
