@@ -43,7 +43,7 @@ FAST_EAGER_ROWS = "[eager, 'eager, dynamic MLLM cache']"
 FAST_COMPILED_ROWS = "[compiled, 'compiled, MLLM compiled']"
 
 
-class Chunk(NamedTuple):  # (not a dataclass: a test loads this file without registering it as a module)
+class Chunk(NamedTuple):
     name: str
     budget_s: int  # what it is expected to take at full size on one H100/H200 (its time limit)
     script: str

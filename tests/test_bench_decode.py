@@ -1,17 +1,17 @@
 """The benchmark's ``decode`` part: full VAE against the small causal decoder on the same 4-step latents."""
 
 import json
+from importlib import import_module
 
 import pytest
 
 from animegamer.bench.report import markdown
-from tests.helpers.scripts import load_script
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_decode_part_times_both_decoders_and_the_first_frames(tmp_path):
-    result = load_script("scripts/benchmark.py").main(["--preset", "tiny", "--device", "cpu", f"output_dir={tmp_path}",
+    result = import_module("scripts.benchmark").main(["--preset", "tiny", "--device", "cpu", f"output_dir={tmp_path}",
                                             "parts=[decode]", "repeats=1", "warmup=0"])
     assert not result["errors"]
     decode = json.loads((tmp_path / "benchmark.json").read_text())["decode"]

@@ -2,13 +2,13 @@
 part by part and end to end, rows saved as they end."""
 
 import json
+from importlib import import_module
 
 import pytest
 import torch
 
 from animegamer.bench.fastpath import ROWS, rows_to_run
 from animegamer.bench.report import markdown
-from tests.helpers.scripts import load_script
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -31,7 +31,7 @@ def test_rows_this_machine_runs():
 
 def test_a_misspelt_row_is_refused_before_any_model(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        load_script("scripts/benchmark.py").main(["--preset", "tiny", "--device", "cpu", f"output_dir={tmp_path}",
+        import_module("scripts.benchmark").main(["--preset", "tiny", "--device", "cpu", f"output_dir={tmp_path}",
                                                   "parts=[fast_path]", "fast_path_rows=[compield]"])
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == 2 and err.startswith("error: fast_path_rows:") and "\n" not in err
@@ -40,7 +40,7 @@ def test_a_misspelt_row_is_refused_before_any_model(tmp_path, capsys):
 
 def test_fast_path_part_times_a_whole_turn_eager_and_compiled(tmp_path):
     out = tmp_path / "bench"
-    result = load_script("scripts/benchmark.py").main([
+    result = import_module("scripts.benchmark").main([
         "--preset", "tiny", "--device", "cpu", f"output_dir={out}", "parts=[fast_path]", "repeats=1", "warmup=1",
         "compile=true", "compile_backend=aot_eager", "profile=true",
         "fast_path_rows=[eager, 'eager, dynamic MLLM cache', compiled]"])
@@ -68,7 +68,7 @@ def test_fast_path_part_times_a_whole_turn_eager_and_compiled(tmp_path):
     assert fast["parameters"]["small_decoder"] < fast["parameters"]["vae_decoder"]
     assert len(fast["skipped"]) == 4  # the FP8 rows, the compiled MLLM (not asked for)
     assert fast["writing"]["write_s"] > 0 and len(fast["writing"]["raw_write_s"]) == 3  # imageio-ffmpeg is pinned
-    only = load_script("scripts/benchmark.py").main([
+    only = import_module("scripts.benchmark").main([
         "--preset", "tiny", "--device", "cpu", f"output_dir={tmp_path / 'only'}", "parts=[fast_path]", "repeats=1",
         "warmup=0", "compile=true", "compile_backend=aot_eager", "fast_path_rows=[compiled]"])["fast_path"]
     assert list(only["rows"]) == ["compiled"] and only["rows"]["compiled"]["latents_vs_eager"] is None
@@ -94,7 +94,7 @@ def test_a_vae_that_does_not_fit_leaves_the_fast_turn_measured(tmp_path, monkeyp
 
     monkeypatch.setattr(DecoderRenderer, "decode", decode)
     out = tmp_path / "bench"
-    result = load_script("scripts/benchmark.py").main([
+    result = import_module("scripts.benchmark").main([
         "--preset", "tiny", "--device", "cpu", f"output_dir={out}", "parts=[fast_path]", "repeats=1", "warmup=0",
         "fast_path_rows=[eager]"])
     fast = json.loads((out / "benchmark.json").read_text())["fast_path"]

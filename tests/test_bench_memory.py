@@ -3,16 +3,16 @@ layouts load through the game's own loaders, each row reports its peak RSS from 
 address-space cap is recorded as not fitting, bad input exits 2."""
 
 import json
+from importlib import import_module
 
 import pytest
 from safetensors import safe_open
 
 from animegamer.bench.memory import ROWS, main, measure_row, peak_rss_bytes, rss_bytes, write_random_pretrained
 from animegamer.bench.models import TINY
-from tests.helpers.scripts import load_script
 
 GIB = 1 << 30
-memory_floor = load_script("research/memory_floor")
+memory_floor = import_module("research.memory_floor")
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@ converter in a child process, one turn timed in ``released`` and ``fixed``, thro
 
 import json
 import math
+from importlib import import_module
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,6 @@ from animegamer.official.sat_layout import (
     read_model_yaml,
     read_sat_checkpoint,
 )
-from tests.helpers.scripts import load_script
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -53,7 +53,7 @@ def test_a_failing_conversion_is_reported_in_one_line(tmp_path):
 
 
 def test_official_part_writes_every_field(tmp_path):
-    script = load_script("scripts/benchmark")
+    script = import_module("scripts.benchmark")
     threads = torch.get_num_threads()
     try:
         script.main(["--preset", "tiny", "--device", "cpu", f"output_dir={tmp_path}", "parts=[official]",
@@ -93,7 +93,7 @@ def test_official_part_writes_every_field(tmp_path):
 
 def test_full_size_needs_a_gpu(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
-        load_script("scripts/benchmark").main(
+        import_module("scripts.benchmark").main(
             ["--preset", "full", "--device", "cpu", "parts=[official]", f"output_dir={tmp_path}"]
         )
     assert exc.value.code == 2

@@ -1,6 +1,7 @@
 import base64
 import io
 import json
+from importlib import import_module
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,6 @@ from animegamer.eval.metrics import MetricSettings, summarize
 from animegamer.llm import make_backend
 from animegamer.states import StateValues, TagError, read_game_file
 from tests.helpers.llm_server import FakeChatServer
-from tests.helpers.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 MOTIONS = ["wake up", "eat breakfast", "run", "fly over the trees", "talk with a friend", "read a book", "dance",
@@ -110,7 +110,7 @@ def test_generation_rejects_malformed_answers_retries_and_stores(tmp_path):
     assert len(load_benchmark(root, max_games=1)) == 1
 
     # a rerun keeps the stored games and only retries the failed one; the script reports success
-    script = load_script("scripts/make_benchmark.py")
+    script = import_module("scripts.make_benchmark")
     with FakeChatServer([story("Sam", 0)]) as server:
         argv = ["--config", str(ROOT / "configs" / "benchmark_gen.yaml"), f"output_dir={root}",
                 "characters=[Qiqi,Sam]", "games_per_character=2", f"backend.base_url={server.base_url}"]

@@ -5,6 +5,7 @@ import json
 import math
 import time
 from dataclasses import replace
+from importlib import import_module
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,6 @@ from animegamer.bench.turn import STATE_TOKENS, make_history, plain_denoise, pla
 from animegamer.config import DecoderConfig, MLLMConfig, SamplingConfig
 from animegamer.models.mllm_turn import decode_states, predict_turn, prefill_turn
 from animegamer.sampling.denoise import sample as denoise
-from tests.helpers.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLING = SamplingConfig(steps=4, height=48, width=64, num_frames=9, guidance_scale=6.0)
@@ -80,7 +80,7 @@ def _timings(obj, key=""):
 
 
 def test_tiny_benchmark_writes_every_field(tmp_path, monkeypatch):
-    script = load_script("scripts/benchmark.py")
+    script = import_module("scripts.benchmark")
     threads = torch.get_num_threads()
     try:
         script.main(["--preset", "tiny", "--device", "cpu", f"output_dir={tmp_path}"])
@@ -179,7 +179,7 @@ def test_tiny_benchmark_writes_every_field(tmp_path, monkeypatch):
 
 
 def test_cli_errors_exit_2(tmp_path):
-    script = load_script("scripts/benchmark.py")
+    script = import_module("scripts.benchmark")
     with pytest.raises(SystemExit) as bad_part:
         script.main(["--preset", "tiny", "--device", "cpu", "parts=[turn,nope]", f"output_dir={tmp_path}"])
     assert bad_part.value.code == 2

@@ -7,6 +7,7 @@ import inspect
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from importlib import import_module
 from pathlib import Path
 from typing import Literal
 
@@ -18,7 +19,6 @@ from animegamer.config.parts import knob
 from animegamer.config_docs import config_keys_help, field_descriptions
 from animegamer.eval.research import split_clips
 from animegamer.game.build import check_checkpoints
-from tests.helpers.scripts import load_script
 
 
 @dataclass
@@ -170,7 +170,7 @@ def test_every_flag_of_every_entry_point_has_help(script, monkeypatch):
 
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", capture)
     monkeypatch.setattr(sys, "argv", [script])
-    module = load_script(script)
+    module = import_module(script.removesuffix(".py").replace("/", "."))
     with pytest.raises(_ParserBuilt):
         module.main(*([[]] if inspect.signature(module.main).parameters else []))
     assert [a.option_strings or a.dest for a in built[0]._actions if not a.help] == []

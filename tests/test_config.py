@@ -1,10 +1,10 @@
 import re
+from importlib import import_module
 from pathlib import Path
 
 import pytest
 
 from animegamer.config import SCHEMAS, ConfigError, StageAConfig, config_help, load_config, to_yaml
-from tests.helpers.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 ALL_CONFIGS = sorted(p for p in (ROOT / "configs").rglob("*.yaml") if "accelerate" not in p.parts)
@@ -173,7 +173,7 @@ def resolve_shipped_configs(tmp: Path) -> dict[str, dict]:
     import dataclasses
     import json
 
-    resolve_configs = load_script("scripts/spriteworld/train.py").resolve_configs
+    resolve_configs = import_module("scripts.spriteworld.train").resolve_configs
     resolved: dict[str, dict] = {}
     for path in ALL_CONFIGS:
         name = path.relative_to(ROOT).as_posix()
@@ -229,7 +229,7 @@ def _resolve_chain(config: str, out: Path, overrides: list[str] = ()) -> dict[st
 
     cfg = load_config(ROOT / config, [f"output_dir={out}", *overrides])
     cfg.configs = str(ROOT / cfg.configs)
-    steps = load_script("scripts/spriteworld/train.py").resolve_configs(cfg)
+    steps = import_module("scripts.spriteworld.train").resolve_configs(cfg)
     text = {name: json.dumps(dataclasses.asdict(load_config(path))) for name, path in steps.items()}
     return {name: json.loads(values.replace(str(out), "outputs/spriteworld")) for name, values in text.items()}
 

@@ -3,6 +3,7 @@
 import csv
 import json
 import math
+from importlib import import_module
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +36,6 @@ from animegamer.states import ShotTags, StateValues, parse_tags
 from tests.helpers.clips import make_clip_frames
 from tests.helpers.eval_data import eval_overrides, make_spriteworld
 from tests.helpers.llm_server import FakeChatServer
-from tests.helpers.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_EVAL = ROOT / "configs" / "tiny" / "eval.yaml"
@@ -44,7 +44,7 @@ JUDGED = {"overall": 6, "instruction_following": 7, "contextual_coherence": 5, "
 
 
 def _script(name):
-    return load_script(f"scripts/{name}.py")
+    return import_module(f"scripts.{name}")
 
 
 @pytest.fixture(scope="module")

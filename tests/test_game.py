@@ -1,6 +1,6 @@
 """The game: sessions with a sliding window, save/load, inference_Decoder, the terminal CLI and the browser app."""
 
-import importlib.util
+import importlib
 import io
 from pathlib import Path
 
@@ -72,10 +72,8 @@ def test_bad_instruction_fails_before_the_model(tiny_cfg):
 
 
 def _entry(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """A program at the checkout's root (inference_MLLM, inference_Decoder, app) as a module."""
+    return importlib.import_module(name)
 
 
 @pytest.mark.slow

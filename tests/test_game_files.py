@@ -7,6 +7,7 @@ import io
 import json
 import os
 import stat
+from importlib import import_module
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,6 @@ from animegamer.game.terminal import main as play_main
 from animegamer.game.terminal import run
 from animegamer.game.turn import AnimeGamer
 from tests.helpers.game import GAME, TINY, put, rewrite, turn0
-from tests.helpers.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 K = 2  # history_turns of tiny_overrides
@@ -223,7 +223,7 @@ def test_settings_a_save_cannot_hold_are_one_line_before_any_model(entry, settin
     file = tmp_path / "a_file"
     file.write_text("")
     setting, needle = setting.format(file=file), needle.format(file=file)
-    main = load_script("app.py").main if entry == "app" else play_main
+    main = import_module("app").main if entry == "app" else play_main
     args = ["--config", str(TINY), f"output_dir={tmp_path / 'out'}", f"mllm.pretrained={tiny_mistral_dir}",
             "mllm_checkpoint=", "decoder_checkpoint=", setting]
     with pytest.raises(SystemExit) as info:
@@ -238,7 +238,7 @@ def test_app_port_out_of_range_is_one_line_before_any_model(port, tiny_mistral_d
 
     monkeypatch.setattr(AnimeGamerMLLM, "from_config", lambda *a, **k: pytest.fail("a model was loaded"))
     with pytest.raises(SystemExit) as info:
-        load_script("app.py").main(["--config", str(TINY), "--port", port, f"output_dir={tmp_path}",
+        import_module("app").main(["--config", str(TINY), "--port", port, f"output_dir={tmp_path}",
                             f"mllm.pretrained={tiny_mistral_dir}", "mllm_checkpoint=", "decoder_checkpoint="])
     err = capsys.readouterr().err
     assert info.value.code == 2 and err == f"error: --port {port} is not a port (1..65535)\n"

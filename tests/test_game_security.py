@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+from importlib import import_module
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,6 @@ from animegamer.game.turn import AnimeGamer, Turn
 from animegamer.io import path_inside
 from animegamer.states import CharacterState, StateValues
 from tests.helpers.game import GAME, TINY, drop, put, rewrite, turn0
-from tests.helpers.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 K = 2  # history_turns of tiny_overrides
@@ -304,7 +304,7 @@ def test_ctrl_c_cancels_the_turn_and_keeps_the_game(played, tmp_path):
 
 
 def _entry(name):
-    return load_script(f"{name}.py").main
+    return import_module(name).main
 
 
 ENTRY_POINTS = ["inference_MLLM", "inference_Decoder", "app", "play"]

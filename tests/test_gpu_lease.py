@@ -1,16 +1,15 @@
 """research/gpu_lease.py: the GPU measurements in chunks under 10 minutes, each saving its rows; run at tiny size."""
 
 import json
+from importlib import import_module
 
 import pytest
-
-from tests.helpers.scripts import load_script
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def lease():
-    return load_script("research/gpu_lease.py")
+    return import_module("research.gpu_lease")
 
 
 def test_chunks_fit_a_lease(tmp_path, capsys):
@@ -43,7 +42,7 @@ def test_bad_chunk_is_one_line_error(tmp_path, capsys, argv, message):
 
 def test_benchmark_refuses_a_negative_memory_cap(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        load_script("scripts/benchmark.py").main(["--preset", "tiny", "--device", "cpu", f"output_dir={tmp_path}",
+        import_module("scripts.benchmark").main(["--preset", "tiny", "--device", "cpu", f"output_dir={tmp_path}",
                                                   "--memory-cap-gb", "-1"])
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == 2 and err == "error: --memory-cap-gb must be >= 0 (got -1.0)"

@@ -130,9 +130,9 @@ def test_identity_columns_get_bootstrap_intervals_and_paired_differences():
 
 
 def test_identity_probes_read_a_linear_signal_and_not_noise():
-    from tests.helpers.scripts import load_script
+    from importlib import import_module
 
-    probes = load_script("research/spriteworld/identity_probes.py")
+    probes = import_module("research.spriteworld.identity_probes")
     rng = np.random.default_rng(0)
     labels = rng.integers(0, 4, 160)  # (S,)
     games = [f"g{i % 20}" for i in range(160)]

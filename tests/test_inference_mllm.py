@@ -1,4 +1,5 @@
 from dataclasses import replace
+from importlib import import_module
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,6 @@ from animegamer.models.mllm import AnimeGamerMLLM
 from animegamer.models.mllm_turn import HistoryTurn, predict_turn
 from animegamer.states import CharacterState, StateValues, read_game_file
 from animegamer.tokens import TurnSpec
-from tests.helpers.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny" / "inference.yaml"
@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 
 def load_entry_point():
-    return load_script("inference_MLLM.py")
+    return import_module("inference_MLLM")
 
 
 def scrambled_model(cfg, seed: int) -> AnimeGamerMLLM:

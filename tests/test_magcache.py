@@ -2,6 +2,7 @@
 calls with the calibrated ratios, close to the uncached clip, and one-line errors for missing or mismatched ratios."""
 
 import json
+from importlib import import_module
 
 import pytest
 import torch
@@ -12,7 +13,6 @@ from animegamer.sampling.cache import MagRatios
 from animegamer.sampling.denoise import sample as denoise
 from animegamer.sampling.presets import PresetSampler
 from tests.helpers.game import TINY, tiny_overrides
-from tests.helpers.scripts import load_script
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 STEPS = 10
@@ -24,8 +24,8 @@ def calibrated(tiny_mistral_dir, tiny_cogvideox_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("magcache")
     overrides = [*tiny_overrides(tiny_mistral_dir, tiny_cogvideox_dir, out / "play"), f"sampling.steps={STEPS}"]
     torch.set_num_threads(1)
-    path = load_script("scripts/calibrate_magcache").main(["--config", str(TINY), "--out", str(out), "--prompts", "2",
-                                                   *overrides])
+    path = import_module("scripts.calibrate_magcache").main(["--config", str(TINY), "--out", str(out),
+                                                              "--prompts", "2", *overrides])
     return overrides, path
 
 
@@ -98,7 +98,7 @@ def test_missing_or_mismatched_ratios_are_one_line_errors(calibrated, tmp_path):
 
 
 def test_calibration_script_user_errors(tmp_path, capsys):
-    script = load_script("scripts/calibrate_magcache")
+    script = import_module("scripts.calibrate_magcache")
     with pytest.raises(SystemExit) as exit_info:
         script.main(["--config", str(TINY), "--out", str(tmp_path), "--prompts", "0"])
     assert exit_info.value.code == 2 and "--prompts must be at least 1" in capsys.readouterr().err

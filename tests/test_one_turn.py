@@ -3,6 +3,7 @@ the evaluation and the speed harness all play :meth:`AnimeGamer.play_turn` (infe
 and, for the same game and seed, give the same turns: shot representations, values, states and clips."""
 
 import io
+from importlib import import_module
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,6 @@ from animegamer.game.turn import AnimeGamer, Turn
 from animegamer.models.decoder import AnimationShotDecoder
 from animegamer.models.mllm import AnimeGamerMLLM
 from animegamer.states import CharacterState, parse_tags
-from tests.helpers.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "spriteworld" / "inference.yaml"
@@ -123,14 +123,14 @@ def test_inference_mllm_then_decoder(shipped, calls, tmp_path):
     (tmp_path / "game.txt").write_text("\n".join(instructions) + "\n")
     args = ["--config", str(CONFIG), "sampling.steps=2", f"output_dir={tmp_path / 'out'}",
             f"game={tmp_path / 'game.txt'}"]
-    load_script("inference_MLLM.py").main(args)
+    import_module("inference_MLLM").main(args)
     assert [name for name, _ in calls] == ["play_turn"] * 3  # no decoder: nothing rendered
     _, recorded = load_results(tmp_path / "out")
     for (state, shot), ref in zip(recorded, reference, strict=True):
         assert torch.equal(shot, ref.shot_embeds) and state["values"] == vars(ref.values)
         assert CharacterState.from_dict(state["state"]) == ref.state
     calls.clear()
-    load_script("inference_Decoder.py").main(args)
+    import_module("inference_Decoder").main(args)
     assert [name for name, _ in calls] == ["render_turn"] * 3  # the render step of the same object
     same_turns([turn for _, turn in calls], reference)
 
@@ -179,12 +179,12 @@ def test_inference_scripts_honour_merge_lora(shipped, monkeypatch, tmp_path):
     (tmp_path / "game.txt").write_text("\n".join(instructions) + "\n")
     args = ["--config", str(CONFIG), "sampling.steps=2", f"output_dir={tmp_path / 'out'}",
             f"game={tmp_path / 'game.txt'}", "merge_lora=true"]
-    load_script("inference_MLLM.py").main(args)
+    import_module("inference_MLLM").main(args)
     assert merged == ["AnimeGamerMLLM"]
     _, recorded = load_results(tmp_path / "out")
     for (state, shot), ref in zip(recorded, reference, strict=True):
         assert state["values"] == vars(ref.values)
         torch.testing.assert_close(shot, ref.shot_embeds, rtol=1e-4, atol=1e-4)
-    load_script("inference_Decoder.py").main(args)
+    import_module("inference_Decoder").main(args)
     assert merged == ["AnimeGamerMLLM", "AnimationShotDecoder"]
     assert all((tmp_path / "out" / f"turn_{i:03d}.gif").is_file() for i in range(3))

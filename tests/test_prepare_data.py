@@ -4,6 +4,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from importlib import import_module
 from pathlib import Path
 
 import imageio.v2 as imageio
@@ -16,7 +17,6 @@ from animegamer.data.video import probe_video, read_video, write_mp4
 from animegamer.states import parse_tags
 from tests.helpers.limits import directory_held, python_env, run_python
 from tests.helpers.llm_server import FakeChatServer
-from tests.helpers.scripts import load_script
 from tests.helpers.synthetic_films import make_film, moving_patch_frames
 
 pytestmark = pytest.mark.slow  # an end-to-end run: `make test-fast` leaves it out
@@ -63,7 +63,7 @@ def test_help_documents_the_whole_flow():
 
 
 def test_cut_motion_levels_skip_bad_films_and_resume(films_dir, tmp_path, capsys):
-    script = load_script(SCRIPT)
+    script = import_module("scripts.prepare_data")
     out = tmp_path / "out"
     films_dir = Path(shutil.copytree(films_dir, tmp_path / "films"))  # this test edits a film
     summary = script.main(args(films_dir, out, "workers=2"))
@@ -116,7 +116,7 @@ def test_cut_motion_levels_skip_bad_films_and_resume(films_dir, tmp_path, capsys
 
 
 def test_captions_retried_marked_and_kept_on_rerun(films_dir, tmp_path):
-    script = load_script(SCRIPT)
+    script = import_module("scripts.prepare_data")
     out = tmp_path / "out"
     films = f"{films_dir / 'speed3.mp4'},{films_dir / 'speed2.mp4'}"  # three clips: speed2 x2, speed3
     answers = ["no tags, sorry", GOOD, GOOD.replace("slowly", "quickly"), "<S>Girl</S>", "<S>Girl</S><MD>x</MD>"]
@@ -145,7 +145,7 @@ def test_captions_retried_marked_and_kept_on_rerun(films_dir, tmp_path):
 
 
 def test_bad_config_fails_before_any_work(tmp_path, capsys):
-    script = load_script(SCRIPT)
+    script = import_module("scripts.prepare_data")
     with pytest.raises(SystemExit) as exc:
         script.main(args(tmp_path / "none", tmp_path / "out"))
     assert exc.value.code == 2 and "none" in capsys.readouterr().err
@@ -168,7 +168,7 @@ def test_bad_config_fails_before_any_work(tmp_path, capsys):
 
 
 def test_touched_or_moved_films_keep_their_clips_and_captions(films_dir, tmp_path):
-    script = load_script(SCRIPT)
+    script = import_module("scripts.prepare_data")
     films = Path(shutil.copytree(films_dir, tmp_path / "films", ignore=shutil.ignore_patterns("corrupt*", "trunc*")))
     out = tmp_path / "out"
     with FakeChatServer([GOOD] * 6) as server:
@@ -211,7 +211,7 @@ def corrupt_middle(path: Path, fraction: float = 0.05) -> None:
 
 
 def test_corrupt_data_in_the_middle_is_counted_and_smeared_clips_dropped(tmp_path):
-    script = load_script(SCRIPT)
+    script = import_module("scripts.prepare_data")
     films = tmp_path / "films"
     make_film(films / "clean.mp4", seconds=8.25, cuts=(4.125,), speed=2.0, seed=3)
     make_film(films / "broken.mp4", seconds=8.25, cuts=(4.125,), speed=2.0, seed=3)
@@ -257,7 +257,7 @@ def test_ctrl_c_stops_at_once_and_keeps_finished_films(tmp_path):
     assert "Traceback" not in stderr and any(line.startswith("interrupted:") for line in stderr.splitlines())
     finished = {p.parent.name for p in out.glob("clips/*/film.json")}
     assert finished and not (out / "clips.jsonl").exists()
-    summary = load_script(SCRIPT).main(args(films, out, "workers=1"))
+    summary = import_module("scripts.prepare_data").main(args(films, out, "workers=1"))
     assert summary["films_already_done"] == len(finished) and summary["films_cut"] == 6 - len(finished)
 
 
@@ -265,7 +265,7 @@ def test_a_killed_worker_skips_its_films_instead_of_hanging(tmp_path):
     import multiprocessing
     import signal
 
-    script = load_script(SCRIPT)
+    script = import_module("scripts.prepare_data")
     films = tmp_path / "films"
     for i in range(4):
         make_film(films / f"film{i}.mp4", seconds=12.25, cuts=(4.25, 8.25), speed=1.0 + i, seed=i)
@@ -294,7 +294,7 @@ def test_output_inside_the_films_folder_is_refused_before_any_work(tmp_path, cap
     out = {"inside": films / "prepared", "same": films, "symlink": tmp_path / "link" / "prepared"}[where]
     (tmp_path / "link").symlink_to(films)
     with pytest.raises(SystemExit) as exc:
-        load_script(SCRIPT).main(args(films, out))
+        import_module("scripts.prepare_data").main(args(films, out))
     err = capsys.readouterr().err
     assert exc.value.code == 2 and err.startswith("error: ") and "output_dir" in err
     assert len(err.strip().splitlines()) == 1
@@ -307,7 +307,7 @@ def test_pipes_and_symlink_loops_are_reported_and_counted(tmp_path, capsys):
     make_film(films / "a.mp4")
     os.mkfifo(films / "pipe.mp4")
     (films / "loop.mkv").symlink_to("loop.mkv")
-    summary = load_script(SCRIPT).main(args(films, tmp_path / "out"))
+    summary = import_module("scripts.prepare_data").main(args(films, tmp_path / "out"))
     assert (summary["films"], summary["films_cut"], summary["films_skipped"]) == (3, 1, 2)
     assert "named pipe" in summary["skipped"][str(films / "pipe.mp4")]
     assert "symlink loop" in summary["skipped"][str(films / "loop.mkv")]

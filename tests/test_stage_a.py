@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from importlib import import_module
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,6 @@ from animegamer.models.weights import load_state_dict_file
 from animegamer.recipes import stage_a as train_stage_a
 from animegamer.training.checkpoint import list_checkpoints
 from tests.helpers.clips import make_clip_frames
-from tests.helpers.scripts import load_script
 from tests.helpers.stage_runs import STAGE_A_CONFIG
 from tests.helpers.stage_scripts import free_port
 
@@ -38,7 +38,7 @@ pytestmark = pytest.mark.slow  # an end-to-end run: `make test-fast` leaves it o
 ROOT = Path(__file__).resolve().parents[1]
 
 
-encode_shots = load_script("scripts/encode_shots")
+encode_shots = import_module("scripts.encode_shots")
 
 
 @pytest.fixture(autouse=True, scope="module")

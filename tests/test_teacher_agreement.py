@@ -2,6 +2,7 @@
 trained parts with a sampler.json), two held-out SpriteWorld games; the files, the call counts, the reference row."""
 
 import json
+from importlib import import_module
 
 import pytest
 import torch
@@ -13,7 +14,6 @@ from animegamer.sampling.fewstep import FewStepSampler
 from animegamer.sampling.presets import guided_calls
 from tests.helpers.eval_data import make_spriteworld
 from tests.helpers.game import TINY, tiny_overrides
-from tests.helpers.scripts import load_script
 from tests.helpers.stage_scripts import tiny_decoder_config, write_decoder_run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -45,7 +45,7 @@ def setup(tiny_mistral_dir, tiny_cogvideox_dir, tmp_path_factory):
 
 def test_every_sampler_against_the_teacher(setup):
     argv, root, cfg = setup
-    json_path, md_path = load_script("research/teacher_agreement").main(argv)
+    json_path, md_path = import_module("research.teacher_agreement").main(argv)
     result = json.loads(json_path.read_text())
     rows = result["rows"]
     assert list(rows) == ["teacher", "distilled 2", "distilled 1", "undistilled 4", "undistilled 2", "undistilled 1",
@@ -85,7 +85,7 @@ def test_every_sampler_against_the_teacher(setup):
 
 def test_user_errors_are_one_line(setup, capsys, tmp_path):
     argv, root, cfg = setup
-    script = load_script("research/teacher_agreement")
+    script = import_module("research.teacher_agreement")
     other = write_decoder_run(cfg, tmp_path / "other", 1, torch.Generator().manual_seed(1))
     FewStepSampler((999, 499), teacher={**TEACHER, "steps": 20}).save(other / "decoder")
     cases = [

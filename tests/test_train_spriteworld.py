@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from importlib import import_module
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +27,6 @@ from animegamer.spriteworld.pretrain_vae import (
     to_unit,
     train_vae,
 )
-from tests.helpers.scripts import load_script
 
 pytestmark = pytest.mark.slow  # an end-to-end run: `make test-fast` leaves it out
 
@@ -42,7 +42,7 @@ def _losses(path: Path, name: str = "loss") -> list[float]:
 def mini_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("spriteworld_mini")
     threads = torch.get_num_threads()
-    summary = load_script("scripts/spriteworld/train").main(
+    summary = import_module("scripts.spriteworld.train").main(
         ["--config", str(ROOT / "configs/spriteworld/mini.yaml"), f"output_dir={out}", f"ship_dir={out / 'ship'}"]
     )
     torch.set_num_threads(threads)
@@ -125,11 +125,11 @@ def test_eval_rows_run_some_rows_and_keep_the_others(mini_run, tmp_path):
     kept = (run / "eval" / "no_motion_scope" / "results.jsonl").read_bytes()
     threads = torch.get_num_threads()
     try:
-        summary = load_script("scripts/spriteworld/train").main([*argv, "steps=[evaluate]", "eval_rows=[main]"])
+        summary = import_module("scripts.spriteworld.train").main([*argv, "steps=[evaluate]", "eval_rows=[main]"])
         assert summary["evaluate"]["rows"][-1] == "w/o motion scope"
         assert (run / "eval" / "no_motion_scope" / "results.jsonl").read_bytes() == kept  # not evaluated again
         assert "| w/o motion scope |" in (run / "ship" / "eval_table.md").read_text()
-        summary = load_script("scripts/spriteworld/train").main([*argv, "steps=[ship,evaluate]", "eval_rows=[main]"])
+        summary = import_module("scripts.spriteworld.train").main([*argv, "steps=[ship,evaluate]", "eval_rows=[main]"])
     finally:
         torch.set_num_threads(threads)
     assert summary["evaluate"]["rows"] == ["full game (animegamer)", "full game (random)", "full game (majority)"]
@@ -283,7 +283,7 @@ def test_llm_pretraining_text_and_windows(tmp_path):
 
 
 def test_nearest_scene_ignores_the_figure():
-    places = load_script("research/spriteworld/places")
+    places = import_module("research.spriteworld.places")
     scenes = {"noon park": np.full((8, 12, 3), 60, np.float32), "night street": np.full((8, 12, 3), 200, np.float32)}
     clip = np.full((3, 16, 24, 3), 70, np.uint8)  # twice the size: resized to the sceneries'
     clip[:, 4:12, 8:14] = 250  # a bright figure
@@ -293,7 +293,7 @@ def test_nearest_scene_ignores_the_figure():
 
 def test_places_report_on_the_mini_run(mini_run, tmp_path):
     out, _ = mini_run
-    report = load_script("research/spriteworld/places").main([
+    report = import_module("research.spriteworld.places").main([
         "--config", str(out / "ship" / "configs" / "inference.yaml"), "--manifest", str(out / "data" / "clips.jsonl"),
         "--shot-targets", str(out / "stage_a" / "shot_targets"), "--turns", "2", "--out", str(tmp_path / "p.json"),
         "sampling.steps=2",
@@ -362,7 +362,7 @@ def test_vae_latent_noise_makes_the_decoder_robust_to_latent_errors(tmp_path):
 
 
 def test_relative_shot_error_is_zero_for_the_target_and_one_for_the_mean():
-    shot_error = load_script("research/spriteworld/shot_error")
+    shot_error = import_module("research.spriteworld.shot_error")
     target = torch.randn(6, 4, 3, generator=torch.Generator().manual_seed(0))
     overall, per_token = shot_error.relative_error(target.clone(), target)
     assert overall == 0.0 and per_token == [0.0] * 4
@@ -380,7 +380,7 @@ def test_relative_shot_error_is_zero_for_the_target_and_one_for_the_mean():
 
 def test_shot_error_report_on_the_mini_run(mini_run, tmp_path):
     out, _ = mini_run
-    report = load_script("research/spriteworld/shot_error").main([
+    report = import_module("research.spriteworld.shot_error").main([
         "--config", str(out / "configs" / "eval.yaml"), "--manifest", str(out / "data" / "clips.jsonl"),
         "--split", "train", "--clips", "3", "--out", str(tmp_path / "s.json"),
     ])
@@ -390,7 +390,7 @@ def test_shot_error_report_on_the_mini_run(mini_run, tmp_path):
     num_tokens = load_config(out / "configs" / "stage_b.yaml").mllm.num_slots
     assert len(report["per_token"]["mllm"]) == len(report["per_token"]["text_only"]) == num_tokens
     # teacher-forced history: the clips before each one in its film; only later clips of a film change
-    script = load_script("research/spriteworld/shot_error")
+    script = import_module("research.spriteworld.shot_error")
     flags = ["--config", str(out / "configs" / "eval.yaml"), "--manifest", str(out / "data" / "clips.jsonl"),
              "--split", "train", "--clips", "6"]
     alone = script.main([*flags, "--out", str(tmp_path / "h0.json")])
@@ -421,7 +421,7 @@ def test_research_tools_without_weights_are_one_line(mini_run, tool, tmp_path, c
     override = f"{'mllm_checkpoint' if tool == 'places' else 'stage_a_checkpoint'}={tmp_path / 'no_run'}"
     report = tmp_path / "report.json"
     with pytest.raises(SystemExit) as exc:
-        load_script(f"research/spriteworld/{tool}").main([
+        import_module(f"research.spriteworld.{tool}").main([
             "--config", str(config), "--manifest", str(out / "data" / "clips.jsonl"), "--split", "train",
             "--clips" if tool != "places" else "--turns", "2", "--out", str(report), override])
     err = capsys.readouterr().err
@@ -431,7 +431,7 @@ def test_research_tools_without_weights_are_one_line(mini_run, tool, tmp_path, c
 
 
 def test_friend_probe_swaps_the_named_friend_on_the_mini_run(mini_run, tmp_path, capsys):
-    probe = load_script("research/spriteworld/friend_probe")
+    probe = import_module("research.spriteworld.friend_probe")
     assert probe.named_friend("Character: Kai; Motion: talk with Momo.", "Kai", ["Kai", "Momo", "Luna"]) == "Momo"
     assert probe.named_friend("Character: Kai; Motion: talk with friend.", "Kai", ["Kai", "Momo"]) is None
     assert probe.swap_name("talk with Momo; Companion: Momo.", "Momo", "Luna") == "talk with Luna; Companion: Luna."
@@ -467,7 +467,7 @@ def test_pool_runs_differences_each_run_and_their_mean(mini_run, tmp_path, capsy
             (run / row).mkdir(parents=True)
             (run / row / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
         runs.append(str(run))
-    pool = load_script("research/spriteworld/pool_runs")
+    pool = import_module("research.spriteworld.pool_runs")
     rows = pool.main(["--games", str(out / "data" / "games"), "--runs", *runs, "--metrics", "psnr",
                       "--out", str(tmp_path / "pooled")])
     cell = {(r["system"].split(":")[0], r["split"]): r["mean"] for r in rows}
@@ -484,7 +484,7 @@ def test_pool_runs_differences_each_run_and_their_mean(mini_run, tmp_path, capsy
 
 
 def test_follow_slope_and_levels():
-    motion_response = load_script("research/spriteworld/motion_response")
+    motion_response = import_module("research.spriteworld.motion_response")
     requested = np.array([1, 2, 3, 4, 5] * 3)
     assert motion_response.follow_slope(requested, requested) == pytest.approx(1.0)
     assert motion_response.follow_slope(requested, np.full(15, 3)) == pytest.approx(0.0)
@@ -502,7 +502,7 @@ def test_motion_response_report_on_the_mini_run(mini_run, tmp_path):
     args = ["--config", str(out / "configs" / "eval.yaml"), "--manifest", str(out / "data" / "clips.jsonl"),
             "--split", "train", "--clips", "2", "--levels", "1,5", "--out", str(tmp_path / "m.json"),
             "inference.sampling.steps=2"]
-    report = load_script("research/spriteworld/motion_response").main(args)
+    report = import_module("research.spriteworld.motion_response").main(args)
     saved = json.loads((tmp_path / "m.json").read_text())
     assert saved["clips"] == report["clips"] == 2 and report["levels"] == [1, 5]
     assert sorted(report["per_level"]) == [1, 5] and math.isfinite(report["slope"])
@@ -511,7 +511,7 @@ def test_motion_response_report_on_the_mini_run(mini_run, tmp_path):
         assert all(r["scope"] >= 0.0 and 1 <= r["measured"] <= 5 for r in row["renders"].values())
     assert report["meter"]["edges"] == saved["meter"]["edges"] and len(report["meter"]["edges"]) == 4
     with pytest.raises(SystemExit, match="no motion level input"):
-        load_script("research/spriteworld/motion_response").main([*args, "inference.decoder.motion_scope=false"])
+        import_module("research.spriteworld.motion_response").main([*args, "inference.decoder.motion_scope=false"])
 
 
 def test_ship_without_a_trained_stage_is_one_line_and_keeps_the_shipped_folder(tmp_path, capsys):
@@ -519,7 +519,7 @@ def test_ship_without_a_trained_stage_is_one_line_and_keeps_the_shipped_folder(t
     (ship / "stage_d").mkdir(parents=True)
     (ship / "stage_d" / "kept.txt").write_text("the shipped student")
     with pytest.raises(SystemExit) as exit_info:
-        load_script("scripts/spriteworld/train").main(["--config", str(ROOT / "configs/spriteworld/mini.yaml"),
+        import_module("scripts.spriteworld.train").main(["--config", str(ROOT / "configs/spriteworld/mini.yaml"),
                                                f"output_dir={tmp_path / 'run'}", f"ship_dir={ship}", "steps=[ship]"])
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == 2 and err.startswith("error: step ship: checkpoint not found") and "\n" not in err
@@ -533,7 +533,7 @@ def test_small_decoder_quality_on_the_mini_run(mini_run, tmp_path):
     ship = out / "ship"
     threads = torch.get_num_threads()
     try:
-        report = load_script("research/spriteworld/small_decoder_quality.py").main([
+        report = import_module("research.spriteworld.small_decoder_quality").main([
             "--config", str(out / "configs" / "eval.yaml"), "--small", str(ship / "stage_e"),
             "--student", str(ship / "stage_d"), "--out", str(tmp_path / "quality"), "--batch", "2"])
     finally:

@@ -4,7 +4,7 @@ by path, and a guard that no model loads before the input is checked."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 from pathlib import Path
 
 import torch
@@ -20,10 +20,8 @@ VALUES = StateValues(motion_level=2, social=1, entertainment=0, stamina=-1)
 
 
 def entry(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """A program at the checkout's root (inference_MLLM, inference_Decoder, app) as a module."""
+    return importlib.import_module(name)
 
 
 def played(index: int, shape=SHAPE, instruction: str | None = None) -> Turn:
