@@ -13,15 +13,8 @@ import pytest
 import torch
 
 from animegamer.config import StageAConfig, load_config
-from animegamer.data.features import (
-    StageADataset,
-    build_stage_a_dataset,
-    clip_frame_indices,
-    fit_frames,
-    precompute_features,
-    read_skipped,
-    select_frame,
-)
+from animegamer.data.features import clip_frame_indices, fit_frames, precompute_features, read_skipped
+from animegamer.data.stage_a import StageADataset, build_dataset, select_frame
 from animegamer.data.tensor_store import TensorStore
 from animegamer.models.decoder import AnimationShotDecoder
 from animegamer.models.shot_encoder import ActionAwareEncoder
@@ -92,7 +85,7 @@ def test_precompute_stores_fields_and_reports_bad_clips(stage_a_data, capsys):
     again = precompute_features(cfg, progress=False)  # resumable: nothing new to do, nothing retried
     assert again.written == 0 and again.present == 4 and len(again.skipped) == 3
 
-    dataset, left_out = build_stage_a_dataset(cfg.data)
+    dataset, left_out = build_dataset(cfg)
     assert len(dataset) == 4 and len(left_out) == 3 and any("broken.mp4" in line for line in left_out)
     item = dataset[2]
     assert item["latents"].shape == (3, 4, 6, 8) and int(item["motion_level"]) == 4  # (F, C, h, w)
@@ -194,7 +187,7 @@ def test_overfitting_one_batch(stage_a_data, motion_loss_weight):
     cfg: StageAConfig = dataclasses.replace(
         stage_a_data["cfg"], condition_dropout=0.0, motion_loss_weight=motion_loss_weight
     )
-    dataset, _ = build_stage_a_dataset(cfg.data)
+    dataset, _ = build_dataset(cfg)
     batch = {k: torch.stack([dataset[i][k] for i in range(2)]) for k in dataset[0]}
     torch.manual_seed(0)
     encoder = ActionAwareEncoder.from_config(cfg.encoder)
@@ -217,7 +210,7 @@ def test_shot_noise_perturbs_what_the_decoder_reads_and_nothing_else(stage_a_dat
     """shot_noise > 0: the decoder reads s_a + noise of that fraction of s_a's std (the MLLM's predictions are a
     little off); 0 leaves the paper's step as it was; the encoder still gets the gradient through the noise."""
     cfg: StageAConfig = dataclasses.replace(stage_a_data["cfg"], condition_dropout=0.0)
-    dataset, _ = build_stage_a_dataset(cfg.data)
+    dataset, _ = build_dataset(cfg)
     batch = {k: torch.stack([dataset[i][k] for i in range(2)]) for k in dataset[0]}
     torch.manual_seed(0)
     encoder = ActionAwareEncoder.from_config(cfg.encoder)
@@ -243,7 +236,7 @@ def test_motion_guidance_drops_the_level_with_the_shot(stage_a_data):
     """With decoder.motion_guidance a dropped row trains the null shot at the null level 0 (what CFG's
     unconditional branch then samples with); without it the dropped row keeps its level."""
     cfg: StageAConfig = dataclasses.replace(stage_a_data["cfg"], condition_dropout=1.0)
-    dataset, _ = build_stage_a_dataset(cfg.data)
+    dataset, _ = build_dataset(cfg)
     batch = {k: torch.stack([dataset[i][k] for i in range(2)]) for k in dataset[0]}
     torch.manual_seed(0)
     encoder = ActionAwareEncoder.from_config(cfg.encoder)

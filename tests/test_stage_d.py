@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from animegamer.config import SamplingConfig, load_config
+from animegamer.data import stage_d as stage_d_data
 from animegamer.models.trained import load_decoder
 from animegamer.models.weights import load_state_dict_file
 from animegamer.recipes import stage_d as train_stage_d
@@ -108,7 +109,7 @@ def test_sampler_record_round_trip_and_validation(tmp_path):
 
 def test_loss_falls_on_a_fixed_batch(stage_d_run):
     cfg = load_config(TINY_CONFIG, _argv(stage_d_run, stage_d_run["root"] / "unused")[2:])
-    dataset, left_out = train_stage_d.build_dataset(cfg)
+    dataset, left_out = stage_d_data.build_dataset(cfg)
     assert len(dataset) == 3 and left_out == [f"{UNCAPTIONED}: no motion level (neither measured nor tagged)"]
     batch = {k: torch.stack([dataset[i][k] for i in range(3)]) for k in dataset[0]}
     student, teacher = train_stage_d.build_student(cfg), train_stage_d.build_teacher(cfg, "cpu")

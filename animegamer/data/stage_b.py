@@ -23,14 +23,18 @@ Collated batch (R rows of T tokens; positions index the flattened (R*T) sequence
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch.utils.data import Dataset
 
-from animegamer.data.manifest import ClipRecord, Manifest
-from animegamer.data.sequences import Window
+from animegamer.config import StageBConfig
+from animegamer.data.manifest import ClipRecord, Manifest, read_manifest
+from animegamer.data.sequences import Window, windows_from_config
 from animegamer.data.tensor_store import TensorStore
-from animegamer.tokens import IGNORE_INDEX, TurnLayout, TurnSpec
+from animegamer.io import atomic_write_text
+from animegamer.tokens import IGNORE_INDEX, TurnLayout, TurnSpec, get_vocabulary
 
 SHOT_FIELD = "shot_embeds"
 PAD_MULTIPLE = 8  # rows are padded to a multiple of this (tensor-core friendly), never past max_seq_len
@@ -184,3 +188,33 @@ class StageBCollator:
 def move_batch(batch: dict, device: torch.device) -> dict:
     """Tensors of a batch to ``device`` (non-blocking); other values unchanged."""
     return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+
+def build_dataset(cfg: StageBConfig, accelerator, tokenizer: Any) -> StageBDataset:
+    """Windows of the configured split whose shots all have cached targets, laid out with the MLLM's tokenizer
+    (``tokenizer``: :func:`~animegamer.models.mllm.load_tokenizer`'s for ``cfg.mllm``)."""
+    manifest = read_manifest(cfg.data.manifest)
+    windows = windows_from_config(manifest, cfg.data)
+    store = TensorStore(cfg.shot_targets)
+    if len(store) == 0:
+        raise FileNotFoundError(
+            f"no shot targets in {cfg.shot_targets}; cache the stage (a) encoder's s_a of every clip first"
+        )
+    kept, missing = filter_windows(windows, store)
+    layout = TurnLayout(tokenizer, get_vocabulary(cfg.mllm.vocabulary), cfg.mllm.num_slots)
+    dataset = StageBDataset(kept, manifest, store, layout, cfg.max_seq_len, cfg.mllm.shot_dim)
+    if accelerator.is_main_process:
+        print(f"stage (b) data: {len(dataset)} windows ({cfg.data.split} split) from {cfg.data.manifest}")
+        if missing:
+            report = Path(cfg.output_dir) / "missing_shot_targets.txt"
+            atomic_write_text(report, "".join(f"{cid}\n" for cid in missing))
+            print(
+                f"warning: {len(missing)} clips have no shot target in {cfg.shot_targets}; skipped "
+                f"{len(windows) - len(kept)} windows (clip ids in {report})"
+            )
+        if dataset.trimmed or dataset.too_long:
+            print(
+                f"note: {dataset.trimmed} windows lost history turns to fit max_seq_len={cfg.max_seq_len}; "
+                f"{len(dataset.too_long)} dropped as too long"
+            )
+    return dataset

@@ -322,7 +322,7 @@ class StageCDataset(Dataset):
         }
 
 
-def build_stage_c_dataset(cfg: StageCConfig, manifest: Manifest, windows: list[Window]) -> StageCDataset:
+def build_dataset(cfg: StageCConfig, manifest: Manifest, windows: list[Window]) -> StageCDataset:
     """The dataset of the windows' current clips: each clip's cached prediction, real latents and motion level."""
     cache = TensorStore(cfg.predictions_cache)
     uncached = [w.current for w in windows if w.current not in cache]

@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
-from animegamer.config import DataConfig, DecoderConfig
+from animegamer.config import DataConfig, DecoderConfig, StageEConfig
 from animegamer.data.features import META_FILE, SKIPPED_FILE, fit_frames, read_skipped
 from animegamer.data.manifest import Manifest, read_manifest
 from animegamer.data.sequences import build_windows
@@ -96,9 +96,11 @@ def stage_e_items(manifest: Manifest, data: DataConfig) -> tuple[list[tuple[str,
     return items, left_out
 
 
-def build_stage_e_dataset(data: DataConfig) -> tuple[StageEDataset, list[str]]:
-    """The stage (e) dataset of ``data.manifest`` over ``data.features_dir``, and the clips left out. The first clip
-    is read once here, so an unreadable video or a latent/frame mismatch fails before any model is built."""
+def build_dataset(cfg: StageEConfig) -> tuple[StageEDataset, list[str]]:
+    """The stage (e) dataset of ``cfg.data.manifest`` over ``cfg.data.features_dir``, and the clips left out. The
+    first clip is read once here, so an unreadable video or a latent/frame mismatch fails before any model is
+    built."""
+    data = cfg.data
     check_feature_settings(data)
     items, left_out = stage_e_items(read_manifest(data.manifest), data)
     dataset = StageEDataset(data, items)

@@ -42,13 +42,8 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from animegamer.config import StageAConfig
-from animegamer.data.features import (
-    build_stage_a_dataset,
-    count_pending_clips,
-    precompute_features,
-    select_frame,
-    write_shot_targets,
-)
+from animegamer.data import stage_a as data
+from animegamer.data.features import count_pending_clips, precompute_features, write_shot_targets
 from animegamer.models.decoder import AnimationShotDecoder
 from animegamer.models.shot_encoder import ActionAwareEncoder
 from animegamer.models.trained import DECODER_DIR, ENCODER_DIR, save_encoder
@@ -86,7 +81,7 @@ def compute_loss(model, core: EncoderDecoder, batch: dict, cfg: StageAConfig) ->
     """The stage (a) loss of one micro-batch. ``model`` may be wrapped (DDP ...); ``core`` is the bare module."""
     latents = batch["latents"]  # (B, F, C, h, w)
     batch_size = latents.shape[0]
-    clip_tokens = select_frame(batch["clip_tokens"], cfg.encoder.frame)  # (B, K, Nc, Dc) -> (B, Nc, Dc)
+    clip_tokens = data.select_frame(batch["clip_tokens"], cfg.encoder.frame)  # (B, K, Nc, Dc) -> (B, Nc, Dc)
     dropped = torch.rand(batch_size, device=latents.device) < cfg.condition_dropout
     noise = torch.randn_like(latents)
     scheduler = core.decoder.noise_scheduler
@@ -120,7 +115,7 @@ class StageA(Recipe):
                     f"{pending} clips of {cfg.data.manifest} have no features in {cfg.data.features_dir}; "
                     f"run `python scripts/precompute_features.py --config ...` first (multi-process runs do not)"
                 )
-        self.dataset, self.left_out = build_stage_a_dataset(cfg.data)
+        self.dataset, self.left_out = data.build_dataset(cfg)
         first = self.dataset[0]
         clip_shape, text_shape = tuple(first["clip_tokens"].shape[1:]), tuple(first["text_tokens"].shape)
         want_clip, want_text = (

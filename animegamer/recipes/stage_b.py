@@ -23,52 +23,17 @@ engines and multi-node launches.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import torch
 from accelerate.utils import set_seed
 
 from animegamer.config import StageBConfig
-from animegamer.data.manifest import read_manifest
-from animegamer.data.sequences import windows_from_config
-from animegamer.data.stage_b import StageBCollator, StageBDataset, filter_windows, move_batch
-from animegamer.data.tensor_store import TensorStore
+from animegamer.data import stage_b as data
+from animegamer.data.stage_b import StageBCollator, StageBDataset, move_batch
 from animegamer.data.vocabulary import Vocabulary, save_vocabulary
-from animegamer.io import atomic_write_text
 from animegamer.models.mllm import AnimeGamerMLLM, load_tokenizer
-from animegamer.tokens import TurnLayout, get_vocabulary
 from animegamer.training.loop import Recipe, train
 from animegamer.training.losses import stage_b_loss
-
-
-def build_dataset(cfg: StageBConfig, accelerator, tokenizer: Any) -> StageBDataset:
-    """Windows of the configured split whose shots all have cached targets, laid out with the MLLM's tokenizer
-    (``tokenizer``: :func:`~animegamer.models.mllm.load_tokenizer`'s for ``cfg.mllm``)."""
-    manifest = read_manifest(cfg.data.manifest)
-    windows = windows_from_config(manifest, cfg.data)
-    store = TensorStore(cfg.shot_targets)
-    if len(store) == 0:
-        raise FileNotFoundError(
-            f"no shot targets in {cfg.shot_targets}; cache the stage (a) encoder's s_a of every clip first"
-        )
-    kept, missing = filter_windows(windows, store)
-    layout = TurnLayout(tokenizer, get_vocabulary(cfg.mllm.vocabulary), cfg.mllm.num_slots)
-    dataset = StageBDataset(kept, manifest, store, layout, cfg.max_seq_len, cfg.mllm.shot_dim)
-    if accelerator.is_main_process:
-        print(f"stage (b) data: {len(dataset)} windows ({cfg.data.split} split) from {cfg.data.manifest}")
-        if missing:
-            report = Path(cfg.output_dir) / "missing_shot_targets.txt"
-            atomic_write_text(report, "".join(f"{cid}\n" for cid in missing))
-            print(
-                f"warning: {len(missing)} clips have no shot target in {cfg.shot_targets}; skipped "
-                f"{len(windows) - len(kept)} windows (clip ids in {report})"
-            )
-        if dataset.trimmed or dataset.too_long:
-            print(
-                f"note: {dataset.trimmed} windows lost history turns to fit max_seq_len={cfg.max_seq_len}; "
-                f"{len(dataset.too_long)} dropped as too long"
-            )
-    return dataset
 
 
 def perturb_history(batch: dict, history_noise: float) -> dict:
@@ -104,7 +69,7 @@ class StageB(Recipe):
         set_seed(cfg.seed)  # the same initialisation on every process
         # the data before the model: bad input fails in seconds, not after loading 7B
         self.tokenizer = load_tokenizer(cfg.mllm.pretrained, cfg.mllm.vocabulary, cfg.mllm.num_slots)
-        self.dataset = build_dataset(cfg, self.accelerator, self.tokenizer[0])
+        self.dataset = data.build_dataset(cfg, self.accelerator, self.tokenizer[0])
         self.summary = (f"{len(self.dataset)} windows; {self.accelerator.num_processes} process(es); batch "
                         f"{cfg.train.batch_size} x {cfg.train.grad_accum}")
         # The sampler, not accelerate, shards batches over ranks: batch b of a run is a pure function of (seed, b).

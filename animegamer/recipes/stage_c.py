@@ -36,9 +36,9 @@ import torch
 from accelerate.utils import gather_object, set_seed
 
 from animegamer.config import StageCConfig
+from animegamer.data import stage_c as data
 from animegamer.data.manifest import read_manifest
 from animegamer.data.stage_c import (
-    build_stage_c_dataset,
     check_prediction_settings,
     fill_predictions,
     prediction_settings,
@@ -132,7 +132,7 @@ class StageC(Recipe):
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
         accelerator.wait_for_everyone()  # the main process has written the last shard
-        self.dataset = build_stage_c_dataset(cfg, manifest, windows)
+        self.dataset = data.build_dataset(cfg, manifest, windows)
         first = self.dataset[0]
         if first["latents"].shape[1] != tcfg.in_channels:
             raise ValueError(f"latents in {cfg.data.features_dir} have {first['latents'].shape[1]} channels; the "

@@ -47,15 +47,12 @@ import torch
 from accelerate.utils import set_seed
 
 from animegamer.config import StageDConfig
-from animegamer.data.features import motion_level_of
-from animegamer.data.manifest import read_manifest
-from animegamer.data.tensor_store import TensorStore
+from animegamer.data import stage_d as data
 from animegamer.models.decoder import AnimationShotDecoder
 from animegamer.models.trained import DECODER_DIR, load_decoder
 from animegamer.sampling.fewstep import SAMPLER_FILE, FewStepSampler, alpha_at, alpha_schedule
 from animegamer.sampling.schedule import guidance_scales
 from animegamer.training.distill import (
-    ConditionDataset,
     segment_boundaries,
     segment_of,
     student_rollout,
@@ -131,25 +128,6 @@ def build_student(cfg: StageDConfig) -> AnimationShotDecoder:
     return load_decoder(cfg.stage_c_checkpoint, cfg.decoder, with_vae=False).train()
 
 
-def build_dataset(cfg: StageDConfig) -> tuple[ConditionDataset, list[str]]:
-    """Every s_a of ``conditions`` whose clip the manifest gives a motion level; the others are reported."""
-    records = read_manifest(cfg.data.manifest).by_id()
-    store_dir = Path(cfg.conditions)
-    if not (store_dir / "index.json").is_file():
-        raise FileNotFoundError(f"conditions: no TensorStore at {store_dir} (stage (c)'s predictions cache)")
-    items, left_out = [], []
-    for clip_id in TensorStore(store_dir).clip_ids():
-        if clip_id not in records:
-            left_out.append(f"{clip_id}: not in {cfg.data.manifest}")
-            continue
-        record = records[clip_id]
-        if record.motion_level is None and not record.tags:
-            left_out.append(f"{clip_id}: no motion level (neither measured nor tagged)")
-            continue
-        items.append((clip_id, motion_level_of(record)))
-    return ConditionDataset(store_dir, items), left_out
-
-
 def compute_loss(model, teacher: AnimationShotDecoder, batch: dict, plan: Plan, segment: int) -> torch.Tensor:
     """The stage (d) loss of one micro-batch on segment ``segment``. ``model`` may be wrapped (DDP ...)."""
     shots, levels = batch["shot_embeds"], batch["motion_level"]  # (B, N, H), (B,)
@@ -181,7 +159,7 @@ class StageD(Recipe):
 
     def build(self, resume) -> None:
         cfg, accelerator = self.cfg, self.accelerator
-        self.dataset, left_out = build_dataset(cfg)
+        self.dataset, left_out = data.build_dataset(cfg)
         set_seed(cfg.seed)
         self.model = build_student(cfg)
         self.teacher = build_teacher(cfg, accelerator.device)

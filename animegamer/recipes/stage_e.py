@@ -29,7 +29,8 @@ import torch
 from accelerate.utils import set_seed
 
 from animegamer.config import StageEConfig
-from animegamer.data.stage_e import build_stage_e_dataset, precompute_latents
+from animegamer.data import stage_e as data
+from animegamer.data.stage_e import precompute_latents
 from animegamer.models.causal_decoder import WEIGHTS_FILE, CausalLatentDecoder, read_vae_layout
 from animegamer.models.trained import SMALL_DECODER_DIR
 from animegamer.models.weights import load_state_dict_file
@@ -84,7 +85,7 @@ class StageE(Recipe):
             written = precompute_latents(cfg.data, cfg.vae, accelerator.device)
             if written:
                 accelerator.print(f"latents: {written} clips encoded into {cfg.data.features_dir}")
-        self.dataset, self.left_out = build_stage_e_dataset(cfg.data)
+        self.dataset, self.left_out = data.build_dataset(cfg)
         set_seed(cfg.seed)
         self.model = build_model(cfg, layout)
         latent_channels, self.spatial, temporal = layout

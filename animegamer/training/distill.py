@@ -17,12 +17,8 @@ exposure bias). See scripts/train_stage_d.py for why this method.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
-from torch.utils.data import Dataset
 
-from animegamer.data.tensor_store import TensorStore
 from animegamer.sampling.fewstep import alpha_at, ddim_step, v_to_x0
 
 
@@ -111,22 +107,3 @@ def student_rollout(model, x: torch.Tensor, times: list[int], upto: int, shots, 
     return x
 
 
-class ConditionDataset(Dataset):
-    """What the student is distilled on: shot representations (N, H) and motion levels, no clips (the teacher
-    makes the targets). ``items`` are (clip id, motion level) pairs of a TensorStore holding ``shot_embeds``."""
-
-    def __init__(self, store_dir: str | Path, items: list[tuple[str, int]]):
-        if not items:
-            raise ValueError(f"no conditions to distil on in {store_dir}")
-        self.store_dir, self.items = Path(store_dir), items
-        self._store = None  # opened lazily: safetensors handles must not cross DataLoader worker processes
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        if self._store is None:
-            self._store = TensorStore(self.store_dir)
-        clip_id, level = self.items[index]
-        shot = self._store.load(clip_id, ("shot_embeds",))["shot_embeds"]  # (N, H)
-        return {"shot_embeds": shot.float(), "motion_level": torch.tensor(level, dtype=torch.long)}
