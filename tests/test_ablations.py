@@ -46,7 +46,9 @@ def test_shipped_tables_point_each_row_at_what_it_trains(table, monkeypatch):
             # the evaluation reads the checkpoint this row's last run of each stage writes
             if step.script == "stage_a" and ev.systems == ["reconstruction"]:
                 assert ev.stage_a_checkpoint == _checkpoint_of(run), row.name
-                assert ev.inference.decoder.motion_scope == run.decoder.motion_scope, row.name
+                # whose decoder shape (the motion scope) the evaluation reads from that checkpoint's own files
+                # (config.recorded.with_decoder_checkpoint), so the row does not restate it
+                assert not any(o.startswith("inference.decoder.") for o in row.eval_overrides), row.name
             if step.script == "stage_b":
                 assert ev.inference.mllm_checkpoint == _checkpoint_of(run), row.name
             if step.script == "stage_c":

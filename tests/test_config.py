@@ -1,3 +1,4 @@
+import dataclasses
 import re
 from importlib import import_module
 from pathlib import Path
@@ -193,14 +194,15 @@ def resolve_shipped_configs(tmp: Path) -> dict[str, dict]:
 
 def test_resolved_shipped_configs_match_the_snapshot(tmp_path, monkeypatch):
     """The snapshot is rewritten only on purpose, by ``python tests/test_config.py``, in a commit that says why.
-    A stage (b) run of this machine's own (``outputs/...``, which full-size configs name) is not a shipped record:
+    A checkpoint of this machine's own (``outputs/...``, which full-size configs name) is not a shipped record:
     the configs resolve as on a fresh clone."""
     import json
 
     from animegamer.config import recorded
 
-    shipped_only = recorded._record
-    monkeypatch.setattr(recorded, "_record", lambda c: None if str(c).startswith("outputs/") else shipped_only(c))
+    for name in ("mllm_record", "decoder_record"):
+        read = getattr(recorded, name)
+        monkeypatch.setattr(recorded, name, lambda c, read=read: None if str(c).startswith("outputs/") else read(c))
     expected = json.loads(SNAPSHOT.read_text())
     resolved = resolve_shipped_configs(tmp_path)
     assert sorted(resolved) == sorted(expected)
@@ -374,7 +376,7 @@ def test_choices_are_literal_types():
     import dataclasses
     import typing
 
-    from animegamer.config import InferenceConfig, PrepareDataConfig, StageBConfig
+    from animegamer.config import EvalConfig, InferenceConfig, PrepareDataConfig, StageBConfig
 
     def literals(schema, prefix=""):
         hints = typing.get_type_hints(schema)
@@ -385,7 +387,8 @@ def test_choices_are_literal_types():
             elif typing.get_origin(hint) is typing.Literal:
                 yield f"{prefix}{f.name}", typing.get_args(hint)
 
-    found = dict(literals(InferenceConfig)) | dict(literals(StageBConfig)) | dict(literals(PrepareDataConfig))
+    found = (dict(literals(InferenceConfig)) | dict(literals(EvalConfig)) | dict(literals(StageBConfig))
+             | dict(literals(PrepareDataConfig)))
     assert found["encoder.fusion"] == ("concat", "add", "cross_attn")
     assert found["sampling.preset"] == ("standard", "fast", "distilled")
     assert found["mllm.dtype"] == found["decoder.dtype"] == ("fp32", "bf16", "fp16")
@@ -405,31 +408,42 @@ def test_full_size_configs_play_the_k_they_train_and_evaluate_with():
     assert InferenceConfig().history_turns == EvalConfig().inference.history_turns == -1  # as trained, until loaded
 
 
-def test_shipped_inference_reads_the_mllm_shape_and_k_from_the_checkpoint_record():
+def test_shipped_inference_reads_both_models_shapes_and_k_from_their_checkpoints():
     import yaml
 
-    from animegamer.config.recorded import MLLM_SHAPE
+    from animegamer.config.recorded import DECODER_SHAPE, MLLM_SHAPE
 
     record = load_config(ROOT / "checkpoints/spriteworld/configs/stage_b.yaml")
+    decoder_record = load_config(ROOT / "checkpoints/spriteworld/configs/stage_c.yaml")
     for name in ("inference.yaml", "eval.yaml"):
         written = yaml.safe_load((ROOT / "configs/spriteworld" / name).read_text())
-        assert not set((written.get("inference") or written)["mllm"]) & set(MLLM_SHAPE), name  # not restated
+        written = written.get("inference") or written
+        assert not set(written["mllm"]) & set(MLLM_SHAPE), name  # not restated
+        assert not set(written["decoder"]) & set(DECODER_SHAPE), name
         cfg = load_config(ROOT / "configs/spriteworld" / name)
         inference = cfg if cfg.kind == "inference" else cfg.inference
         assert {k: getattr(inference.mllm, k) for k in MLLM_SHAPE} == {k: getattr(record.mllm, k) for k in MLLM_SHAPE}
         assert inference.mllm.num_slots == 48 and inference.history_turns == record.data.history_turns == 3
+        assert ({k: getattr(inference.decoder, k) for k in DECODER_SHAPE}
+                == {k: getattr(decoder_record.decoder, k) for k in DECODER_SHAPE})
+        assert (inference.decoder.lora_rank, inference.decoder.motion_embed_dim) == (16, 32)
 
 
-def _stage_b_run(tmp_path: Path, history_turns: int, num_slots: int) -> Path:
-    """A stage (b) run directory as training leaves it: config.yaml, checkpoints/step_N and checkpoints/latest."""
-    from animegamer.config import StageBConfig
+def _stage_b_run(tmp_path: Path, history_turns: int | None, num_slots: int) -> Path:
+    """A stage (b) run directory as training leaves it (checkpoints/step_N, checkpoints/latest), its step holding
+    the two files that record the MLLM's shape: mllm_layout.json and peft's adapter_config.json."""
+    import json
 
     run = tmp_path / "stage_b"
-    cfg = StageBConfig(output_dir=str(run))
-    cfg.data.history_turns, cfg.mllm.num_slots, cfg.mllm.lora_rank = history_turns, num_slots, 4
-    (run / "checkpoints" / "step_0000010").mkdir(parents=True)
+    step = run / "checkpoints" / "step_0000010"
+    step.mkdir(parents=True)
     (run / "checkpoints" / "latest").write_text("step_0000010\n")
-    (run / "config.yaml").write_text(to_yaml(cfg))
+    layout = {"vocabulary": "paper", "num_slots": num_slots, "shot_dim": 64, "resampler_layers": 1}
+    if history_turns is not None:
+        layout["history_turns"] = history_turns
+    (step / "mllm_layout.json").write_text(json.dumps(layout))
+    (step / "adapter_config.json").write_text(json.dumps(
+        {"r": 4, "lora_alpha": 8, "lora_dropout": 0.0, "target_modules": ["v_proj", "q_proj"]}))
     return run
 
 
@@ -438,26 +452,100 @@ def test_k_is_the_trained_k_unless_the_config_sets_it(tmp_path):
     for checkpoint in (run, run / "checkpoints" / "latest", run / "checkpoints" / "step_0000010"):
         cfg = load_config(ROOT / "configs/inference.yaml", [f"mllm_checkpoint={checkpoint}"])
         assert (cfg.history_turns, cfg.mllm.num_slots, cfg.mllm.lora_rank) == (2, 8, 4), checkpoint
+        assert (cfg.mllm.shot_dim, cfg.mllm.resampler_layers, cfg.mllm.lora_alpha, cfg.mllm.lora_dropout,
+                sorted(cfg.mllm.lora_targets)) == (64, 1, 8, 0.0, ["q_proj", "v_proj"])
         assert cfg.mllm.pretrained == "checkpoints/Mistral-7B-v0.1"  # where the base weights are is this run's
     chosen = load_config(ROOT / "configs/inference.yaml", [f"mllm_checkpoint={run}", "history_turns=1"])
     assert (chosen.history_turns, chosen.mllm.num_slots) == (1, 8)
     bare = load_config(ROOT / "configs/inference.yaml", [f"mllm_checkpoint={tmp_path / 'elsewhere'}"])
-    assert (bare.history_turns, bare.mllm.num_slots) == (3, 226)  # no record: DataConfig's K, the YAML's shape
+    assert (bare.history_turns, bare.mllm.num_slots) == (3, 226)  # no checkpoint: DataConfig's K, the YAML's shape
+    unrecorded = load_config(ROOT / "configs/inference.yaml",
+                             [f"mllm_checkpoint={_stage_b_run(tmp_path / 'old', None, 8)}"])
+    assert (unrecorded.history_turns, unrecorded.mllm.num_slots) == (3, 8)  # a shape without K: DataConfig's K
     with pytest.raises(ConfigError, match="history_turns=-2 must be >= -1"):
         load_config(ROOT / "configs/inference.yaml", ["history_turns=-2"])
+
+
+def test_a_config_that_restates_another_shape_is_refused_naming_key_and_file(tmp_path):
+    run = _stage_b_run(tmp_path, history_turns=2, num_slots=8)
+    layout = run / "checkpoints" / "step_0000010" / "mllm_layout.json"
+    same = load_config(ROOT / "configs/inference.yaml", [f"mllm_checkpoint={run}", "mllm.num_slots=8",
+                                                          "mllm.lora_targets=[q_proj,v_proj]"])
+    assert same.mllm.num_slots == 8  # restating the same value is allowed (the LoRA targets as a set)
+    with pytest.raises(ConfigError, match=rf"mllm\.num_slots=16, but {layout} records 8"):
+        load_config(ROOT / "configs/inference.yaml", [f"mllm_checkpoint={run}", "mllm.num_slots=16"])
+    with pytest.raises(ConfigError, match=r"mllm\.lora_rank=16, but .*adapter_config\.json records 4"):
+        load_config(ROOT / "configs/inference.yaml", [f"mllm_checkpoint={run}", "mllm.lora_rank=16"])
+    with pytest.raises(ConfigError, match=r"decoder\.lora_rank=8, but .*stage_c/decoder/decoder_config\.json "
+                                          r"records 16"):
+        load_config(ROOT / "configs/spriteworld/inference.yaml", ["decoder.lora_rank=8"])
+
+
+@pytest.mark.parametrize("file, text, what", [
+    ("mllm_layout.json", '{"num_slots": "many"}', "num_slots='many' is not a valid value"),
+    ("mllm_layout.json", '{"num_slots": true}', "num_slots='True' is not a valid value"),
+    ("mllm_layout.json", '{"vocabulary": "klingon"}', "vocabulary='klingon' is not a valid value"),
+    ("mllm_layout.json", '{"history_turns": -1}', "history_turns='-1' is not a valid value"),
+    ("mllm_layout.json", "[1, 2]", "a JSON object expected"),
+    ("mllm_layout.json", "{not json", "mllm_layout.json"),
+    ("adapter_config.json", '{"target_modules": "q_proj"}', "lora_targets='q_proj' is not a valid value"),
+    ("adapter_config.json", '{"lora_dropout": NaN}', "lora_dropout"),
+])
+def test_a_damaged_shape_record_is_one_config_error_naming_the_file(tmp_path, file, text, what):
+    run = _stage_b_run(tmp_path, history_turns=2, num_slots=8)
+    (run / "checkpoints" / "step_0000010" / file).write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(what)) as caught:
+        load_config(ROOT / "configs/inference.yaml", [f"mllm_checkpoint={run}"])
+    assert file in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_decoder_checkpoint_gives_its_shape_wherever_it_is_loaded(tmp_path):
+    """The inference config takes the shape decoder_checkpoint records; a decoder loaded from another checkpoint
+    after the config (the evaluation's stage (a) decoder) takes that checkpoint's (models.trained.load_decoder)."""
+    import json
+    import shutil
+
+    from animegamer.config.recorded import adopt, decoder_record, with_decoder_checkpoint
+
+    stage_a = tmp_path / "stage_a"
+    shutil.copytree(ROOT / "checkpoints/spriteworld/stage_a/decoder", stage_a / "decoder")
+    settings = json.loads((stage_a / "decoder" / "decoder_config.json").read_text())
+    (stage_a / "decoder" / "decoder_config.json").write_text(json.dumps({**settings, "motion_embed_dim": 48}))
+    cfg = load_config(ROOT / "configs/spriteworld/inference.yaml", [f"decoder_checkpoint={stage_a}"])
+    assert (cfg.decoder.motion_embed_dim, cfg.decoder.lora_rank) == (48, 16)
+    bare = load_config(ROOT / "configs/inference.yaml")
+    assert bare.decoder.lora_rank == 64  # no checkpoint there: the config's (default) shape
+    record = decoder_record(stage_a)
+    assert record.source == stage_a / "decoder" / "decoder_config.json"
+    assert adopt(bare.decoder, record, "decoder").motion_embed_dim == 48
+    shipped = load_config(ROOT / "configs/spriteworld/inference.yaml")
+    with pytest.raises(ValueError, match=r"decoder\.motion_embed_dim=32, but .* records 48"):
+        adopt(dataclasses.replace(shipped.decoder, motion_embed_dim=32), record, "decoder")
+    # the evaluation's stage (a) decoder, another checkpoint than the config's: the shape stage_c gave is let go
+    switched = with_decoder_checkpoint(shipped, stage_a)
+    assert (switched.decoder_checkpoint, switched.decoder.motion_embed_dim) == (str(stage_a), 48)
+    assert (switched.decoder.lora_rank, switched.decoder.dtype, shipped.decoder.motion_embed_dim) == (16, "fp32", 32)
+    flat = tmp_path / "flat"
+    shutil.copytree(stage_a, flat)
+    (flat / "decoder" / "decoder_config.json").write_text(json.dumps({**settings, "motion_scope": False}))
+    assert with_decoder_checkpoint(shipped, flat).decoder.motion_scope is False
+    asked = load_config(ROOT / "configs/inference.yaml", ["decoder.motion_embed_dim=40"])
+    with pytest.raises(ValueError, match=r"decoder\.motion_embed_dim=40, but .* records 48"):
+        with_decoder_checkpoint(asked, stage_a)  # a value the config sets itself is checked, not let go
 
 
 def test_start_up_says_which_k_and_why(tmp_path):
     from animegamer.config.recorded import history_turns_note
 
     run = _stage_b_run(tmp_path, history_turns=2, num_slots=8)
+    layout = run / "checkpoints" / "step_0000010" / "mllm_layout.json"
     cfg = load_config(ROOT / "configs/inference.yaml", [f"mllm_checkpoint={run}"])
-    assert history_turns_note(cfg) == f"K = 2 history turns, as the MLLM was trained ({run / 'config.yaml'})"
+    assert history_turns_note(cfg) == f"K = 2 history turns, as the MLLM was trained ({layout})"
     cfg = load_config(ROOT / "configs/inference.yaml", [f"mllm_checkpoint={run}", "history_turns=1"])
     note = history_turns_note(cfg)
     assert note.startswith("K = 1 history turns, set by the config: the MLLM was trained with K = 2 "), note
     cfg = load_config(ROOT / "configs/spriteworld/eval.yaml").inference
     assert history_turns_note(cfg) == ("K = 3 history turns, as the MLLM was trained "
-                                       "(checkpoints/spriteworld/configs/stage_b.yaml)")
+                                       "(checkpoints/spriteworld/stage_b/mllm_layout.json)")
     cfg = load_config(ROOT / "configs/tiny/inference.yaml", ["mllm_checkpoint="])
-    assert history_turns_note(cfg) == "K = 1 history turns (no stage (b) record with mllm_checkpoint='')"
+    assert history_turns_note(cfg) == "K = 1 history turns (no K recorded with mllm_checkpoint='')"

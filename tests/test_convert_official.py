@@ -12,6 +12,7 @@ import torch
 import yaml
 from diffusers import AutoencoderKLCogVideoX, CogVideoXDDIMScheduler
 
+from animegamer.config import InferenceConfig, load_config
 from tests.helpers.official_ref_data import REF_DIR, REPO, build_release_tokenizer, mllm_reference
 
 sys.path.insert(0, str(REPO / "scripts"))
@@ -78,8 +79,10 @@ def test_converted_checkpoint_plays(converted, tmp_path):
     assert {"Mistral", "mllm", "inference.yaml", "conversion.json"} <= names
     config = yaml.safe_load((converted / "inference.yaml").read_text())
     meta, _ = mllm_reference()
-    assert config["mllm"]["lora_rank"] == meta["tiny_llm_yaml"]["peft_config"]["r"]
-    assert config["mllm"]["vocabulary"] == "released" and config["compat"] == "fixed"
+    assert "lora_rank" not in config["mllm"] and "lora_rank" not in config["decoder"]  # the files say the shapes
+    loaded = load_config(converted / "inference.yaml", schema=InferenceConfig)
+    assert loaded.mllm.lora_rank == meta["tiny_llm_yaml"]["peft_config"]["r"]
+    assert loaded.mllm.vocabulary == "released" and loaded.mllm.resampler_gelu == "erf" and config["compat"] == "fixed"
     game = tmp_path / "game.txt"
     game.write_text(GAME)
     results = tmp_path / "game"

@@ -8,10 +8,12 @@ import pytest
 import torch
 
 from animegamer.config import DecoderConfig, SamplingConfig
+from animegamer.config.recorded import DECODER_SHAPE, decoder_record
 from animegamer.data.video import probe_video, read_video
 from animegamer.game.turn import clip_stem, write_clip
 from animegamer.models.decoder import AnimationShotDecoder
 from animegamer.models.shot_encoder import ActionAwareEncoder
+from animegamer.models.trained import load_decoder
 from animegamer.sampling.denoise import sample
 from animegamer.sampling.schedule import guidance_scales
 from tests.helpers.clips import make_clip_frames
@@ -119,6 +121,15 @@ def test_save_and_load_trained_roundtrip(tiny_cogvideox_dir, tmp_path):
         )
     with pytest.raises(ValueError, match="lora_rank"):
         AnimationShotDecoder.from_config(_config(tiny_cogvideox_dir, lora_rank=8)).load_trained(tmp_path / "dec")
+    # the files record the decoder's whole shape: load_decoder builds it from a config that does not restate it
+    record = decoder_record(tmp_path / "dec")
+    assert set(record.shape) == set(DECODER_SHAPE)
+    assert {k: getattr(_config(tiny_cogvideox_dir), k) for k in DECODER_SHAPE} == record.shape
+    c = load_decoder(tmp_path / "dec", DecoderConfig(pretrained=str(tiny_cogvideox_dir), dtype="fp32"))
+    for pa, pc in zip(a.trainable_parameters(), c.trainable_parameters(), strict=True):
+        assert torch.equal(pa, pc)
+    with pytest.raises(ValueError, match=r"decoder\.motion_embed_dim=8, but .*decoder_config\.json records"):
+        load_decoder(tmp_path / "dec", _config(tiny_cogvideox_dir, motion_embed_dim=8))
     with pytest.raises(FileNotFoundError, match="decoder_config"):
         b.load_trained(tmp_path / "nothing")
 

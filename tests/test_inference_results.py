@@ -306,7 +306,7 @@ def test_a_long_game_gets_several_contact_sheets(tmp_path, tiny_cogvideox_dir, m
     module = entry("inference_Decoder")
     monkeypatch.setattr(module, "SHEET_TURNS", 2)
     written = module.main(["--config", str(TINY), f"output_dir={out}", f"decoder.pretrained={tiny_cogvideox_dir}",
-                           f"t5.path={tiny_cogvideox_dir}", "decoder_checkpoint=", "device=cpu", "sampling.steps=1",
+                           "decoder_checkpoint=", "device=cpu", "sampling.steps=1",
                            "sampling.height=48", "sampling.width=64", "sampling.num_frames=9"])
     assert sorted(p.name for p in out.glob("contact_sheet*.png")) == ["contact_sheet.png", "contact_sheet_002.png"]
     heights = [Image.open(out / name).height for name in ("contact_sheet.png", "contact_sheet_002.png")]

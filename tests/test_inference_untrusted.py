@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def decoder_args(out: Path, cogvideox: Path) -> list[str]:
-    return ["--config", str(TINY), f"output_dir={out}", f"decoder.pretrained={cogvideox}", f"t5.path={cogvideox}",
+    return ["--config", str(TINY), f"output_dir={out}", f"decoder.pretrained={cogvideox}",
             "decoder_checkpoint=", "device=cpu", "sampling.steps=1", "sampling.height=48", "sampling.width=64",
             "sampling.num_frames=9"]
 

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from animegamer.config import MLLMConfig
+from animegamer.config.recorded import MLLM_SHAPE, adopt, mllm_record
 from animegamer.data.manifest import read_manifest
 from animegamer.data.sequences import build_windows
 from animegamer.data.stage_b import StageBCollator, StageBDataset
@@ -233,11 +234,16 @@ def test_cached_decoding_equals_full_forward(mllm_cfg, window):
 def test_save_and_reload_identical(tmp_path, mllm_cfg, stage_b_items):
     model = make_model(mllm_cfg, seed=0)
     scramble(model, 5)
-    out = model.save_trained(tmp_path / "ckpt")
+    out = model.save_trained(tmp_path / "ckpt", history_turns=2)
     for name in ("adapter_config.json", "adapter_model.safetensors", "mllm_trained.safetensors", "mllm_layout.json"):
         assert (out / name).is_file(), name
     adapter = json.loads((out / "adapter_config.json").read_text())
     assert adapter["r"] == 4 and adapter["lora_alpha"] == 8 and adapter["peft_type"] == "LORA"
+    # what the files record is the model's whole shape and K: a config that names the checkpoint needs neither
+    record = mllm_record(out)
+    assert record.history_turns == 2 and set(record.shape) == set(MLLM_SHAPE)
+    adopted = adopt(MLLMConfig(pretrained=mllm_cfg.pretrained, dtype="fp32"), record, "mllm")
+    assert adopted == replace(mllm_cfg, gradient_checkpointing=True)  # the LoRA targets: the same set
     other = make_model(mllm_cfg, seed=1)
     batch = StageBCollator(pad_id=0, max_seq_len=512)([stage_b_items(model)[i] for i in (2, 3)])
     with torch.no_grad():

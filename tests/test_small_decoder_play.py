@@ -54,7 +54,7 @@ def test_renderer_streams_the_small_decoders_frames(tiny_cogvideox_dir, tmp_path
 def _cfg(tiny_mistral_dir, tiny_cogvideox_dir, out, *extra):
     return load_config(TINY, [
         f"output_dir={out}", f"mllm.pretrained={tiny_mistral_dir}", f"decoder.pretrained={tiny_cogvideox_dir}",
-        f"t5.path={tiny_cogvideox_dir}", "mllm_checkpoint=", "decoder_checkpoint=", "history_turns=2",
+        "mllm_checkpoint=", "decoder_checkpoint=", "history_turns=2",
         "sampling.steps=2", "sampling.height=48", "sampling.width=64", "sampling.num_frames=9", *extra,
     ])
 

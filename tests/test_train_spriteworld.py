@@ -510,8 +510,9 @@ def test_motion_response_report_on_the_mini_run(mini_run, tmp_path):
         assert sorted(row["renders"]) == [1, 5] and 1 <= row["real"]["measured"] <= 5
         assert all(r["scope"] >= 0.0 and 1 <= r["measured"] <= 5 for r in row["renders"].values())
     assert report["meter"]["edges"] == saved["meter"]["edges"] and len(report["meter"]["edges"]) == 4
-    with pytest.raises(SystemExit, match="no motion level input"):
-        import_module("research.spriteworld.motion_response").main([*args, "inference.decoder.motion_scope=false"])
+    flat = out / "eval" / "no_motion_scope" / "stage_a" / "checkpoints" / "latest"  # trained without the input
+    with pytest.raises(SystemExit, match="has no motion level input"):
+        import_module("research.spriteworld.motion_response").main([*args, "--decoder-checkpoint", str(flat)])
 
 
 def test_ship_without_a_trained_stage_is_one_line_and_keeps_the_shipped_folder(tmp_path, capsys):

@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from animegamer.config.prepare import PrepareDataConfig
-from animegamer.config.recorded import apply_training_record
+from animegamer.config.recorded import apply_checkpoint_shapes
 from animegamer.config.runs import AblationsConfig, BenchmarkConfig, BenchmarkGenConfig, EvalConfig, InferenceConfig
 from animegamer.config.spriteworld import (
     SpriteWorldConfig,
@@ -101,8 +101,8 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None, sch
     The schema is ``schema`` if given, else the one named by the file's ``kind``. Unknown keys,
     wrong types, values outside a field's ``Literal`` choices and values its metadata rules out (a device,
     a count >= 0) raise :class:`ConfigError` with one message naming the key. With ``training_record``, every
-    inference config in it takes the MLLM shape (and, at ``history_turns=-1``, the K) recorded with its
-    ``mllm_checkpoint`` (:func:`animegamer.config.recorded.apply_training_record`).
+    inference config in it takes the shapes its ``mllm_checkpoint`` and ``decoder_checkpoint`` record in their own
+    files (and, at ``history_turns=-1``, the MLLM's K): :func:`animegamer.config.recorded.apply_checkpoint_shapes`.
     """
     overrides = list(overrides or [])
     source = str(path) if path is not None else "<defaults>"
@@ -139,7 +139,10 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None, sch
         raise ConfigError(f"{source}: kind={cfg.kind!r} but this entry point expects kind={expected!r}")
     if training_record:
         for inference in inference_configs(cfg):
-            apply_training_record(inference)
+            try:
+                apply_checkpoint_shapes(inference)
+            except ValueError as exc:  # a config restating another shape, or a damaged record
+                raise ConfigError(f"{source}: {exc}") from exc
     _check_values(cfg, "")
     return cfg
 

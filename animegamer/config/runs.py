@@ -35,19 +35,16 @@ class InferenceConfig:
     output_dir: str = knob("outputs/game", help="results of inference_MLLM.py, read by inference_Decoder.py")
     seed: int = 42
     game: str = knob("game_demo/demo.txt", help="instruction file, one turn per line")
-    clip: CLIPConfig = field(default_factory=CLIPConfig)
-    t5: T5Config = field(default_factory=T5Config)
-    encoder: EncoderConfig = field(default_factory=EncoderConfig)
     decoder: DecoderConfig = field(default_factory=DecoderConfig)
     mllm: MLLMConfig = knob(  # shapes: config.recorded.MLLM_SHAPE
-        factory=MLLMConfig, help="the MLLM; its shape comes from the stage (b) config recorded with mllm_checkpoint",
+        factory=MLLMConfig, help="the MLLM; its shape comes from mllm_checkpoint's own files (mllm_layout.json)",
     )
     decoder_checkpoint: str = knob("outputs/stage_c/checkpoints/latest", help="trained decoder parts (or stage a)")
     mllm_checkpoint: str = knob("outputs/stage_b/checkpoints/latest", help="trained MLLM parts")
     history_turns: int = knob(
         -1, min=-1,
-        help="K earlier turns the MLLM reads; -1: as it was trained (the stage (b) config recorded with "
-             "mllm_checkpoint; 3 without one)",
+        help="K earlier turns the MLLM reads; -1: as it was trained (mllm_checkpoint's mllm_layout.json; 3 "
+             "where it records none)",
     )
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     device: str = knob("auto", device=True, help="auto | cpu | cuda | cuda:N | mps")
@@ -166,6 +163,11 @@ class EvalConfig:
     stage_a_checkpoint: str = knob(
         "outputs/stage_a/checkpoints/latest",
         help="encoder + decoder of gc_baseline/reconstruction",
+    )
+    clip: CLIPConfig = knob(factory=CLIPConfig, help="stage (a)'s CLIP image features, for gc_baseline/reconstruction")
+    t5: T5Config = knob(factory=T5Config, help="stage (a)'s T5 text features, for gc_baseline/reconstruction")
+    encoder: EncoderConfig = knob(
+        factory=EncoderConfig, help="the encoder's shape where stage_a_checkpoint is empty (untrained)",
     )
     gc_reference: str = knob(
         "",

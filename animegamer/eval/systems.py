@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from animegamer.config import EvalConfig, InferenceConfig
+from animegamer.config.recorded import with_decoder_checkpoint
 from animegamer.data.characters import load_image
 from animegamer.data.features import fit_frames
 from animegamer.data.manifest import ClipRecord
@@ -211,15 +212,15 @@ class ShotEncoding:
     @classmethod
     def from_config(cls, cfg: EvalConfig, device: str) -> ShotEncoding:
         on_gpu = device.startswith("cuda")
-        clip_features = CLIPImageFeatures.from_config(cfg.inference.clip).to(device).eval()
-        t5 = T5TextFeatures.from_config(cfg.inference.t5, dtype=torch.bfloat16 if on_gpu else torch.float32)
+        clip_features = CLIPImageFeatures.from_config(cfg.clip).to(device).eval()
+        t5 = T5TextFeatures.from_config(cfg.t5, dtype=torch.bfloat16 if on_gpu else torch.float32)
         t5 = t5.to(device).eval()
         if cfg.stage_a_checkpoint:
             encoder = load_encoder(cfg.stage_a_checkpoint, device=device)
         else:
             print("warning: stage_a_checkpoint is empty: the encoder is untrained", file=sys.stderr)
             torch.manual_seed(cfg.seed)
-            encoder = ActionAwareEncoder.from_config(cfg.inference.encoder).to(device).eval()
+            encoder = ActionAwareEncoder.from_config(cfg.encoder).to(device).eval()
         return cls(clip_features, t5, encoder, device)
 
     @torch.no_grad()
@@ -246,7 +247,7 @@ def load_stage_a_parts(cfg: EvalConfig) -> tuple[ShotEncoding, object]:
     """The stage (a) encoder (with its CLIP and T5 feature extractors) and the stage (a) decoder as a renderer."""
 
     encoding = ShotEncoding.from_config(cfg, resolve_device(cfg.inference.device))
-    stage_a = dataclasses.replace(cfg.inference, decoder_checkpoint=cfg.stage_a_checkpoint)
+    stage_a = with_decoder_checkpoint(cfg.inference, cfg.stage_a_checkpoint)
     return encoding, build_game(stage_a, mllm=False).renderer  # every inference option, as the game renders
 
 

@@ -97,7 +97,7 @@ class AnimationShotDecoder(nn.Module):
             raise ValueError("motion_guidance needs the motion scope (motion_scope=true)")
         self.motion_scope = motion_scope
         self.motion_guidance = motion_guidance
-        self.num_motion_levels = num_motion_levels
+        self.num_motion_levels, self.motion_embed_dim = num_motion_levels, motion_embed_dim
         if motion_scope:
             transformer.ofs_proj = Timesteps(motion_embed_dim, tcfg.flip_sin_to_cos, tcfg.freq_shift)
             transformer.ofs_embedding = MotionLevelEmbedding(motion_embed_dim, tcfg.time_embed_dim)

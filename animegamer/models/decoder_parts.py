@@ -20,12 +20,13 @@ from pathlib import Path
 
 from torch import nn
 
+from animegamer.config.recorded import DECODER_SETTINGS
 from animegamer.io import atomic_write_json, read_json_bounded
 from animegamer.models.weights import load_state_dict_file, save_state_dict_file
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 MOTION_WEIGHTS = "motion_embedding.safetensors"
-DECODER_CONFIG = "decoder_config.json"
+DECODER_CONFIG = DECODER_SETTINGS  # the file config.recorded reads the decoder's shape from
 NULL_SHOT_WEIGHTS = "null_shot_embeds.safetensors"  # optional learned unconditional tokens (N, H)
 
 
@@ -52,6 +53,7 @@ def save_parts(decoder, out_dir: str | Path, state_dict: dict | None = None) -> 
         "lora_targets": decoder.lora_targets,
         "motion_scope": decoder.motion_scope,
         "num_motion_levels": decoder.num_motion_levels,
+        "motion_embed_dim": decoder.motion_embed_dim,
         "motion_guidance": decoder.motion_guidance,
     }
     if decoder.motion_values is not None:

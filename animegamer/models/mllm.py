@@ -21,7 +21,8 @@ instead of a resized base matrix, so only they train and only they are saved; lo
     adapter_config.json, adapter_model.safetensors   the LoRA, in peft's adapter format
     mllm_trained.safetensors                          new_token_embed, new_token_head, input/output resamplers
     mllm_layout.json                                  vocabulary, num_slots, base_vocab, widths (checked on load);
-                                                      slot_attention (adopted on load, absent: causal)
+                                                      slot_attention (adopted on load, absent: causal); the
+                                                      resampler depth and K, read by config.recorded
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import torch
 from torch import nn
 
 from animegamer.config import MLLMConfig
+from animegamer.config.recorded import MLLM_LAYOUT as LAYOUT_FILE  # where config.recorded reads shape and K
 from animegamer.io import atomic_write_json, read_json_bounded, resolve_checkpoint
 from animegamer.models.resampler import ShotResampler
 from animegamer.models.weights import load_state_dict_file, save_state_dict_file
@@ -43,7 +45,6 @@ from animegamer.tokens import IGNORE_INDEX, STATE_FIELDS, TurnLayout, add_specia
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 TRAINED_FILE = "mllm_trained.safetensors"
-LAYOUT_FILE = "mllm_layout.json"
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 LAYOUT_DEFAULTS = {"resampler_gelu": "tanh"}  # layout keys that checkpoints written before them lack
 SLOT_ATTENTION = ("causal", "bidirectional")  # mllm_layout.json's slot_attention (absent: causal)
@@ -169,7 +170,7 @@ class AnimeGamerMLLM(nn.Module):
         with torch.no_grad():
             self.new_token_embed.weight.copy_(base_in.mean(0) + base_in.std(0) * torch.randn(num_new, hidden))
             self.new_token_head.weight.copy_(base_out.mean(0) + base_out.std(0) * torch.randn(num_new, hidden))
-        self.resampler_gelu = resampler_gelu
+        self.resampler_gelu, self.resampler_layers = resampler_gelu, resampler_layers
         self.input_resampler = ShotResampler(shot_dim, hidden, resampler_layers, resampler_gelu)
         self.output_resampler = ShotResampler(hidden, shot_dim, resampler_layers, resampler_gelu)
         self._value_columns = {
@@ -375,8 +376,9 @@ class AnimeGamerMLLM(nn.Module):
             "resampler_gelu": self.resampler_gelu,
         }
 
-    def save_trained(self, out_dir: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> Path:
-        """Write the trained parts into ``out_dir`` (see module docstring).
+    def save_trained(self, out_dir: str | Path, state_dict: dict[str, torch.Tensor] | None = None,
+                     history_turns: int | None = None) -> Path:
+        """Write the trained parts into ``out_dir`` (see module docstring); ``history_turns``: the K trained with.
 
         ``state_dict``: a full state dict gathered by ``accelerator.get_state_dict`` (ZeRO-3, FSDP), where this
         module's own parameters are only shards; by default the module's own parameters are used.
@@ -392,9 +394,11 @@ class AnimeGamerMLLM(nn.Module):
         self.llm.save_pretrained(str(out_dir), state_dict=adapter, safe_serialization=True)
         (out_dir / "README.md").unlink(missing_ok=True)  # peft's model-card template says nothing useful here
         extras = {n: state[n] for n in names if not n.startswith("llm.")}
-        layout = self._layout_meta()
+        layout = {**self._layout_meta(), "resampler_layers": self.resampler_layers}
         if self.slot_attention != "causal":
             layout["slot_attention"] = self.slot_attention
+        if history_turns is not None:
+            layout["history_turns"] = history_turns
         save_state_dict_file(extras, out_dir / TRAINED_FILE, metadata={"layout": json.dumps(layout)})
         atomic_write_json(out_dir / LAYOUT_FILE, layout)
         return out_dir

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from animegamer.config import DecoderConfig, EncoderConfig
+from animegamer.config.recorded import adopt, decoder_record
 from animegamer.io import DECODER_DIR, atomic_write_json, read_json_bounded, resolve_checkpoint
 from animegamer.models.causal_decoder import CONFIG_FILE as SMALL_DECODER_CONFIG
 from animegamer.models.causal_decoder import CausalLatentDecoder
@@ -55,9 +56,12 @@ def load_encoder(checkpoint: str | Path, device: str | torch.device = "cpu") -> 
 def load_decoder(
     checkpoint: str | Path, cfg: DecoderConfig, device: str | torch.device | None = None, with_vae: bool = True
 ) -> AnimationShotDecoder:
-    """The pretrained decoder of ``cfg`` with the trained LoRA + motion embedding of a checkpoint, in eval mode."""
+    """The pretrained decoder of ``cfg`` with the trained LoRA + motion embedding of a checkpoint, in eval mode. Its
+    shape (LoRA, motion-level input) is the one the checkpoint records (config.recorded.adopt: a ``cfg`` field set
+    to another value is a ValueError)."""
     path = resolve_checkpoint(checkpoint)
     dec_dir = path / DECODER_DIR if (path / DECODER_DIR).is_dir() else path
+    cfg = adopt(cfg, decoder_record(dec_dir), "decoder")
     decoder = AnimationShotDecoder.from_config(cfg, with_vae=with_vae)
     decoder.load_trained(dec_dir)
     return (decoder.to(device) if device is not None else decoder).eval()

@@ -46,7 +46,9 @@ def _repoint(value: Any, work: Path, out: Path) -> Any:
 
 
 def inference_config(out: Path, agent: dict | None, decoder: dict | None, compat: str, history_turns: int) -> dict:
-    """The inference.yaml values of a converted checkpoint (config keys of :class:`InferenceConfig`)."""
+    """The inference.yaml values of a converted checkpoint (config keys of :class:`InferenceConfig`): where the
+    weights are and how to run them; both models' shapes are the ones their converted files record
+    (:mod:`animegamer.config.recorded`)."""
     cfg: dict[str, Any] = {
         "kind": "inference",
         "output_dir": f"outputs/{out.name}",
@@ -56,13 +58,12 @@ def inference_config(out: Path, agent: dict | None, decoder: dict | None, compat
     if agent is not None:
         cfg["mllm"] = {
             "pretrained": agent["mistral_dir"],
-            **agent["mllm_config"],
             "dtype": "bf16",  # the release runs its agent in bf16
             "gradient_checkpointing": False,
         }
         cfg["mllm_checkpoint"] = agent["mllm_dir"]
     if decoder is not None:
-        cfg["decoder"] = {**decoder["decoder_config"], "gradient_checkpointing": False}
+        cfg["decoder"] = {"pretrained": decoder["decoder_config"]["pretrained"], "gradient_checkpointing": False}
         cfg["decoder_checkpoint"] = decoder["decoder_checkpoint"]
         cfg["sampling"] = dict(decoder["sampling"])
     return cfg

@@ -189,7 +189,7 @@ def check_position_table(state: dict[str, torch.Tensor], spec: SatDecoderSpec, p
     return diff
 
 
-# the decoder_config.json settings an inference.yaml's ``decoder`` section repeats (DecoderConfig fields)
+# the DecoderConfig fields a converted decoder_config.json records (read back by config.recorded at load)
 DECODER_CONFIG_KEYS = (
     "lora_rank",
     "lora_alpha",

@@ -348,6 +348,7 @@ def convert_agent(
         "hidden_size": hidden,
         "shot_dim": shot_dim,
         "resampler_gelu": "erf",
+        "resampler_layers": layers_per_resampler,
         "slot_attention": "bidirectional",  # the release trained its frame block so (B2); adopted on load
     }
 

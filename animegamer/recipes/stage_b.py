@@ -96,7 +96,7 @@ class StageB(Recipe):
         return stage_b_loss(model(batch), batch["target_shots"], self.cfg.mse_weight, self.cfg.cosine_weight)
 
     def save_weights(self, core, state, checkpoint: Path) -> None:
-        core.save_trained(checkpoint, state_dict=state)
+        core.save_trained(checkpoint, state_dict=state, history_turns=self.cfg.data.history_turns)
         save_vocabulary(self.vocabulary, checkpoint)
 
 

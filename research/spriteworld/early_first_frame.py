@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 
 from animegamer.cli import fail, parse_config
 from animegamer.config import InferenceConfig
+from animegamer.config.recorded import with_decoder_checkpoint
 from animegamer.eval.intervals import bootstrap_interval
 from animegamer.eval.metrics import psnr
 from animegamer.game.build import check_checkpoints, load_renderer
@@ -79,9 +80,9 @@ def main(argv: list[str] | None = None) -> dict:
     cfg, args = parse_config(InferenceConfig, __doc__, argv, extra=flags)
     if args.seeds < 1:
         fail(f"--seeds={args.seeds} must be >= 1")
-    variant = dataclasses.replace(cfg, decoder_checkpoint=args.student,
-                                  sampling=dataclasses.replace(cfg.sampling, preset="distilled"))
     try:
+        variant = dataclasses.replace(with_decoder_checkpoint(cfg, args.student),
+                                      sampling=dataclasses.replace(cfg.sampling, preset="distilled"))
         check_checkpoints(variant, mllm=False)
         small = load_small_decoder(args.small)
         _, turns = load_results(args.results, (cfg.mllm.num_slots, cfg.mllm.shot_dim))

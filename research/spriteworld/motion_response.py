@@ -16,14 +16,13 @@ run of an ablation). Writes ``--out`` (JSON) and prints the summary.
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from animegamer.cli import fail, parse_config
 from animegamer.config import EvalConfig
+from animegamer.config.recorded import with_decoder_checkpoint
 from animegamer.eval.research import add_split_flags, split_clips, write_report
 from animegamer.states import NUM_MOTION_LEVELS
 
@@ -68,17 +67,21 @@ def main(argv: list[str] | None = None) -> dict:
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
     manifest, picks = split_clips(args.manifest, args.split, args.clips)
-    if not cfg.inference.decoder.motion_scope:
-        raise SystemExit("error: inference.decoder.motion_scope is false: this decoder has no motion level input, "
-                         "every level would render the same clip")
     checkpoint = args.decoder_checkpoint or cfg.stage_a_checkpoint
     if not checkpoint:
         raise SystemExit("error: no decoder: set stage_a_checkpoint or --decoder-checkpoint")
+    try:
+        variant = with_decoder_checkpoint(cfg.inference, checkpoint)
+    except ValueError as exc:  # a damaged decoder_config.json, or a shape the config contradicts
+        fail(str(exc))
+    if not variant.decoder.motion_scope:
+        raise SystemExit(f"error: the decoder of {checkpoint} has no motion level input (motion_scope false): every "
+                         "level would render the same clip")
     device = resolve_device(cfg.inference.device)
     torch.manual_seed(cfg.seed)
     try:
         encoding = ShotEncoding.from_config(cfg, device)
-        renderer = load_renderer(dataclasses.replace(cfg.inference, decoder_checkpoint=checkpoint), device, False)
+        renderer = load_renderer(variant, device, False)
     except (FileNotFoundError, ValueError) as exc:  # missing or unreadable weights
         fail(str(exc))
     meter = build_level_meter(manifest, cfg.motion_calibration_clips)

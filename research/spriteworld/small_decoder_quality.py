@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 
 from animegamer.cli import fail, parse_config
 from animegamer.config import EvalConfig
+from animegamer.config.recorded import with_decoder_checkpoint
 from animegamer.data.features import fit_frames
 from animegamer.eval.games import GroundTruthGame, load_games
 from animegamer.eval.harness import match_clip
@@ -121,9 +122,12 @@ def main(argv: list[str] | None = None) -> dict:
     inference = cfg.inference
     variants = {"full game": inference}
     if args.student:
-        variants["4-step student"] = dataclasses.replace(
-            inference, decoder_checkpoint=args.student,
-            sampling=dataclasses.replace(inference.sampling, preset="distilled"))
+        try:
+            variants["4-step student"] = dataclasses.replace(
+                with_decoder_checkpoint(inference, args.student),
+                sampling=dataclasses.replace(inference.sampling, preset="distilled"))
+        except ValueError as exc:  # a damaged decoder_config.json, or a shape the config contradicts
+            fail(str(exc))
     try:
         for variant in variants.values():
             check_checkpoints(variant)

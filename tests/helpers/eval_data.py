@@ -25,8 +25,8 @@ def eval_overrides(data: Path, clip: CLIPConfig, cogvideox: str, mistral: str) -
     """configs/tiny/eval.yaml on the test's tiny models and SpriteWorld data, untrained parts, 2 sampling steps."""
     return [
         f"benchmark={data / 'games'}", f"motion_manifest={data / 'clips.jsonl'}",
-        *clip_overrides("metrics_clip", clip), *clip_overrides("inference.clip", clip),
-        f"inference.t5.path={cogvideox}", f"inference.decoder.pretrained={cogvideox}",
+        *clip_overrides("metrics_clip", clip), *clip_overrides("clip", clip),
+        f"t5.path={cogvideox}", f"inference.decoder.pretrained={cogvideox}",
         f"inference.mllm.pretrained={mistral}", "inference.mllm_checkpoint=", "inference.decoder_checkpoint=",
         "stage_a_checkpoint=", "inference.sampling.steps=2",
     ]
