@@ -17,6 +17,7 @@ engine, the same partitions, the same order.
 """
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -26,10 +27,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from animegamer.data.tensor_store import TensorStore
 from animegamer.models.decoder import AnimationShotDecoder
 from animegamer.models.shot_encoder import ActionAwareEncoder
 from animegamer.models.weights import load_state_dict_file
 from animegamer.recipes import stage_a, train_stage
+from animegamer.sampling.fewstep import SAMPLER_FILE
 from tests.helpers.stage_runs import (
     STAGE_A_CONFIG,
     STAGE_B_CONFIG,
@@ -37,7 +40,7 @@ from tests.helpers.stage_runs import (
     STAGE_D_CONFIG,
     stage_b_overrides,
 )
-from tests.helpers.stage_scripts import free_port, launch_engine
+from tests.helpers.stage_scripts import free_port, launch_engine, logged_losses
 
 ROOT = Path(__file__).resolve().parents[1]
 ATOL, RTOL = 1e-5, 1e-4
@@ -119,6 +122,16 @@ def test_engines_write_the_same_weights_and_zero2_resumes_exactly(stage, engines
         done[engine] = launched(engine, stage, [*stage_argv(stage, fixtures, tmp_path, out), *STEPS], out)
     ddp = {step: trained_weights(done["ddp"] / "checkpoints" / f"step_000000{step}") for step in (1, 2)}
     assert ddp[2] and all(t.isfinite().all() for t in ddp[2].values())
+    # one run of two processes: every rank's random state saved, the losses logged once per step, and what the
+    # stage writes beside its weights (stage (a): the shot targets of every clip; stage (d): the student's sampler)
+    final = done["ddp"] / "checkpoints" / "step_0000002"
+    assert (final / "random_states_0.pkl").is_file() and (final / "random_states_1.pkl").is_file()
+    losses = logged_losses(done["ddp"])
+    assert len(losses) == 2 and all(math.isfinite(x) for x in losses)
+    if stage == "a":
+        assert len(TensorStore(done["ddp"] / "shot_targets")) == 4
+    if stage == "d":
+        assert (final / "decoder" / SAMPLER_FILE).is_file()
     moved = [k for k in ddp[2] if not torch.allclose(ddp[2][k], ddp[1][k], atol=1e-4, rtol=0)]
     assert moved, "nothing trained in step 2: the comparison would prove nothing"
     for engine in engines[1:]:

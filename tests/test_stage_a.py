@@ -3,9 +3,6 @@
 import csv
 import dataclasses
 import json
-import os
-import subprocess
-import sys
 from importlib import import_module
 from pathlib import Path
 
@@ -24,7 +21,6 @@ from animegamer.recipes import stage_a as train_stage_a
 from animegamer.training.checkpoint import list_checkpoints
 from tests.helpers.clips import make_clip_frames
 from tests.helpers.stage_runs import STAGE_A_CONFIG
-from tests.helpers.stage_scripts import free_port
 
 pytestmark = pytest.mark.slow  # an end-to-end run: `make test-fast` leaves it out
 
@@ -288,43 +284,6 @@ def test_a_bad_resume_fails_in_one_line_and_leaves_the_finished_run_alone(stage_
         err = capsys.readouterr().err.strip()
         assert exit_info.value.code == 2 and err.startswith("error: ") and needle in err and "\n" not in err, err
         assert {name: (out / name).read_bytes() for name in kept} == kept
-
-
-def test_two_process_cpu_run(stage_a_data, tmp_path):
-    # `accelerate launch --cpu --num_processes 2` starts ONE process (multi-CPU needs mpirun); torchrun's launcher
-    # with ACCELERATE_USE_CPU=true starts two processes that talk over gloo.
-    accelerate = Path(sys.executable).parent / "accelerate"
-    cmd = [
-        str(accelerate),
-        "launch",
-        "--multi_gpu",
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--main_process_port",
-        str(free_port()),
-        str(ROOT / "scripts" / "train_stage_a.py"),
-        "--config",
-        str(STAGE_A_CONFIG),
-        *stage_a_data["overrides"],
-        f"output_dir={tmp_path}",
-        "train.max_steps=2",
-        "warmup_steps=1",
-        "train.report_to=csv",
-        "train.checkpoint_every=2",
-    ]
-    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_0000002"]
-    assert (tmp_path / "checkpoints/step_0000002/random_states_1.pkl").is_file()
-    assert json.loads((tmp_path / "run_info.json").read_text())["num_processes"] == 2
-    assert len(TensorStore(tmp_path / "shot_targets")) == 4
 
 
 ABLATIONS = {

@@ -31,7 +31,6 @@ from tests.helpers.stage_runs import STAGE_D_UNCAPTIONED as UNCAPTIONED
 from tests.helpers.stage_scripts import (
     ROOT,
     check_bad_resumes_leave_the_run_alone,
-    launch_two_processes,
     logged_losses,
 )
 
@@ -241,19 +240,6 @@ def test_configs_line_up_with_stage_c():
         assert d.student_steps == 4 and d.teacher.scheduler == "ddim"
     paper = load_config(ROOT / "configs" / "stage_d.yaml")
     assert (paper.teacher.steps, paper.teacher.guidance_scale, paper.teacher.num_frames) == (50, 6.0, 17)
-
-
-def test_two_processes(stage_d_run, tmp_path):
-    """The same script under accelerate with 2 CPU processes (DDP): one run, every rank's RNG state saved."""
-    out = tmp_path / "ddp"
-    result = launch_two_processes(
-        "train_stage_d", _argv(stage_d_run, out, "train.max_steps=2", "train.batch_size=1", "train.checkpoint_every=2")
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert json.loads((out / "run_info.json").read_text())["num_processes"] == 2
-    step = out / "checkpoints" / "step_0000002"
-    assert (step / "random_states_1.pkl").is_file() and (step / "decoder" / SAMPLER_FILE).is_file()
-    assert all(torch.isfinite(torch.tensor(logged_losses(out))))
 
 
 def test_a_bad_resume_fails_in_one_line_and_leaves_the_finished_run_alone(stage_d_run, tmp_path, capsys):
