@@ -12,13 +12,11 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
 
 .PHONY: install test test-fast browser demo demo-fast play app lint tiny clean
 
-# --no-compile: no bytecode for the ~20,000 modules of the dependencies at install (minutes of CPU on a small
-# machine); Python writes it for the modules a program imports, the first time it imports them
 $(STAMP): pyproject.toml
 	@echo "installing the pinned dependencies into $(VENV) (the first time takes several minutes)"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q --no-compile -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
 install: $(STAMP)
