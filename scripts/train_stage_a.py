@@ -2,13 +2,10 @@
 
     accelerate launch --config_file configs/accelerate/multi_gpu.yaml scripts/train_stage_a.py \\
         --config configs/stage_a.yaml
-    accelerate launch --config_file configs/accelerate/deepspeed_zero3.yaml scripts/train_stage_a.py \\
-        --config configs/stage_a.yaml                                                # or fsdp_decoder.yaml, ...
-    python scripts/train_stage_a.py --config configs/tiny/stage_a.yaml              # tiny models on a laptop CPU
-    python scripts/train_stage_a.py --config configs/stage_a.yaml --resume latest   # exact resume
 
-What one step computes and what the run writes: the recipe, animegamer/recipes/stage_a.py (``--help`` prints
-it); the loop every stage shares: animegamer/training/loop.py.
+Every launch (the engines' accelerate configs, tiny models on a CPU, an exact resume), what one step computes
+and what the run writes: ``--help``, the recipe animegamer/recipes/stage_a.py; the loop every stage shares:
+animegamer/training/loop.py.
 """
 
 from animegamer.recipes.stage_a import main

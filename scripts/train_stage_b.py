@@ -2,11 +2,10 @@
 
     accelerate launch --config_file configs/accelerate/deepspeed_zero2.yaml scripts/train_stage_b.py \\
         --config configs/stage_b.yaml
-    python scripts/train_stage_b.py --config configs/tiny/stage_b.yaml          # CPU, tiny Mistral
-    python scripts/train_stage_b.py --config configs/stage_b.yaml --resume latest   # exact resume
 
-What one step computes and what the run writes: the recipe, animegamer/recipes/stage_b.py (``--help`` prints
-it); the loop every stage shares: animegamer/training/loop.py.
+Every launch (the engines' accelerate configs, tiny models on a CPU, an exact resume), what one step computes
+and what the run writes: ``--help``, the recipe animegamer/recipes/stage_b.py; the loop every stage shares:
+animegamer/training/loop.py.
 """
 
 from animegamer.recipes.stage_b import main

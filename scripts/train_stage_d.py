@@ -3,11 +3,10 @@ that samples without classifier-free guidance (one transformer call per step ins
 
     accelerate launch --config_file configs/accelerate/multi_gpu.yaml scripts/train_stage_d.py \\
         --config configs/stage_d.yaml
-    python scripts/train_stage_d.py --config configs/tiny/stage_d.yaml              # tiny models on a laptop CPU
-    python scripts/train_stage_d.py --config configs/stage_d.yaml --resume latest   # exact resume
 
-What one step computes and what the run writes: the recipe, animegamer/recipes/stage_d.py (``--help`` prints
-it); the loop every stage shares: animegamer/training/loop.py.
+Every launch (the engines' accelerate configs, tiny models on a CPU, an exact resume), what one step computes
+and what the run writes: ``--help``, the recipe animegamer/recipes/stage_d.py; the loop every stage shares:
+animegamer/training/loop.py.
 """
 
 from animegamer.recipes.stage_d import main

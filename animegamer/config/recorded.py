@@ -28,7 +28,7 @@ from animegamer.io import checkpoint_decoder_dir, read_json_bounded, resolve_che
 
 MLLM_LAYOUT = "mllm_layout.json"
 ADAPTER_CONFIG = "adapter_config.json"  # peft's LoRA config, beside the adapter weights
-DECODER_SETTINGS = "decoder_config.json"
+DECODER_CONFIG = "decoder_config.json"
 
 # the MLLMConfig fields a stage (b) checkpoint's weights fix; the rest (base weights path, dtype, attention
 # kernel, checkpointing, instruction limit, KV cache) are choices of the run that loads it
@@ -108,7 +108,7 @@ def decoder_record(checkpoint: str | Path) -> Record | None:
     if not str(checkpoint):
         return None
     try:
-        path = checkpoint_decoder_dir(checkpoint) / DECODER_SETTINGS
+        path = checkpoint_decoder_dir(checkpoint) / DECODER_CONFIG
     except FileNotFoundError:
         return None
     if not path.is_file():

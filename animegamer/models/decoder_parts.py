@@ -20,13 +20,12 @@ from pathlib import Path
 
 from torch import nn
 
-from animegamer.config.recorded import DECODER_SETTINGS
+from animegamer.config.recorded import DECODER_CONFIG  # the file config.recorded reads the decoder's shape from
 from animegamer.io import atomic_write_json, read_json_bounded
 from animegamer.models.weights import load_state_dict_file, save_state_dict_file
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 MOTION_WEIGHTS = "motion_embedding.safetensors"
-DECODER_CONFIG = DECODER_SETTINGS  # the file config.recorded reads the decoder's shape from
 NULL_SHOT_WEIGHTS = "null_shot_embeds.safetensors"  # optional learned unconditional tokens (N, H)
 
 
