@@ -251,9 +251,11 @@ def test_run_yaml_resolves_to_the_shipped_checkpoints_configs(tmp_path):
     # trained or evaluated with
     unshipped = {"stage_d2", "stage_d1"}
     assert unshipped <= resolved.keys()
+    # and so is the identity term's stage (b) of the `identity` row
     rows = resolved["ablations"]["rows"]
-    assert {"distilled2", "distilled1"} <= {row["name"] for row in rows}
-    resolved["ablations"]["rows"] = [row for row in rows if row["name"] not in ("distilled2", "distilled1")]
+    extra_rows = {"distilled2", "distilled1", "identity"}
+    assert extra_rows <= {row["name"] for row in rows}
+    resolved["ablations"]["rows"] = [row for row in rows if row["name"] not in extra_rows]
     for name, values in resolved.items():
         if name in unshipped:
             continue

@@ -93,6 +93,38 @@ def test_precompute_stores_fields_and_reports_bad_clips(stage_a_data, capsys):
         precompute_features(bad, progress=False)
 
 
+def test_precompute_writes_identity_swaps_of_the_characters_a_caption_names(stage_a_data, tmp_path):
+    """data.identity_swaps: a clip whose motion names another character also stores the T5 tokens of its caption
+    with each other character of the manifest named instead (at most that many); the others store none."""
+    from animegamer.data.manifest import ClipRecord, write_manifest
+    from animegamer.data.name_swaps import SWAP_TEXT_FIELD
+    from animegamer.models.t5_text import T5TextFeatures
+    from tests.helpers.stage_runs import STAGE_A_TAGS
+
+    root = stage_a_data["root"]
+    cast = [("Qiqi", "talk with Sam"), ("Sam", "walk"), ("Mia", "run"), ("Ken", "hug Sam and Mia")]
+    records = [ClipRecord(f"film0_{i:05d}", str(root / f"clips/c{i}.mp4"), "film0", i, 2.0 * i, 2.0 * i + 2,
+                          tags=STAGE_A_TAGS.format(who=who, what=what, level=2), motion_level=2)
+               for i, (who, what) in enumerate(cast)]
+    write_manifest(tmp_path / "clips.jsonl", records)
+    overrides = [*stage_a_data["overrides"], f"data.manifest={tmp_path / 'clips.jsonl'}",
+                 f"data.features_dir={tmp_path / 'features'}"]
+    cfg = load_config(STAGE_A_CONFIG, [*overrides, "data.identity_swaps=2"])
+    assert precompute_features(cfg, progress=False).written == 4
+    store = TensorStore(cfg.data.features_dir)
+    t5 = T5TextFeatures.from_config(cfg.t5)
+    qiqi = store.load("film0_00000")  # names Sam: Sam -> Ken, Sam -> Mia (the manifest's subjects, sorted)
+    texts = [records[0].shot_tags().motion_text().replace("Sam", name) for name in ("Ken", "Mia")]
+    assert qiqi[SWAP_TEXT_FIELD].shape == (2, 226, 32)
+    torch.testing.assert_close(qiqi[SWAP_TEXT_FIELD].float(), t5(texts).float(), atol=2e-2, rtol=2e-2)  # bf16
+    assert SWAP_TEXT_FIELD not in store.load("film0_00001") and SWAP_TEXT_FIELD not in store.load("film0_00002")
+    assert store.load("film0_00003")[SWAP_TEXT_FIELD].shape == (2, 226, 32)  # two named, one name left, limit 2
+    # features without swaps do not serve a run that asks for them; features with swaps serve one that does not
+    with pytest.raises(ValueError, match="identity_swaps"):
+        precompute_features(load_config(STAGE_A_CONFIG, [*overrides, "data.identity_swaps=1"]), progress=False)
+    assert precompute_features(load_config(STAGE_A_CONFIG, overrides), progress=False).present == 4
+
+
 def test_training_run_checkpoints_warmup_and_resume(stage_a_data, tmp_path, capsys):
     # 4 steps: 2 encoder-only warm-up steps, then 2 joint steps; a checkpoint after every step
     common = ["train.max_steps=4", "warmup_steps=2", "train.checkpoint_every=1", "train.keep_checkpoints=10"]

@@ -257,6 +257,22 @@ def test_train_stage_b_resumes_exactly(tmp_path, tiny_mistral_dir, capsys, histo
     assert vocabulary.motions and set(vocabulary.motions) <= {t.motion for t in trained}
 
 
+def test_train_stage_b_with_the_identity_term(tmp_path, tiny_mistral_dir, capsys):
+    """identity_weight > 0: batches carry each current turn's identity swaps, the term is logged and falls."""
+    write_stage_b_data(tmp_path / "data", films=3, clips_per_film=5, num_slots=SLOTS, shot_dim=SHOT_DIM, swaps=2)
+    out = tmp_path / "run"
+    stage_b.main(["--config", str(ROOT / "configs" / "tiny" / "stage_b.yaml"),
+                  *stage_b_overrides(tmp_path, tiny_mistral_dir, out, identity_weight=4.0,
+                                     **{"train.max_steps": 10, "train.batch_size": 4})])
+    assert "identity term: 8 of 15 current clips have identity swaps" in capsys.readouterr().out
+    logged = metrics(out)
+    identity = logged["identity"]
+    assert len(identity) == 10 and all(torch.isfinite(torch.tensor(identity)))
+    held = [v for v in identity if v > 0]  # a batch whose current turns name no friend has no term
+    assert len(held) >= 6 and sum(held[-3:]) < 0.9 * sum(held[:3])
+    assert logged["loss"][0] > 0.5 * logged["mse"][0] + 4.0 * identity[0]  # the loss holds the term
+
+
 def test_train_stage_b_two_processes(tmp_path, tiny_mistral_dir, capsys):
     out = tmp_path / "ddp"
     overrides = stage_b_overrides(tmp_path, tiny_mistral_dir, out, **{

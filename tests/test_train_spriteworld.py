@@ -551,3 +551,137 @@ def test_small_decoder_quality_on_the_mini_run(mini_run, tmp_path):
     table = (tmp_path / "quality.md").read_text()
     assert "small_vs_full_psnr" in table and "small_decoder_quality.py" in table
     assert json.loads((tmp_path / "quality.json").read_text())["games"] == 1
+
+
+def test_the_stand_in_clip_pretrains_and_fills_the_features(mini_run, tmp_path):
+    """clip_training: the CLIP is trained on the training films before the features are filled with it."""
+    from animegamer.data.features import clip_frame_indices
+    from animegamer.data.tensor_store import TensorStore
+    from animegamer.models.clip_image import CLIPImageFeatures
+    from animegamer.models.weights import load_state_dict_file
+    from animegamer.spriteworld.pretrain_vae import read_clips
+    from animegamer.tiny import build_tiny_clip
+
+    out, summary = mini_run
+    pre = summary["pretrain"]
+    assert pre["clip_retrieval_clips"] == 3 and pre["clip_retrieval_chance"] == pytest.approx(1 / 3)
+    assert math.isfinite(pre["clip_loss_first"]) and math.isfinite(pre["clip_loss_last"])
+    assert [r["step"] for r in map(json.loads, (out / "pretrain" / "metrics.jsonl").read_text().splitlines())
+            if r["part"] == "clip"] == [1, 2, 3]
+    _, random_weights = build_tiny_clip(tmp_path / "random", seed=0)
+    trained = load_state_dict_file(out / "models" / "clip" / "open_clip_model.safetensors")
+    fresh = load_state_dict_file(random_weights)
+    assert trained.keys() == fresh.keys()
+    assert not torch.equal(trained["visual.conv1.weight"], fresh["visual.conv1.weight"])
+    # the stage (a) features hold the trained CLIP's tokens of each clip's frames
+    cfg = load_config(out / "configs" / "pretrain.yaml")
+    clip = CLIPImageFeatures.from_config(cfg.clip)
+    manifest = read_manifest(cfg.data.manifest)
+    record = manifest.records[0]
+    frames = read_clips(manifest, [record], cfg, progress=False)[0]  # (T, H, W, 3)
+    picks = clip_frame_indices(cfg.data.num_frames, cfg.data.clip_frames)
+    stored = TensorStore(out / "features").load(record.clip_id)["clip_tokens"].float()
+    torch.testing.assert_close(stored, clip(frames[picks].permute(0, 3, 1, 2)), atol=1e-5, rtol=1e-4)
+
+
+def test_clip_pretraining_learns_the_pairs(mini_run, tmp_path):
+    """A longer run on the mini films' 6 training clips: the contrastive loss falls, retrieval is not worse."""
+    from animegamer.spriteworld.pretrain_clip import train_clip
+    from animegamer.tiny import build_tiny_clip
+
+    out, _ = mini_run
+    build_tiny_clip(tmp_path / "clip", seed=0)
+    cfg = load_config(out / "configs" / "pretrain.yaml", [
+        f"clip.checkpoint={tmp_path / 'clip' / 'open_clip_model.safetensors'}",
+        f"clip.model_config={tmp_path / 'clip' / 'animegamer-tiny-vit.json'}",
+        "clip_training.max_steps=30", "clip_training.batch_size=6", "clip_training.lr=3e-3",
+        "clip_training.lr_warmup_steps=0", "clip_training.log_every=1", "clip_training.lr_scheduler=constant"])
+    manifest = read_manifest(cfg.data.manifest)
+    train = set(manifest.meta["splits"]["train"])
+    records = [r for r in manifest.records if r.film_id in train and r.tags]
+    held_out = [r for r in manifest.records if r.film_id not in train and r.tags]
+    before = (tmp_path / "clip" / "open_clip_model.safetensors").read_bytes()
+    rows = []
+    result = train_clip(cfg, manifest, records, held_out, lambda **row: rows.append(row))
+    losses = [r["loss"] for r in rows]
+    assert len(losses) == 30 and np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5])
+    assert result["clip_loss_last"] < result["clip_loss_first"]
+    assert (tmp_path / "clip" / "open_clip_model.safetensors").read_bytes() != before  # rewritten in place
+    assert not list((tmp_path / "clip").glob(".*tmp*"))
+    with pytest.raises(ValueError, match="held-out"):
+        train_clip(cfg, manifest, records, [], lambda **row: None)
+
+
+def test_identity_swaps_reach_stage_b(mini_run):
+    """Each clip whose caption names a friend gets its identity swaps' text tokens, their shots, and stage (b) the
+    identity term (identity_weight in mini.yaml)."""
+    from animegamer.data.name_swaps import SWAP_SHOT_FIELD, SWAP_TEXT_FIELD, name_swaps
+    from animegamer.data.tensor_store import TensorStore
+    from animegamer.spriteworld.memory import caption_text
+    from animegamer.spriteworld.world import CHARACTERS
+
+    out, _ = mini_run
+    features, targets = TensorStore(out / "features"), TensorStore(out / "stage_a" / "shot_targets")
+    named = 0
+    for record in read_manifest(out / "data" / "clips.jsonl").records:
+        swaps = name_swaps(caption_text(record), record.extra["character"], list(CHARACTERS))
+        row, target = features.load(record.clip_id), targets.load(record.clip_id)
+        if swaps:
+            named += 1
+            assert len(swaps) == 2  # the two characters neither the hero nor the friend
+            assert row[SWAP_TEXT_FIELD].shape == (2, *row["text_tokens"].shape)
+            assert target[SWAP_SHOT_FIELD].shape == (2, *target["shot_embeds"].shape)
+            assert not torch.equal(target[SWAP_SHOT_FIELD][0], target["shot_embeds"])
+        else:
+            assert SWAP_TEXT_FIELD not in row and SWAP_SHOT_FIELD not in target
+    assert named > 0
+    assert len(_losses(out / "stage_b" / "metrics.csv", "identity")) == 6
+
+
+def test_clip_probe_on_the_mini_run(mini_run, tmp_path, capsys):
+    """research/spriteworld/clip_probe.py: a pretrained copy of the run's CLIP, three probes of the friend."""
+    probe = import_module("research.spriteworld.clip_probe")
+    out, _ = mini_run
+    config = str(out / "configs" / "pretrain.yaml")
+    clip = out / "models" / "clip" / "open_clip_model.safetensors"
+    before = clip.read_bytes()
+    argv = ["--config", config, "--folds", "2", "--work", str(tmp_path / "work"), "--out", str(tmp_path / "p.json")]
+    report = probe.main([*argv, "clip_training.max_steps=2", "clip_training.batch_size=4"])
+    assert set(report["probes"]) == {"pixels", "clip_random", "clip_pretrained"}
+    assert report["friend_clips"] >= 1 and report["pretraining"]["clip_retrieval_clips"] == 3
+    for row in report["probes"].values():
+        assert 0 <= row["interval"][0] <= row["accuracy"] <= row["interval"][1] <= 1
+        assert row["turns"] == report["friend_clips"]
+    assert report["probes"]["pixels"]["features"] == 3 * 32 * 32
+    assert report["probes"]["clip_random"]["features"] == report["probes"]["clip_pretrained"]["features"] == 16 * 32
+    assert json.loads((tmp_path / "p.json").read_text())["probes"] == report["probes"]
+    assert clip.read_bytes() == before  # the run's CLIP is left alone; its copy was trained
+    assert (tmp_path / "work" / clip.name).read_bytes() != before
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:  # nothing to compare: one line, no report
+        probe.main([*argv[:-1], str(tmp_path / "none.json"), "clip_training.max_steps=0"])
+    assert exc.value.code == 2 and capsys.readouterr().err.rstrip().split("\n")[-1].startswith("error: ")
+    assert not (tmp_path / "none.json").exists()
+
+
+def test_the_adaptation_control_shrinks_the_cached_shots_only(tmp_path):
+    """research/spriteworld/adaptation_control.py: the known error is every cached shot shrunk towards their mean;
+    values and the cache's settings are kept, so stage (c) takes the copy as the same MLLM's predictions."""
+    from animegamer.data.stage_c import META_FILE
+    from animegamer.data.tensor_store import TensorStore
+    from research.spriteworld.adaptation_control import shrink_store
+
+    g = torch.Generator().manual_seed(0)
+    rows = {f"c{i}": {"shot_embeds": torch.randn(3, 4, generator=g), "values": torch.tensor([i, 1, 0, 2])}
+            for i in range(5)}
+    TensorStore(tmp_path / "exact").write_shard(rows)
+    (tmp_path / "exact" / META_FILE).write_text('{"mllm": "digest"}')
+    mean = shrink_store(tmp_path / "exact", tmp_path / "shrunk", 0.25)
+    torch.testing.assert_close(mean, torch.stack([r["shot_embeds"] for r in rows.values()]).mean(0))
+    shrunk = TensorStore(tmp_path / "shrunk")
+    assert sorted(shrunk.clip_ids()) == sorted(rows)
+    for cid, row in rows.items():
+        got = shrunk.load(cid)
+        torch.testing.assert_close(got["shot_embeds"], mean + 0.25 * (row["shot_embeds"] - mean))
+        assert torch.equal(got["values"], row["values"])
+    assert (tmp_path / "shrunk" / META_FILE).read_text() == '{"mllm": "digest"}'

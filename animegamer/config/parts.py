@@ -153,6 +153,12 @@ class DataConfig:
         "bf16",
         help="storage dtype of precomputed CLIP/T5 tokens (latents stay fp32): fp32 | bf16 | fp16",
     )
+    identity_swaps: int = knob(
+        0, min=0,
+        help="T5 tokens of at most this many identity swaps per clip (its caption with another character named "
+             "in place of each it names besides its subject; animegamer.data.name_swaps) are precomputed, for "
+             "stage (b)'s identity term; 0: none",
+    )
 
 
 @dataclass

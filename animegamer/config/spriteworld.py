@@ -77,6 +77,11 @@ class SpriteWorldPretrainConfig:
     )
     vae_channels: list[int] = knob(factory=lambda: [8, 16, 32, 32], help="3 downsamples: 8x spatial")
     latent_channels: int = knob(16, help="as CogVideoX-2B")
+    clip_training: TrainConfig = knob(
+        factory=lambda: TrainConfig(max_steps=0, batch_size=64, lr=1e-3, lr_scheduler="cosine", lr_warmup_steps=50),
+        help="CLIP's contrastive pretraining of the stand-in CLIP (clip.checkpoint, rewritten) on the training films' "
+             "(frame, caption) pairs, before the stage (a) features are filled with it; max_steps 0 leaves it random",
+    )
     vae: TrainConfig = field(default_factory=lambda: TrainConfig(max_steps=600, batch_size=8, lr=3e-3))
     vae_frames: int = knob(
         1,

@@ -55,6 +55,12 @@ class StageBConfig:
     shot_targets: str = knob("outputs/stage_a/shot_targets", help="cached s_a targets from the stage (a) encoder")
     mse_weight: float = knob(0.5, help="alpha")
     cosine_weight: float = knob(0.0, help="beta (0.5 in the cosine-loss ablation)")
+    identity_weight: float = knob(
+        0.0, min=0,
+        help="weight of the identity term (0: the paper's loss): the predicted shot's error along each direction in "
+             "which naming another friend moves the encoder's shot, in units of that move (needs the shot targets' "
+             "identity swaps, animegamer.data.name_swaps)",
+    )
     max_seq_len: int = knob(2048, help="sequences are padded (or packed) to at most this many tokens")
     pack_sequences: bool = False
     history_noise: float = knob(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from tqdm.auto import tqdm
 
 from animegamer.config import DataConfig, StageAConfig
 from animegamer.data.manifest import ClipRecord, read_manifest
+from animegamer.data.name_swaps import SWAP_SHOT_FIELD, SWAP_TEXT_FIELD, name_swaps
 from animegamer.data.tensor_store import TensorStore
 from animegamer.data.video import VideoReadError, read_video
 from animegamer.io import atomic_write_json
@@ -87,9 +89,12 @@ def motion_level_of(record: ClipRecord) -> int:
 
 
 def feature_settings(cfg: StageAConfig) -> dict:
-    """What the stored features depend on. Paths are recorded; only shape/meaning-defining keys are compared."""
+    """What the stored features depend on. Paths are recorded; only shape/meaning-defining keys are compared
+    (identity swaps only when asked for: features without them serve a run that asks for none)."""
+    swaps = {"identity_swaps": cfg.data.identity_swaps} if cfg.data.identity_swaps else {}
     return {
         "compare": {
+            **swaps,
             "clip_arch": cfg.clip.arch,
             "clip_image_size": cfg.clip.image_size,
             "clip_layer": cfg.clip.layer,
@@ -149,18 +154,22 @@ class FeatureExtractor:
         self.store_dtype = FEATURE_DTYPES[cfg.data.feature_dtype]
 
     @torch.no_grad()
-    def __call__(self, frames: torch.Tensor, motion_text: str) -> dict[str, torch.Tensor]:
-        """frames (T, H, W, 3) uint8 at the configured size -> the stored fields of one clip."""
+    def __call__(self, frames: torch.Tensor, motion_text: str, swaps: Sequence[str] = ()) -> dict[str, torch.Tensor]:
+        """frames (T, H, W, 3) uint8 at the configured size -> the stored fields of one clip; ``swaps``: its
+        identity swaps' texts (stored as ``swap_text_tokens`` (S, 226, Dt) when there are any)."""
 
         latents = vae_encode(self.vae, frames[None])[0]  # (F, C, h, w)
         picks = clip_frame_indices(len(frames), self.cfg.data.clip_frames)
         clip_tokens = self.clip(frames[picks].permute(0, 3, 1, 2).to(self.device))  # (K, Nc, Dc)
-        text_tokens = self.t5([motion_text])[0]  # (226, Dt)
-        return {
+        text_tokens = self.t5([motion_text, *swaps])  # (1 + S, 226, Dt)
+        out = {
             "latents": latents.permute(1, 0, 2, 3).float().cpu().contiguous(),  # (C, F, h, w)
             "clip_tokens": clip_tokens.to(self.store_dtype).cpu().contiguous(),
-            "text_tokens": text_tokens.to(self.store_dtype).cpu().contiguous(),
+            "text_tokens": text_tokens[0].to(self.store_dtype).cpu().contiguous(),
         }
+        if swaps:
+            out[SWAP_TEXT_FIELD] = text_tokens[1:].to(self.store_dtype).cpu().contiguous()
+        return out
 
 
 def count_pending_clips(data: DataConfig) -> int:
@@ -194,6 +203,8 @@ def precompute_features(
         skipped[record.clip_id] = {"video": video, "reason": reason}
         tqdm.write(f"skipped {video} ({record.clip_id}): {reason}")
 
+    # identity swaps name the manifest's characters (its clips' subjects) in place of those a caption names
+    names = sorted({tags.subject for r in manifest.records if r.tags and (tags := r.shot_tags()) is not None})
     extractor = None
     pending: dict[str, dict[str, torch.Tensor]] = {}
     for record in tqdm(todo, desc="precompute features", unit="clip", disable=not progress or not todo):
@@ -210,7 +221,10 @@ def precompute_features(
             root.mkdir(parents=True, exist_ok=True)
             atomic_write_json(root / META_FILE, settings)
             extractor = FeatureExtractor(cfg, device)
-        pending[record.clip_id] = extractor(frames, record.shot_tags().motion_text())
+        tags = record.shot_tags()
+        swaps = name_swaps(tags.motion_text(), tags.subject, names, cfg.data.identity_swaps) \
+            if cfg.data.identity_swaps else []
+        pending[record.clip_id] = extractor(frames, tags.motion_text(), swaps)
         summary.written += 1
         if len(pending) >= shard_size:
             store.write_shard(pending)
@@ -237,7 +251,9 @@ def write_shot_targets(
     device: str | torch.device = "cpu",
     progress: bool = True,
 ) -> Path:
-    """s_a (N, H) float32 of every clip in ``features_dir``, from its first frame + motion text, as a TensorStore.
+    """s_a (N, H) float32 of every clip in ``features_dir``, from its first frame + motion text, as a TensorStore;
+    a clip whose features hold identity swaps' text tokens also gets their shots, (S, N, H) ``swap_shots``
+    (:mod:`animegamer.data.name_swaps`).
 
     Built in ``<out_dir>.tmp`` and swapped in when complete, so a reader never sees targets of two encoders.
     ``source`` (e.g. the checkpoint path and step) is written to ``source.json`` beside them.
@@ -253,11 +269,18 @@ def write_shot_targets(
     encoder.eval()
     for start in tqdm(range(0, len(clip_ids), batch_size), desc="shot targets", disable=not progress):
         ids = clip_ids[start : start + batch_size]
-        rows = [features.load(cid, ("clip_tokens", "text_tokens")) for cid in ids]
+        rows = [features.load(cid) for cid in ids]
         clip_tokens = torch.stack([r["clip_tokens"][0] for r in rows]).float().to(device)  # (B, Nc, Dc), first frame
         text_tokens = torch.stack([r["text_tokens"] for r in rows]).float().to(device)  # (B, Nt, Dt)
         shots = encoder(clip_tokens, text_tokens).float().cpu()  # (B, N, H)
-        targets.write_shard({cid: {"shot_embeds": shot.contiguous()} for cid, shot in zip(ids, shots, strict=True)})
+        shard = {cid: {"shot_embeds": shot.contiguous()} for cid, shot in zip(ids, shots, strict=True)}
+        swapped = [(i, r[SWAP_TEXT_FIELD]) for i, r in enumerate(rows) if len(r.get(SWAP_TEXT_FIELD, ()))]
+        if swapped:  # identity swaps: the same first frame with another friend named (data.name_swaps)
+            frames = torch.cat([clip_tokens[i : i + 1].expand(len(t), -1, -1) for i, t in swapped])
+            swap_shots = encoder(frames, torch.cat([t for _, t in swapped]).float().to(device)).float().cpu()
+            for (i, _), part in zip(swapped, swap_shots.split([len(t) for _, t in swapped]), strict=True):
+                shard[ids[i]][SWAP_SHOT_FIELD] = part.contiguous()  # (S, N, H)
+        targets.write_shard(shard)
     encoder.train(was_training)
     atomic_write_json(tmp / SOURCE_FILE, {"features_dir": str(features_dir), **(source or {})})
     if out.exists():

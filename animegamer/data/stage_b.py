@@ -18,6 +18,12 @@ Collated batch (R rows of T tokens; positions index the flattened (R*T) sequence
     query_positions    (Q, N) long     slots of every current turn (one per sample)
     target_shots       (Q, N, D) float
     num_tokens         int             real (non-pad) tokens, for throughput
+
+With ``swaps`` (stage (b)'s ``identity_weight`` > 0) a batch also holds each current turn's identity swaps
+(:mod:`animegamer.data.name_swaps`: the encoder's shots of its caption with another friend named), zero-padded::
+
+    target_swaps       (Q, S, N, D) float
+    swap_mask          (Q, S) bool     True on real swaps (a turn that names no friend has none)
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from torch.utils.data import Dataset
 
 from animegamer.config import StageBConfig
 from animegamer.data.manifest import ClipRecord, Manifest, read_manifest
+from animegamer.data.name_swaps import SWAP_SHOT_FIELD
 from animegamer.data.sequences import Window, windows_from_config
 from animegamer.data.tensor_store import TensorStore
 from animegamer.io import atomic_write_text
@@ -66,12 +73,14 @@ class StageBDataset(Dataset):
         layout: TurnLayout,
         max_seq_len: int,
         shot_dim: int,
+        swaps: bool = False,
     ):
         if not windows:
             raise ValueError("no stage (b) windows: check the manifest, the split and the shot targets")
         self.records = manifest.by_id()
         self.store, self.layout = store, layout
         self.num_slots, self.shot_dim, self.max_seq_len = layout.num_slots, shot_dim, max_seq_len
+        self.swaps = swaps
         bos = 1 if getattr(layout.tokenizer, "bos_token_id", None) is not None else 0
         turn_len: dict[str, int] = {}
         for cid in {c for w in windows for c in w.clip_ids}:
@@ -103,6 +112,15 @@ class StageBDataset(Dataset):
             )
         return shot.float()
 
+    def _swaps(self, clip_id: str) -> torch.Tensor:
+        """(S, N, D) identity swaps of a clip's shot target; (0, N, D) when it names no friend."""
+        row = self.store.load(clip_id)
+        swaps = row.get(SWAP_SHOT_FIELD, torch.zeros(0, self.num_slots, self.shot_dim))
+        if tuple(swaps.shape[1:]) != (self.num_slots, self.shot_dim):
+            raise ValueError(f"identity swaps of {clip_id} in {self.store.root} have shape {tuple(swaps.shape)}; "
+                             f"expected (S, {self.num_slots}, {self.shot_dim})")
+        return swaps.float()
+
     def __getitem__(self, index: int) -> dict:
         window = self.windows[index]
         turns = [clip_turn(self.records[c]) for c in window.history]
@@ -110,7 +128,7 @@ class StageBDataset(Dataset):
         seq = self.layout.build_sequence(turns)
         shots = [self._shot(c) for c in window.clip_ids]
         empty = torch.zeros(0, self.num_slots, self.shot_dim)
-        return {
+        item = {
             "input_ids": torch.tensor(seq.input_ids, dtype=torch.long),
             "labels": torch.tensor(seq.labels, dtype=torch.long),
             "history_positions": torch.tensor(seq.slot_positions[:-1], dtype=torch.long).view(-1, self.num_slots),
@@ -118,6 +136,9 @@ class StageBDataset(Dataset):
             "query_positions": torch.tensor(seq.slot_positions[-1], dtype=torch.long),
             "target_shot": shots[-1],
         }
+        if self.swaps:
+            item["target_swaps"] = self._swaps(window.current)
+        return item
 
 
 @dataclass
@@ -182,7 +203,21 @@ class StageBCollator:
         }
         if not self.pack:
             batch["attention_mask"] = attention_mask
+        if "target_swaps" in items[0]:
+            batch["target_swaps"], batch["swap_mask"] = pad_swaps([item["target_swaps"] for row in rows
+                                                                   for item in row])
         return batch
+
+
+def pad_swaps(swaps: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-turn (S_i, N, D) swaps -> zero-padded (Q, S, N, D) and the (Q, S) mask of real ones (S >= 1)."""
+    most = max(1, max(len(s) for s in swaps))
+    padded = swaps[0].new_zeros(len(swaps), most, *swaps[0].shape[1:])
+    mask = torch.zeros(len(swaps), most, dtype=torch.bool)
+    for q, s in enumerate(swaps):
+        padded[q, : len(s)] = s
+        mask[q, : len(s)] = True
+    return padded, mask
 
 
 def move_batch(batch: dict, device: torch.device) -> dict:
@@ -202,7 +237,8 @@ def build_dataset(cfg: StageBConfig, accelerator, tokenizer: Any) -> StageBDatas
         )
     kept, missing = filter_windows(windows, store)
     layout = TurnLayout(tokenizer, get_vocabulary(cfg.mllm.vocabulary), cfg.mllm.num_slots)
-    dataset = StageBDataset(kept, manifest, store, layout, cfg.max_seq_len, cfg.mllm.shot_dim)
+    dataset = StageBDataset(kept, manifest, store, layout, cfg.max_seq_len, cfg.mllm.shot_dim,
+                            swaps=cfg.identity_weight > 0)
     if accelerator.is_main_process:
         print(f"stage (b) data: {len(dataset)} windows ({cfg.data.split} split) from {cfg.data.manifest}")
         if missing:
@@ -212,6 +248,12 @@ def build_dataset(cfg: StageBConfig, accelerator, tokenizer: Any) -> StageBDatas
                 f"warning: {len(missing)} clips have no shot target in {cfg.shot_targets}; skipped "
                 f"{len(windows) - len(kept)} windows (clip ids in {report})"
             )
+        if dataset.swaps:
+            current = sorted({w.current for w in dataset.windows})
+            with_swaps = sum(SWAP_SHOT_FIELD in store.load(c) for c in current)
+            print(f"identity term: {with_swaps} of {len(current)} current clips have identity swaps"
+                  + ("" if with_swaps else f" (none in {cfg.shot_targets}: the term is 0; the stage (a) features "
+                                           "hold no swaps' text tokens)"))
         if dataset.trimmed or dataset.too_long:
             print(
                 f"note: {dataset.trimmed} windows lost history turns to fit max_seq_len={cfg.max_seq_len}; "

@@ -12,7 +12,9 @@ and listed in ``output_dir/missing_shot_targets.txt``.
 ``history_noise`` > 0: the history shots the MLLM reads get Gaussian noise of that fraction of their std (the
 targets stay clean), as a game's history holds its own predicted shots, not the encoder's.
 
-Loss = CE(state value tokens) + mse_weight * MSE(s_a) + cosine_weight * (1 - cos(s_a)); the parts are logged
+Loss = CE(state value tokens) + mse_weight * MSE(s_a) + cosine_weight * (1 - cos(s_a)) [+ identity_weight * the
+identity term: the shot's error along the directions in which naming another friend moves s_a, from the shot
+targets' identity swaps (animegamer.data.name_swaps)]; the parts are logged
 separately (csv/tensorboard/wandb) and shown on the progress bar. Checkpoints (``output_dir/checkpoints/step_X``)
 hold the LoRA (peft adapter format), the new token rows and resamplers (safetensors), and the optimizer, scheduler
 and RNG state: ``--resume latest`` (``train.resume=latest``) continues exactly. Under DeepSpeed ZeRO-3 and FSDP2
@@ -93,7 +95,9 @@ class StageB(Recipe):
 
     def loss(self, model, core, batch, step, micro):
         batch = perturb_history(batch, self.cfg.history_noise)  # LoRA dropout, history noise differ per process
-        return stage_b_loss(model(batch), batch["target_shots"], self.cfg.mse_weight, self.cfg.cosine_weight)
+        cfg = self.cfg
+        return stage_b_loss(model(batch), batch["target_shots"], cfg.mse_weight, cfg.cosine_weight,
+                            cfg.identity_weight, batch.get("target_swaps"), batch.get("swap_mask"))
 
     def save_weights(self, core, state, checkpoint: Path) -> None:
         core.save_trained(checkpoint, state_dict=state, history_turns=self.cfg.data.history_turns)

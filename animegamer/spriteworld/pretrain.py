@@ -40,6 +40,7 @@ from animegamer.data.tensor_store import TensorStore
 from animegamer.io import atomic_write_json, atomic_write_jsonl, atomic_write_text
 from animegamer.models.t5_text import T5TextFeatures
 from animegamer.spriteworld.memory import lexicon
+from animegamer.spriteworld.pretrain_clip import train_clip
 from animegamer.spriteworld.pretrain_transformer import fill_features, sample_preview, train_transformer
 from animegamer.spriteworld.pretrain_vae import (
     empty_scenery,
@@ -100,14 +101,28 @@ def pretrain(cfg: SpriteWorldPretrainConfig) -> Path:
     build_tiny_t5(out, seed=cfg.seed, d_model=cfg.t5_dim, words=lexicon(back))
     t5 = T5TextFeatures.from_config(T5Config(path=str(out), max_length=cfg.text_tokens))
 
-    # 2. VAE, and 3. the stage (a) features of every clip from it (kept from an earlier run if resume_vae)
+    # 1b. the stand-in CLIP, pretrained contrastively on the training films (clip_training.max_steps > 0)
     earlier = json.loads((report / "summary.json").read_text()) if (report / "summary.json").is_file() else {}
+    clip_summary = {}
+    if cfg.clip_training.max_steps > 0:
+        clip_summary = train_clip(cfg, manifest, train_records, held_out, log)
+        print(f"clip: held-out retrieval {clip_summary['clip_retrieval_before']:.3f} -> "
+              f"{clip_summary['clip_retrieval_after']:.3f} (chance {clip_summary['clip_retrieval_chance']:.3f})")
+
+    # 2. VAE, and 3. the stage (a) features of every clip from it (kept from an earlier run if resume_vae; the
+    # features are filled again when the CLIP was just trained: theirs came from another one)
     store = TensorStore(cfg.data.features_dir)
     if cfg.resume_vae and (out / "vae" / "config.json").is_file() and "vae_psnr_db" in earlier and len(store):
         print(f"vae: kept {out / 'vae'} and the features in {cfg.data.features_dir} (resume_vae=true)")
         lines = (report / "metrics.jsonl").read_text().splitlines() if (report / "metrics.jsonl").is_file() else []
-        log.rows = [row for row in map(json.loads, lines) if row["part"] == "vae"]
+        log.rows = [row for row in map(json.loads, lines) if row["part"] == "vae"] + log.rows  # + this run's clip
         psnr, scale = earlier["vae_psnr_db"], earlier["vae_scaling_factor"]
+        if clip_summary:
+            from diffusers import AutoencoderKLCogVideoX
+
+            vae = AutoencoderKLCogVideoX.from_pretrained(str(out / "vae")).eval().requires_grad_(False)
+            store = fill_features(cfg, vae, manifest, t5)
+            print(f"features: {len(store)} clips in {cfg.data.features_dir} (the new CLIP's tokens)")
     else:
         clips = read_clips(manifest, train_records, cfg)
         vae = train_vae(cfg, clips, log, empty_scenery(train_records, cfg.data.height, cfg.data.width))
@@ -137,6 +152,7 @@ def pretrain(cfg: SpriteWorldPretrainConfig) -> Path:
     sheet = sample_preview(cfg, store, manifest, [held_out[i] for i in sorted(picks)], report / "samples.png")
 
     summary = {
+        **clip_summary,
         "vae_loss_first": mean_of(log.rows, "vae", True),
         "vae_loss_last": mean_of(log.rows, "vae", False),
         "vae_psnr_db": psnr,

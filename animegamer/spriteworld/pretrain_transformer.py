@@ -35,6 +35,7 @@ from animegamer.config import (
 )
 from animegamer.data.features import META_FILE, clip_frame_indices, feature_settings
 from animegamer.data.manifest import Manifest
+from animegamer.data.name_swaps import SWAP_TEXT_FIELD, name_swaps
 from animegamer.data.tensor_store import TensorStore
 from animegamer.game.contact_sheet import contact_sheet
 from animegamer.io import atomic_write_json
@@ -44,6 +45,7 @@ from animegamer.models.vae import vae_encode
 from animegamer.sampling.denoise import sample
 from animegamer.spriteworld.memory import caption_text
 from animegamer.spriteworld.pretrain_vae import empty_scenery, figure_latents, figure_pixels, read_clips
+from animegamer.spriteworld.world import CHARACTERS
 from animegamer.tiny import COGVIDEOX_2B_SCHEDULER
 from animegamer.training.optim import build_scheduler
 
@@ -62,7 +64,10 @@ def stage_a_view(cfg: SpriteWorldPretrainConfig) -> StageAConfig:
 def fill_features(
     cfg: SpriteWorldPretrainConfig, vae, manifest: Manifest, t5, figure_masks: bool = True
 ) -> TensorStore:
-    """Latents, CLIP tokens and T5 tokens of every captioned clip into ``data.features_dir`` (a TensorStore).
+    """Latents, CLIP tokens and T5 tokens of every captioned clip into ``data.features_dir`` (a TensorStore), and
+    with ``data.identity_swaps`` > 0, for a clip with a friend, the T5 tokens of its identity swaps
+    (``swap_text_tokens`` (S, Nt, Dt): the caption with each other character named instead,
+    :func:`animegamer.data.name_swaps.name_swaps`).
 
     With ``figure_masks`` each clip also gets ``figure_mask`` (F, h, w): the latent cells its figures fall in (the
     pixels that differ from its drawn empty scenery), for the transformer's ``figure_loss_weight``.
@@ -86,6 +91,11 @@ def fill_features(
         clip_tokens = clip(frames[:, picks].flatten(0, 1).permute(0, 3, 1, 2))  # (B * K, Nc, Dc)
         clip_tokens = clip_tokens.unflatten(0, (len(batch), len(picks)))  # (B, K, Nc, Dc)
         text_tokens = t5([caption_text(r) for r in batch])  # (B, Nt, Dt)
+        limit = cfg.data.identity_swaps
+        swaps = [name_swaps(caption_text(r), r.extra.get("character", ""), list(CHARACTERS), limit) if limit else []
+                 for r in batch]
+        flat = [text for texts in swaps for text in texts]
+        swap_tokens = t5(flat).split([len(texts) for texts in swaps]) if flat else [()] * len(batch)
         masks = None
         if figure_masks:
             pixels = figure_pixels(frames, empty_scenery(batch, cfg.data.height, cfg.data.width))  # (B, T, H, W)
@@ -97,6 +107,8 @@ def fill_features(
                 "clip_tokens": clip_tokens[i].to(store_dtype).contiguous(),
                 "text_tokens": text_tokens[i].to(store_dtype).contiguous(),
             }
+            if len(swap_tokens[i]):  # identity swaps: the caption with another friend named (S, Nt, Dt)
+                shard[r.clip_id][SWAP_TEXT_FIELD] = swap_tokens[i].to(store_dtype).contiguous()
             if masks is not None:
                 shard[r.clip_id]["figure_mask"] = masks[i].to(torch.uint8).contiguous()  # (F, h, w)
         store.write_shard(shard)

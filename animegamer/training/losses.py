@@ -53,11 +53,30 @@ def diffusion_loss(
     return (weight * error).mean() / weight.mean()
 
 
+def identity_term(pred: torch.Tensor, target: torch.Tensor, swaps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean squared error of predicted shots along their identity directions, in units of each direction's length.
+
+    ``pred``, ``target``: (Q, N, D); ``swaps``: (Q, S, N, D), the encoder's shots of the same frame with another
+    friend named (:mod:`animegamer.data.name_swaps`); ``mask``: (Q, S), True on real swaps. For u = target - swap,
+    e = <pred - target, u> / |u|^2 is 0 when the prediction says the right friend and -1 when it says the swapped
+    one; the term is the mean of e^2 over real swaps (0 when there are none). A plain MSE weighs the same error by
+    |u|^2 / (N * D), a few thousandths of the shot's variance: it lets the friend go."""
+    if swaps.ndim != 4 or swaps.shape[0] != pred.shape[0] or swaps.shape[2:] != pred.shape[1:]:
+        raise ValueError(f"identity swaps {tuple(swaps.shape)} do not match predicted shots {tuple(pred.shape)}")
+    u = (target.float().unsqueeze(1) - swaps.float()).flatten(2)  # (Q, S, N * D)
+    error = (pred.float() - target.float()).flatten(1).unsqueeze(1)  # (Q, 1, N * D)
+    e = (error * u).sum(-1) / u.square().sum(-1).clamp_min(1e-12)  # (Q, S)
+    weight = mask.to(e.dtype)
+    return (e.square() * weight).sum() / weight.sum().clamp_min(1.0)
+
+
 def stage_b_loss(out: dict[str, torch.Tensor], target_shots: torch.Tensor, mse_weight: float,
-                 cosine_weight: float) -> dict[str, torch.Tensor]:
+                 cosine_weight: float, identity_weight: float = 0.0, swaps: torch.Tensor | None = None,
+                 swap_mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Stage (b)'s loss of the MLLM's teacher-forced predictions (``AnimeGamerMLLM.forward``): ``loss`` = CE of the
     state value tokens + ``mse_weight`` * MSE(s_a) + ``cosine_weight`` * (1 - cos(s_a)), cosine over each shot
-    token's features; its parts ``ce``/``mse``/``cos`` (detached) and ``state_acc``, the fraction of value tokens
+    token's features, + ``identity_weight`` * :func:`identity_term` (with ``swaps``/``swap_mask``); its parts
+    ``ce``/``mse``/``cos`` (and ``identity`` when weighted; detached) and ``state_acc``, the fraction of value tokens
     whose argmax over the whole vocabulary is right. ``target_shots``: (Q, N, shot_dim), the encoder's s_a."""
     logits, labels, pred = out["value_logits"], out["value_labels"], out["shots"]
     ce = F.cross_entropy(logits, labels)
@@ -65,5 +84,12 @@ def stage_b_loss(out: dict[str, torch.Tensor], target_shots: torch.Tensor, mse_w
     mse = F.mse_loss(pred, target)
     cos = 1.0 - F.cosine_similarity(pred, target, dim=-1).mean()
     loss = ce + mse_weight * mse + cosine_weight * cos
+    parts = {"ce": ce.detach(), "mse": mse.detach(), "cos": cos.detach()}
+    if identity_weight > 0:
+        if swaps is None or swap_mask is None:
+            raise ValueError("identity_weight > 0 needs the batch's identity swaps (target_swaps, swap_mask)")
+        identity = identity_term(pred, target, swaps, swap_mask)
+        loss = loss + identity_weight * identity
+        parts["identity"] = identity.detach()
     state_acc = (logits.argmax(-1) == labels).float().mean()
-    return {"loss": loss, "ce": ce.detach(), "mse": mse.detach(), "cos": cos.detach(), "state_acc": state_acc}
+    return {"loss": loss, **parts, "state_acc": state_acc}

@@ -5,6 +5,10 @@ predictions cache (the MLLM's s_a of every training clip) and a stage (c) checkp
     python research/spriteworld/stage_d_inputs.py --run-dir outputs/spriteworld --ship-dir checkpoints/spriteworld
     python scripts/spriteworld/train.py --config configs/spriteworld/run.yaml "steps=[stage_d2,stage_d1]"
 
+``--upto targets`` stops after the features and the shipped encoder's shot targets (with their identity swaps):
+what a stage (b) variant reads, e.g. the ``identity`` row of run.yaml's table (``steps=[evaluate]
+eval_rows=[identity]``).
+
 A fresh clone has the shipped weights but no ``outputs/``: stage (d) needs ``<run>/stage_c/predictions`` and
 ``<run>/stage_c/checkpoints/latest``. This copies the shipped pretrained models into ``<run>/models``, computes
 the stage (a) features of every clip with the shipped VAE, T5 and CLIP (batched, as pretraining does; no figure
@@ -42,6 +46,8 @@ def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run-dir", default="outputs/spriteworld", help="the run's output_dir (after steps=[data])")
     parser.add_argument("--ship-dir", default="checkpoints/spriteworld", help="the shipped checkpoint")
+    parser.add_argument("--upto", choices=("targets", "predictions"), default="predictions",
+                        help="targets: stop after the features and shot targets (what stage (b) reads)")
     args = parser.parse_args(argv)
     run, ship = Path(args.run_dir), Path(args.ship_dir)
     configs = run / "configs"
@@ -60,8 +66,12 @@ def main(argv: list[str] | None = None) -> Path:
         with torch.no_grad():
             fill_features(pretrain, vae, read_manifest(pretrain.data.manifest), t5, figure_masks=False)
     stage_a = load_config(configs / "stage_a.yaml")
-    write_shot_targets(load_encoder(ship / "stage_a"), stage_a.data.features_dir,
-                       Path(stage_a.output_dir) / "shot_targets", source={"checkpoint": str(ship / "stage_a")})
+    targets = write_shot_targets(load_encoder(ship / "stage_a"), stage_a.data.features_dir,
+                                 Path(stage_a.output_dir) / "shot_targets",
+                                 source={"checkpoint": str(ship / "stage_a")})
+    if args.upto == "targets":
+        print(f"stage (b) inputs: {stage_a.data.features_dir} and {targets}")
+        return targets
 
     stage_c = load_config(configs / "stage_c.yaml")
     predictions = Path(stage_c.output_dir) / "predictions"

@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from animegamer.data.manifest import ClipRecord, write_manifest
+from animegamer.data.name_swaps import SWAP_SHOT_FIELD
 from animegamer.data.tensor_store import TensorStore
 
 NAMES = ["Qiqi", "Sam", "Mia", "Ken"]
@@ -38,10 +39,12 @@ def write_stage_b_data(
     missing: tuple[str, ...] = (),
     uncaptioned: tuple[str, ...] = (),
     seed: int = 0,
+    swaps: int = 0,
 ) -> tuple[Path, Path]:
     """Write ``root/clips.jsonl`` and ``root/shot_targets``; returns their paths.
 
-    ``missing`` clips get no shot target; ``uncaptioned`` clips get no tags.
+    ``missing`` clips get no shot target; ``uncaptioned`` clips get no tags; with ``swaps`` every other clip also
+    gets that many identity swaps (``swap_shots``: half its target plus noise, as if another friend were named).
     """
     records = []
     for f in range(films):
@@ -61,11 +64,12 @@ def write_stage_b_data(
     manifest = write_manifest(root / "clips.jsonl", records)
     g = torch.Generator().manual_seed(seed)
     store = TensorStore(root / "shot_targets")
-    store.write_shard(
-        {
-            r.clip_id: {"shot_embeds": torch.randn(num_slots, shot_dim, generator=g)}
-            for r in records
-            if r.clip_id not in missing
-        }
-    )
+    shard = {r.clip_id: {"shot_embeds": torch.randn(num_slots, shot_dim, generator=g)}
+             for r in records if r.clip_id not in missing}
+    for k, row in enumerate(shard.values()):
+        if swaps and k % 2 == 0:
+            # half the target and a little noise: a prediction near zero is as near the swap as the target
+            noise = torch.randn(swaps, num_slots, shot_dim, generator=g)
+            row[SWAP_SHOT_FIELD] = 0.5 * row["shot_embeds"] + 0.1 * noise
+    store.write_shard(shard)
     return manifest, store.root
