@@ -3,7 +3,7 @@ systematic error, the decoder adapted to it or not.
 
     python research/spriteworld/adaptation_control.py --config outputs/spriteworld/configs/eval.yaml \\
         --stage-c-config outputs/spriteworld/configs/stage_c.yaml --shrink 0.5 --work outputs/adaptation_control \\
-        --out benchmarks/spriteworld/adaptation_control.json
+        --out benchmarks/spriteworld/adaptation_control.json max_games=10
 
 The known error is the one a regression trained with a squared loss makes when it underfits: its shots shrink
 towards the mean shot. ``--shrink s`` turns a shot x into m + s (x - m), m the mean of the MLLM's cached predictions.
@@ -39,6 +39,8 @@ from animegamer.eval.research import write_report
 
 def add_flags(parser) -> None:
     parser.add_argument("--stage-c-config", required=True, help="the stage (c) recipe to run (a resolved YAML)")
+    parser.add_argument("--stage-c-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="an override of the stage (c) config (repeatable), e.g. stage_b_checkpoint=...")
     parser.add_argument("--shrink", type=float, default=0.5, help="shots become m + shrink * (x - m)")
     parser.add_argument("--work", default="outputs/adaptation_control", help="the two stage (c) runs")
     parser.add_argument("--out", default="outputs/adaptation_control.json", help="JSON report")
@@ -83,7 +85,7 @@ def main(argv: list[str] | None = None) -> dict:
     if not 0 < args.shrink < 1:
         fail(f"--shrink must be in (0, 1), got {args.shrink}")
     try:
-        stage_c_cfg = load_config(args.stage_c_config)
+        stage_c_cfg = load_config(args.stage_c_config, args.stage_c_set)
     except (ConfigError, FileNotFoundError) as exc:
         fail(str(exc))
     if not isinstance(stage_c_cfg, StageCConfig):
@@ -100,9 +102,11 @@ def main(argv: list[str] | None = None) -> dict:
     work = Path(args.work)
     started = time.perf_counter()
     exact, shrunk = work / "exact", work / "shrunk"
-    stage_c.main(["--config", args.stage_c_config, f"output_dir={exact}", f"predictions_cache={exact / 'cache'}"])
+    stage_c.main(["--config", args.stage_c_config, *args.stage_c_set, f"output_dir={exact}",
+                  f"predictions_cache={exact / 'cache'}"])
     mean = shrink_store(exact / "cache", shrunk / "cache", args.shrink)
-    stage_c.main(["--config", args.stage_c_config, f"output_dir={shrunk}", f"predictions_cache={shrunk / 'cache'}"])
+    stage_c.main(["--config", args.stage_c_config, *args.stage_c_set, f"output_dir={shrunk}",
+                  f"predictions_cache={shrunk / 'cache'}"])
     training_seconds = round(time.perf_counter() - started, 1)
 
     device = resolve_device(cfg.inference.device)
@@ -150,7 +154,8 @@ def main(argv: list[str] | None = None) -> dict:
     }
     report = {
         "config": {"eval": cfg.benchmark, "games": len(games), "turns": len(turns), "shrink": args.shrink,
-                   "stage_c_config": args.stage_c_config, "stage_a_checkpoint": cfg.stage_a_checkpoint,
+                   "stage_c_config": args.stage_c_config, "stage_c_set": args.stage_c_set,
+                   "stage_a_checkpoint": cfg.stage_a_checkpoint,
                    "mllm": stage_c_cfg.stage_b_checkpoint, "seed": cfg.inference.seed,
                    "sampling_steps": cfg.inference.sampling.steps},
         "training_seconds": training_seconds,
