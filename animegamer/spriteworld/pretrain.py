@@ -8,13 +8,17 @@ random tiny CogVideoX draws noise, so this plays the part of the pretraining, on
    written to ``output_dir/{text_encoder,tokenizer}`` by :func:`animegamer.tiny.build_tiny_t5`; the tokenizer's
    corpus holds every SpriteWorld word (:func:`animegamer.spriteworld.world.lexicon`), so each is one token and a
    caption's place always sits at the same token positions (split into letters, "noon" took 4 and moved the place
-   of the caption by up to 10 positions, which the MLLM, predicting the shot token by token, could not follow);
+   of the caption by up to 10 positions, which the MLLM, predicting the shot token by token, could not follow).
+   With ``clip_training.max_steps`` > 0 the stand-in CLIP at ``clip.checkpoint`` is then pretrained with CLIP's
+   contrastive loss on the training films' frames and captions (:mod:`animegamer.spriteworld.pretrain_clip`;
+   rewritten in place, from its own seeded generators, so nothing below draws differently); 0 leaves it random;
 2. the VAE, ``output_dir/vae/`` (:mod:`animegamer.spriteworld.pretrain_vae`). ``resume_vae=true`` keeps the VAE
-   (and the features of step 3) of an earlier run and trains the transformer only, provided that run finished both
+   (and the features of step 3, filled again if the CLIP was just trained) of an earlier run and trains the transformer only, provided that run finished both
    (``report_dir/summary.json`` vouches for the pair only then; model folders are written to a temp folder and
    renamed in, never left half-saved);
 3. the stage (a) features of every clip of ``data.manifest`` in ``data.features_dir``
-   (:func:`animegamer.spriteworld.pretrain_transformer.fill_features`);
+   (:func:`animegamer.spriteworld.pretrain_transformer.fill_features`; with ``data.identity_swaps`` also the T5
+   tokens of each friend clip's caption with another character named, for stage (b)'s identity term);
 4. the base transformer, ``output_dir/transformer/``, and CogVideoX-2B's scheduler config, ``output_dir/scheduler/``
    (:mod:`animegamer.spriteworld.pretrain_transformer`).
 
