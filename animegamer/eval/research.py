@@ -39,3 +39,17 @@ def split_clips(manifest_path: str, split: str, count: int) -> tuple[Any, list]:
         return manifest, manifest.sample_split(split, count)
     except (ValueError, FileNotFoundError) as exc:  # ManifestError is a ValueError
         fail(str(exc))
+
+
+def games_with_clips(benchmark: str, max_games: int, need: str) -> list:
+    """The first ``max_games`` games of ``benchmark`` (0: all) when every one has its real clips; otherwise one
+    line, ``error: <benchmark>: <need>`` (or the loader's own), and exit 2."""
+    from animegamer.eval.games import GroundTruthGame, load_games
+
+    try:
+        games = load_games(benchmark, max_games)
+    except (FileNotFoundError, ValueError) as exc:
+        fail(str(exc))
+    if not all(isinstance(g, GroundTruthGame) and g.has_clips() for g in games):
+        fail(f"{benchmark}: {need}")
+    return games

@@ -13,9 +13,9 @@ random tiny CogVideoX draws noise, so this plays the part of the pretraining, on
    contrastive loss on the training films' frames and captions (:mod:`animegamer.spriteworld.pretrain_clip`;
    rewritten in place, from its own seeded generators, so nothing below draws differently); 0 leaves it random;
 2. the VAE, ``output_dir/vae/`` (:mod:`animegamer.spriteworld.pretrain_vae`). ``resume_vae=true`` keeps the VAE
-   (and the features of step 3, filled again if the CLIP was just trained) of an earlier run and trains the transformer only, provided that run finished both
-   (``report_dir/summary.json`` vouches for the pair only then; model folders are written to a temp folder and
-   renamed in, never left half-saved);
+   (and the features of step 3, filled again if the CLIP was just trained) of an earlier run and trains the
+   transformer only, provided that run finished both (``report_dir/summary.json`` vouches for the pair only then;
+   model folders are written to a temp folder and renamed in, never left half-saved);
 3. the stage (a) features of every clip of ``data.manifest`` in ``data.features_dir``
    (:func:`animegamer.spriteworld.pretrain_transformer.fill_features`; with ``data.identity_swaps`` also the T5
    tokens of each friend clip's caption with another character named, for stage (b)'s identity term);

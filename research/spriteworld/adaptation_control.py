@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 
 from animegamer.cli import fail, parse_config
 from animegamer.config import EvalConfig
-from animegamer.eval.research import write_report
+from animegamer.eval.research import games_with_clips, write_report
 
 
 def add_flags(parser) -> None:
@@ -72,7 +72,6 @@ def shrink_store(source: Path, target: Path, shrink: float) -> torch.Tensor:
 def main(argv: list[str] | None = None) -> dict:
     from animegamer.config import ConfigError, StageCConfig, load_config
     from animegamer.config.recorded import with_decoder_checkpoint
-    from animegamer.eval.games import GroundTruthGame, load_games
     from animegamer.eval.intervals import bootstrap_interval
     from animegamer.eval.metrics import psnr
     from animegamer.eval.systems import ShotEncoding
@@ -92,12 +91,7 @@ def main(argv: list[str] | None = None) -> dict:
         fail(f"{args.stage_c_config} is not a stage (c) config")
     if not cfg.stage_a_checkpoint:
         fail("stage_a_checkpoint is empty: the unadapted decoder is stage (a)'s")
-    try:
-        games = load_games(cfg.benchmark, cfg.max_games)
-    except (FileNotFoundError, ValueError) as exc:
-        fail(str(exc))
-    if not all(isinstance(g, GroundTruthGame) and g.has_clips() for g in games):
-        fail(f"{cfg.benchmark}: the control needs games with their real clips")
+    games = games_with_clips(cfg.benchmark, cfg.max_games, "the control needs games with their real clips")
 
     work = Path(args.work)
     started = time.perf_counter()

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from animegamer.cli import fail, parse_config
 from animegamer.config import EvalConfig
-from animegamer.eval.research import write_report
+from animegamer.eval.research import games_with_clips, write_report
 
 
 def named_friend(instruction: str, hero: str, names) -> str | None:
@@ -46,18 +46,13 @@ def add_flags(parser) -> None:
 
 def main(argv: list[str] | None = None) -> dict:
     from animegamer.bench.turn import relative_difference  # ||a - b|| / ||b||
-    from animegamer.eval.games import GroundTruthGame, load_games
     from animegamer.eval.systems import load_shot_models
     from animegamer.game.turn import Turn
     from animegamer.spriteworld import CHARACTERS
 
     cfg, args = parse_config(EvalConfig, __doc__, argv, extra=add_flags)
-    try:
-        games = load_games(cfg.benchmark, cfg.max_games)
-    except (FileNotFoundError, ValueError) as exc:
-        fail(str(exc))
-    if not all(isinstance(g, GroundTruthGame) and g.has_clips() for g in games):
-        fail(f"{cfg.benchmark}: the probe needs games with real clips (a SpriteWorld games directory)")
+    games = games_with_clips(cfg.benchmark, cfg.max_games,
+                             "the probe needs games with real clips (a SpriteWorld games directory)")
     try:
         encoding, animegamer = load_shot_models(cfg)
     except (FileNotFoundError, ValueError) as exc:  # missing or unreadable weights
