@@ -269,7 +269,7 @@ def write_shot_targets(
     encoder.eval()
     for start in tqdm(range(0, len(clip_ids), batch_size), desc="shot targets", disable=not progress):
         ids = clip_ids[start : start + batch_size]
-        rows = [features.load(cid) for cid in ids]
+        rows = [features.load(cid, ("clip_tokens", "text_tokens"), optional=(SWAP_TEXT_FIELD,)) for cid in ids]
         clip_tokens = torch.stack([r["clip_tokens"][0] for r in rows]).float().to(device)  # (B, Nc, Dc), first frame
         text_tokens = torch.stack([r["text_tokens"] for r in rows]).float().to(device)  # (B, Nt, Dt)
         shots = encoder(clip_tokens, text_tokens).float().cpu()  # (B, N, H)

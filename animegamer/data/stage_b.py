@@ -103,30 +103,32 @@ class StageBDataset(Dataset):
     def __len__(self) -> int:
         return len(self.windows)
 
-    def _shot(self, clip_id: str) -> torch.Tensor:
-        shot = self.store.load(clip_id, (SHOT_FIELD,))[SHOT_FIELD]
+    def _row(self, clip_id: str, swaps: bool = False) -> dict[str, torch.Tensor]:
+        """A clip's shot target (N, D) as ``shot``, and with ``swaps`` its identity swaps (S, N, D) as ``swaps``
+        ((0, N, D) when it names no friend), from one read of the store."""
+        row = self.store.load(clip_id, (SHOT_FIELD,), optional=(SWAP_SHOT_FIELD,) if swaps else ())
+        shot = row[SHOT_FIELD]
         if tuple(shot.shape) != (self.num_slots, self.shot_dim):
             raise ValueError(
                 f"shot target of {clip_id} in {self.store.root} has shape {tuple(shot.shape)}; "
                 f"expected ({self.num_slots}, {self.shot_dim}) = (mllm.num_slots, mllm.shot_dim)"
             )
-        return shot.float()
-
-    def _swaps(self, clip_id: str) -> torch.Tensor:
-        """(S, N, D) identity swaps of a clip's shot target; (0, N, D) when it names no friend."""
-        row = self.store.load(clip_id)
-        swaps = row.get(SWAP_SHOT_FIELD, torch.zeros(0, self.num_slots, self.shot_dim))
-        if tuple(swaps.shape[1:]) != (self.num_slots, self.shot_dim):
-            raise ValueError(f"identity swaps of {clip_id} in {self.store.root} have shape {tuple(swaps.shape)}; "
-                             f"expected (S, {self.num_slots}, {self.shot_dim})")
-        return swaps.float()
+        out = {"shot": shot.float()}
+        if swaps:
+            found = row.get(SWAP_SHOT_FIELD, torch.zeros(0, self.num_slots, self.shot_dim))
+            if tuple(found.shape[1:]) != (self.num_slots, self.shot_dim):
+                raise ValueError(f"identity swaps of {clip_id} in {self.store.root} have shape "
+                                 f"{tuple(found.shape)}; expected (S, {self.num_slots}, {self.shot_dim})")
+            out["swaps"] = found.float()
+        return out
 
     def __getitem__(self, index: int) -> dict:
         window = self.windows[index]
         turns = [clip_turn(self.records[c]) for c in window.history]
         turns.append(clip_turn(self.records[window.current], is_current=True))
         seq = self.layout.build_sequence(turns)
-        shots = [self._shot(c) for c in window.clip_ids]
+        current = self._row(window.current, swaps=self.swaps)
+        shots = [self._row(c)["shot"] for c in window.history] + [current["shot"]]
         empty = torch.zeros(0, self.num_slots, self.shot_dim)
         item = {
             "input_ids": torch.tensor(seq.input_ids, dtype=torch.long),
@@ -137,7 +139,7 @@ class StageBDataset(Dataset):
             "target_shot": shots[-1],
         }
         if self.swaps:
-            item["target_swaps"] = self._swaps(window.current)
+            item["target_swaps"] = current["swaps"]
         return item
 
 
@@ -250,7 +252,7 @@ def build_dataset(cfg: StageBConfig, accelerator, tokenizer: Any) -> StageBDatas
             )
         if dataset.swaps:
             current = sorted({w.current for w in dataset.windows})
-            with_swaps = sum(SWAP_SHOT_FIELD in store.load(c) for c in current)
+            with_swaps = sum(SWAP_SHOT_FIELD in store.load(c, (), optional=(SWAP_SHOT_FIELD,)) for c in current)
             print(f"identity term: {with_swaps} of {len(current)} current clips have identity swaps"
                   + ("" if with_swaps else f" (none in {cfg.shot_targets}: the term is 0; the stage (a) features "
                                            "hold no swaps' text tokens)"))

@@ -39,7 +39,9 @@ class TensorStore:
     def clip_ids(self) -> list[str]:
         return list(self.index)
 
-    def load(self, clip_id: str, fields: tuple[str, ...] | None = None) -> dict[str, torch.Tensor]:
+    def load(self, clip_id: str, fields: tuple[str, ...] | None = None,
+             optional: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
+        """A clip's tensors: all of them, or ``fields`` (each must be there) plus those of ``optional`` it has."""
         if clip_id not in self.index:
             raise KeyError(f"{clip_id!r} is not in the store at {self.root}")
         shard = self.index[clip_id]
@@ -54,7 +56,7 @@ class TensorStore:
             missing = [f for f in fields if f not in out]
             if missing:
                 raise KeyError(f"{clip_id!r} has no {missing} in {self.root}")
-            out = {f: out[f] for f in fields}
+            out = {f: out[f] for f in (*fields, *optional) if f in out}
         return out
 
     def write_shard(self, items: dict[str, dict[str, torch.Tensor]]) -> Path | None:

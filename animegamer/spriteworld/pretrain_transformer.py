@@ -90,10 +90,11 @@ def fill_features(
         latents = vae_encode(vae, frames)  # (B, F, C, h, w)
         clip_tokens = clip(frames[:, picks].flatten(0, 1).permute(0, 3, 1, 2))  # (B * K, Nc, Dc)
         clip_tokens = clip_tokens.unflatten(0, (len(batch), len(picks)))  # (B, K, Nc, Dc)
-        text_tokens = t5([caption_text(r) for r in batch])  # (B, Nt, Dt)
+        captions = [caption_text(r) for r in batch]
+        text_tokens = t5(captions)  # (B, Nt, Dt)
         limit = cfg.data.identity_swaps
-        swaps = [name_swaps(caption_text(r), r.extra.get("character", ""), list(CHARACTERS), limit) if limit else []
-                 for r in batch]
+        swaps = [name_swaps(text, r.extra.get("character", ""), list(CHARACTERS), limit) if limit else []
+                 for text, r in zip(captions, batch, strict=True)]
         flat = [text for texts in swaps for text in texts]
         swap_tokens = t5(flat).split([len(texts) for texts in swaps]) if flat else [()] * len(batch)
         masks = None
