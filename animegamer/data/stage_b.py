@@ -103,6 +103,10 @@ class StageBDataset(Dataset):
     def __len__(self) -> int:
         return len(self.windows)
 
+    def _shot(self, clip_id: str) -> torch.Tensor:
+        """A clip's shot target (N, D), checked against the MLLM's slots and width."""
+        return self._row(clip_id)["shot"]
+
     def _row(self, clip_id: str, swaps: bool = False) -> dict[str, torch.Tensor]:
         """A clip's shot target (N, D) as ``shot``, and with ``swaps`` its identity swaps (S, N, D) as ``swaps``
         ((0, N, D) when it names no friend), from one read of the store."""
@@ -128,7 +132,7 @@ class StageBDataset(Dataset):
         turns.append(clip_turn(self.records[window.current], is_current=True))
         seq = self.layout.build_sequence(turns)
         current = self._row(window.current, swaps=self.swaps)
-        shots = [self._row(c)["shot"] for c in window.history] + [current["shot"]]
+        shots = [self._shot(c) for c in window.history] + [current["shot"]]
         empty = torch.zeros(0, self.num_slots, self.shot_dim)
         item = {
             "input_ids": torch.tensor(seq.input_ids, dtype=torch.long),
