@@ -176,6 +176,20 @@ class ShotMemory:
                 "depends": self.depends, "held_out_pair": self.held_out_pair, "reach": self.reach}
 
 
+def follows(shots: Sequence, friend: str | None = None) -> list[str]:
+    """The companion of each shot: after a social shot the friend follows the hero for the next
+    :data:`FOLLOW_SHOTS` shots that are not social, and a sleep ends it ("" no companion). ``friend``: the film's
+    friend; None: the friend of the latest social shot (a game's)."""
+    out, follow, latest = [], 0, ""
+    for spec in shots:
+        social = bool(spec.friend)
+        latest = spec.friend or latest
+        out.append((latest if friend is None else friend) if not social and follow > 0 and spec.action != "sleep"
+                   else "")
+        follow = FOLLOW_SHOTS if social else (0 if spec.action == "sleep" else max(0, follow - 1))
+    return out
+
+
 def film_memory(rng: np.random.Generator, shots: Sequence, friend: str, held_out: HeldOutPairs,
                 memory: bool = True, back: bool = True) -> list[ShotMemory]:
     """The memory of one film's shots (module doc). With ``memory`` off every word is said, nothing extra is
@@ -183,15 +197,14 @@ def film_memory(rng: np.random.Generator, shots: Sequence, friend: str, held_out
     (the same draws, so the other words are those of the world before ``back`` existed)."""
     look = HomeLook(int(rng.integers(len(WALLS))), int(rng.integers(len(FLOORS))), bool(rng.random() < 0.5))
     out: list[ShotMemory] = []
-    follow, places = 0, []
+    followers = follows(shots, friend) if memory else [""] * len(shots)
+    places = []
     last_friend: int | None = None  # the latest turn with the friend in view
     last_indoors: int | None = None  # the latest turn that showed the home
     last_at: dict[str, int] = {}  # the latest turn at each place
     previous = ""  # the place before the current stretch of turns at one place
     for t, spec in enumerate(shots):
-        social = bool(spec.friend)
-        companion = friend if memory and not social and follow > 0 and spec.action != "sleep" else ""
-        follow = FOLLOW_SHOTS if social else (0 if spec.action == "sleep" else max(0, follow - 1))
+        social, companion = bool(spec.friend), followers[t]
         time_word, place_word, friend_word = spec.time, spec.place, spec.friend
         if memory and t > 0:
             prev = shots[t - 1]
