@@ -236,6 +236,23 @@ def pixel_cases() -> dict[str, tuple[np.ndarray, np.ndarray]]:
     return cases
 
 
+def test_ssim_equals_the_torchmetrics_map_inside_its_border():
+    """The two 1-D passes give torchmetrics' SSIM map where its reflect padding does not reach."""
+    from torchmetrics.functional.image import structural_similarity_index_measure
+
+    rng = np.random.default_rng(3)
+    a = rng.integers(0, 256, (3, 20, 27, 3), dtype=np.uint8)
+    near = np.clip(a.astype(int) + rng.integers(-40, 41, a.shape), 0, 255).astype(np.uint8)
+    for b in (near, rng.integers(0, 256, a.shape, dtype=np.uint8)):
+        for window, sigma in ((11, 1.5), (9, 1.1)):
+            x, y = (torch.from_numpy(c).double().permute(0, 3, 1, 2) for c in (a, b))
+            _, full = structural_similarity_index_measure(x, y, gaussian_kernel=True, sigma=sigma, data_range=255.0,
+                                                          k1=0.01, k2=0.03, return_full_image=True)
+            pad = (window - 1) // 2
+            inside = full[:, :, pad : 20 - pad, pad : 27 - pad].mean().item()
+            assert ssim(a, b, window=window, sigma=sigma) == pytest.approx(inside, abs=1e-12)
+
+
 def test_psnr_ssim_reproduce_the_frozen_values_on_real_frames():
     """The values our own implementation gave before PSNR / SSIM moved to torchmetrics, on the same frames.
 
