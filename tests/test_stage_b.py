@@ -258,13 +258,22 @@ def test_train_stage_b_resumes_exactly(tmp_path, tiny_mistral_dir, capsys, histo
 
 
 def test_train_stage_b_with_the_identity_term(tmp_path, tiny_mistral_dir, capsys):
-    """identity_weight > 0: batches carry each current turn's identity swaps, the term is logged and falls."""
+    """identity_weight > 0: batches carry each current turn's identity swaps, the term is logged and falls; the
+    run is deterministic (run twice, the same weights bit for bit)."""
     write_stage_b_data(tmp_path / "data", films=3, clips_per_film=5, num_slots=SLOTS, shot_dim=SHOT_DIM, swaps=2)
     out = tmp_path / "run"
-    stage_b.main(["--config", str(ROOT / "configs" / "tiny" / "stage_b.yaml"),
-                  *stage_b_overrides(tmp_path, tiny_mistral_dir, out, identity_weight=4.0,
-                                     **{"train.max_steps": 10, "train.batch_size": 4})])
+
+    def run(folder: Path) -> None:
+        stage_b.main(["--config", str(ROOT / "configs" / "tiny" / "stage_b.yaml"),
+                      *stage_b_overrides(tmp_path, tiny_mistral_dir, folder, identity_weight=4.0,
+                                         **{"train.max_steps": 10, "train.batch_size": 4})])
+
+    run(out)
     assert "identity term: 8 of 15 current clips have identity swaps" in capsys.readouterr().out
+    run(tmp_path / "again")
+    a = trained_tensors(out / "checkpoints" / "step_0000010")
+    b = trained_tensors(tmp_path / "again" / "checkpoints" / "step_0000010")
+    assert a.keys() == b.keys() and len(a) > 4 and all(torch.equal(a[k], b[k]) for k in a)
     logged = metrics(out)
     identity = logged["identity"]
     assert len(identity) == 10 and all(torch.isfinite(torch.tensor(identity)))

@@ -685,3 +685,25 @@ def test_the_adaptation_control_shrinks_the_cached_shots_only(tmp_path):
         torch.testing.assert_close(got["shot_embeds"], mean + 0.25 * (row["shot_embeds"] - mean))
         assert torch.equal(got["values"], row["values"])
     assert (tmp_path / "shrunk" / META_FILE).read_text() == '{"mllm": "digest"}'
+
+
+def test_identity_ceiling_on_the_mini_run(mini_run, tmp_path):
+    """research/spriteworld/identity_ceiling.py: the real clips score 1 on every identity column, at the decoder's
+    size too; the VAE round trip's columns and the shirts' colour drift are in the report."""
+    out, _ = mini_run
+    threads = torch.get_num_threads()
+    try:
+        report = import_module("research.spriteworld.identity_ceiling").main([
+            "--config", str(out / "configs" / "eval.yaml"), "--out", str(tmp_path / "ceiling.json"), "--batch", "5"])
+    finally:
+        torch.set_num_threads(threads)
+    rows = {(r["version"], r["column"]): r for r in report["rows"]}
+    assert {v for v, _ in rows} == {"real", "decoder size", "VAE round trip"}
+    for column in {c for _, c in rows}:
+        assert rows[("real", column)]["mean"] == 1.0 == rows[("decoder size", column)]["mean"]
+        assert 0.0 <= rows[("VAE round trip", column)]["mean"] <= 1.0
+        assert rows[("real", column)]["turns"] == rows[("VAE round trip", column)]["turns"]
+    assert rows[("real", "Hero")]["turns"] == report["turns"] > 0
+    drawn = {name: s for name, s in report["shirts_after_vae"].items() if s["pixels"]}
+    assert drawn and all(s["mean_distance"] >= 0 and 0 <= s["within_tolerance"] <= 1 for s in drawn.values())
+    assert json.loads((tmp_path / "ceiling.json").read_text())["games"] == report["games"]

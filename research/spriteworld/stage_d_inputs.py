@@ -6,8 +6,8 @@ predictions cache (the MLLM's s_a of every training clip) and a stage (c) checkp
     python scripts/spriteworld/train.py --config configs/spriteworld/run.yaml "steps=[stage_d2,stage_d1]"
 
 ``--upto targets`` stops after the features and the shipped encoder's shot targets (with their identity swaps):
-what a stage (b) variant reads, e.g. the ``identity`` row of run.yaml's table (``steps=[evaluate]
-eval_rows=[identity]``).
+what a stage (b) variant reads (``shot_targets`` of stage_b.yaml), e.g. a stage (b) retrained with another
+``identity_weight`` on the shipped stage (a).
 
 A fresh clone has the shipped weights but no ``outputs/``: stage (d) needs ``<run>/stage_c/predictions`` and
 ``<run>/stage_c/checkpoints/latest``. This copies the shipped pretrained models into ``<run>/models``, computes
