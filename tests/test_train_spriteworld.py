@@ -707,3 +707,29 @@ def test_identity_ceiling_on_the_mini_run(mini_run, tmp_path):
     drawn = {name: s for name, s in report["shirts_after_vae"].items() if s["pixels"]}
     assert drawn and all(s["mean_distance"] >= 0 and 0 <= s["within_tolerance"] <= 1 for s in drawn.values())
     assert json.loads((tmp_path / "ceiling.json").read_text())["games"] == report["games"]
+
+
+def test_ship_keeps_the_shipped_small_decoder_of_the_same_vae(mini_run, tmp_path, capsys):
+    """A ship without a stage (e) run keeps ship_dir's small decoder (and the config that trained it) when it
+    decodes the VAE being shipped, and drops it, saying so, when the VAE differs."""
+    out, _ = mini_run
+    train = import_module("scripts.spriteworld.train")
+    ship = tmp_path / "ship"
+    shutil.copytree(out / "ship", ship)
+    (ship / "configs" / "stage_e.yaml").write_text((ship / "configs" / "stage_e.yaml").read_text() + "# trained so\n")
+    small = {p.name: p.read_bytes() for p in (ship / "stage_e" / "small_decoder").iterdir()}
+    aside = tmp_path / "stage_e_run"
+    shutil.move(out / "stage_e", aside)  # no stage (e) run in the run directory
+    try:
+        argv = ["--config", str(ROOT / "configs/spriteworld/mini.yaml"), f"output_dir={out}", f"ship_dir={ship}",
+                "steps=[ship]"]
+        train.main(argv)
+        assert {p.name: p.read_bytes() for p in (ship / "stage_e" / "small_decoder").iterdir()} == small
+        assert (ship / "configs" / "stage_e.yaml").read_text().endswith("# trained so\n")
+        vae = next((ship / "CogVideoX" / "vae").glob("*.safetensors"))
+        vae.write_bytes(vae.read_bytes()[:-1] + b"\0")  # another VAE in the shipped folder
+        train.main(argv)
+        assert "dropped: it was trained on another VAE" in capsys.readouterr().out
+        assert not (ship / "stage_e").exists() and (ship / "stage_d").is_dir()
+    finally:
+        shutil.move(aside, out / "stage_e")

@@ -23,8 +23,8 @@ ablations.yaml):
     stage_e    scripts/train_stage_e.py: the small causal decoder of the VAE's latents (make demo-fast decodes with it)
     ship       the weights inference needs (safetensors + configs, no optimizer states), assembled beside
                ``ship_dir`` and swapped in whole: stage_a/, stage_b/, stage_c/, stage_d/ (the student's decoder),
-               stage_e/ (the small decoder, when its run exists), the pretrained models and the resolved configs;
-               ship_dir's README.md is kept
+               stage_e/ (the small decoder: from its run, or else ship_dir's own when it was trained on the same
+               VAE), the pretrained models and the resolved configs; ship_dir's README.md is kept
     ship_stage_e  the stage (e) small decoder alone into ship_dir/stage_e (swapped in whole, the rest of ship_dir
                untouched): a small decoder trained on a shipped checkpoint's VAE joins it without retraining the
                other stages
@@ -44,6 +44,7 @@ values, or ``key=value`` strings; their paths move too), and the resolved YAML s
 from __future__ import annotations
 
 import csv
+import filecmp
 import json
 import re
 import shutil
@@ -175,6 +176,13 @@ def latest(run_dir: Path) -> Path:
     return resolve_checkpoint(run_dir)
 
 
+def same_files(a: Path, b: Path) -> bool:
+    """Whether folders ``a`` and ``b`` hold the same files, byte for byte."""
+    names = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file()) if a.is_dir() else []
+    return bool(names) and names == sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file()) and all(
+        filecmp.cmp(a / n, b / n, shallow=False) for n in names)
+
+
 def step_ship(cfg: SpriteWorldRunConfig, configs: dict[str, Path]) -> dict:
     """Assemble the weights inference and evaluation need beside ship_dir, then swap the whole folder in (an
     interrupted ship leaves the previous one whole); returns the sizes."""
@@ -185,6 +193,14 @@ def step_ship(cfg: SpriteWorldRunConfig, configs: dict[str, Path]) -> dict:
               for name in ("stage_a", "stage_b", "stage_c", "stage_d")}
     stage_e = Path(load_config(configs["stage_e"]).output_dir)
     readme = ship / "README.md"
+    # the small decoder is trained apart (ship_stage_e); without a run of it here, the shipped one stays when it
+    # decodes the very VAE being shipped
+    shipped_small = ship / "stage_e" / SMALL_DECODER_DIR
+    keep_small = not (stage_e / "checkpoints" / "latest").is_file() and shipped_small.is_dir()
+    if keep_small and not same_files(out / "models" / "CogVideoX" / "vae", ship / "CogVideoX" / "vae"):
+        keep_small = False
+        print(f"ship: {shipped_small} dropped: it was trained on another VAE (steps=[stage_e,ship_stage_e] trains "
+              "one on this one)", flush=True)
 
     def assemble(tmp: Path) -> None:
         for model in ("clip", "CogVideoX", "Mistral"):
@@ -196,9 +212,13 @@ def step_ship(cfg: SpriteWorldRunConfig, configs: dict[str, Path]) -> dict:
         shutil.copytree(stages["stage_d"] / "decoder", tmp / "stage_d" / "decoder")
         if (stage_e / "checkpoints" / "latest").is_file():  # the small decoder: sampling.vae=small decodes with it
             shutil.copytree(latest(stage_e) / SMALL_DECODER_DIR, tmp / "stage_e" / SMALL_DECODER_DIR)
+        elif keep_small:
+            shutil.copytree(shipped_small, tmp / "stage_e" / SMALL_DECODER_DIR)
         # the trained MLLM parts (adapter, resamplers, slot embeddings, layout), not the optimizer/RNG state
         shutil.copytree(stages["stage_b"], tmp / "stage_b", ignore=shutil.ignore_patterns(*RESUME_STATE))
         shutil.copytree(out / "configs", tmp / "configs")
+        if keep_small and (ship / "configs" / "stage_e.yaml").is_file():  # the recipe that trained the kept one
+            shutil.copy2(ship / "configs" / "stage_e.yaml", tmp / "configs" / "stage_e.yaml")
         if readme.is_file():  # written by hand with the numbers of the run; kept across reruns
             shutil.copy2(readme, tmp / "README.md")
 
