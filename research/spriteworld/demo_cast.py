@@ -16,6 +16,7 @@ clip's middle frame. A clip is right when the detector finds the protagonist and
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import sys
 from pathlib import Path
@@ -26,23 +27,22 @@ from animegamer.cli import fail
 from animegamer.data.video import read_video
 from animegamer.eval.research import write_report
 from animegamer.spriteworld.home import FLOORS, INDOORS, WALLS, HomeLook, home_background
-from animegamer.spriteworld.identity import TurnCast, names_friend, second_character
+from animegamer.spriteworld.identity import TurnCast, second_character
 from animegamer.spriteworld.memory import follows, resolve_game
 from animegamer.states import TagError, read_game_file
 
 
-def closest_scenery(frames: np.ndarray, place: str, time: str) -> tuple[np.ndarray, list | None]:
-    """The empty scenery of ``place`` at ``time`` at the frames' size, and indoors the home look (as a
-    ``[wall, floor, mirrored]`` list) whose scenery is nearest the middle frame (None outdoors)."""
-    height, width = frames.shape[1:3]
+def closest_home(frames: np.ndarray, place: str, time: str) -> list | None:
+    """Indoors, the home look (a ``[wall, floor, mirrored]`` list) whose empty scenery is nearest the clip's middle
+    frame; None outdoors (the scenery does not depend on the home)."""
     if place not in INDOORS:
-        return home_background(place, time, height, width, None), None
+        return None
+    height, width = frames.shape[1:3]
     middle = frames[len(frames) // 2].astype(np.float32)
     looks = [HomeLook(w, f, m) for w, f, m in itertools.product(range(len(WALLS)), range(len(FLOORS)), (False, True))]
     distances = [np.abs(home_background(place, time, height, width, look).astype(np.float32) - middle).mean()
                  for look in looks]
-    best = looks[int(np.argmin(distances))]
-    return home_background(place, time, height, width, best), best.to_list()
+    return looks[int(np.argmin(distances))].to_list()
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -65,15 +65,15 @@ def main(argv: list[str] | None = None) -> dict:
     for t, (instruction, spec, companion, path) in enumerate(zip(instructions, specs, follows(specs), clips,
                                                                  strict=True)):
         frames, _ = read_video(str(path))  # (T, H, W, 3) uint8
-        scenery, look = closest_scenery(frames, spec.place, spec.time)
-        friend = spec.friend or companion
+        look = closest_home(frames, spec.place, spec.time)
         text = instruction.render()
-        cast = TurnCast(spec.character, friend, names_friend(text, friend),
-                        spec.action == "sleep" and spec.place == "bedroom", scenery)
+        settings = {"home": look, "companion": companion, "height": frames.shape[1], "width": frames.shape[2]}
+        cast = TurnCast.from_row(dataclasses.asdict(spec), settings, text)
+        friend = cast.friend
         values = cast.score(frames)
         rows.append({"turn": t, "instruction": text, "hero": spec.character, "friend": friend,
                      "named": cast.named if friend else None, "home_look": look,
-                     "drawn_second": second_character(frames, spec.character, scenery), **values,
+                     "drawn_second": second_character(frames, spec.character, cast.scenery), **values,
                      "right": all(v == 1.0 for v in values.values())})
     friend_rows = [r for r in rows if r["friend"]]
     report = {"command": " ".join(["python", "research/spriteworld/demo_cast.py", *(argv or sys.argv[1:])]),
