@@ -1,4 +1,5 @@
-"""Every GPU measurement of the third-of-a-second turn, in chunks that fit a 30-minute lease (each under 10 minutes).
+"""Every GPU measurement of the third-of-a-second turn, in chunks of under 10 minutes each (a 30-minute lease holds
+most of them; ``--list`` says how many leases all of them take).
 
     python research/gpu_lease.py --list                                              # the chunks and their budgets
     python research/gpu_lease.py --chunk fast_eager --out benchmarks/h100            # one chunk: one command
@@ -16,6 +17,7 @@ Chunks (full size, random weights, one GPU):
     fast_eager     the game's fast turn, eager: static and dynamic MLLM cache (turn, first frames, MLLM host syncs)
     fast_compiled  the same compiled: blocks compiled, and the MLLM's static turn compiled too (CUDA graphs)
     fast_24gb      the compiled fast turn under a 24 GB cap (torch.cuda.set_per_process_memory_fraction)
+    fast_2step     the compiled fast turn with a 2-step student (the shipped SpriteWorld one; the others time 4)
     paper_turn     the paper's settings (50 steps, CFG), plain against ours, lossless; the fast preset; offload
     training       stage (a) and (b) optimizer steps, one process: steps/s, MFU, peak memory
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import subprocess
@@ -68,6 +71,9 @@ CHUNKS = (
     Chunk("fast_24gb", 270, "scripts/benchmark.py", bench("parts=[fast_path]", "fast_path_rows=[compiled]"),
           full=("warmup=1", "repeats=3"), tiny=("warmup=0", "repeats=1", "compile=true", "compile_backend=aot_eager"),
           memory_cap_gb=24.0),
+    Chunk("fast_2step", 240, "scripts/benchmark.py",
+          bench("parts=[fast_path]", "fast_path_rows=[compiled, 'compiled, MLLM compiled']", "student_steps=2"),
+          full=("warmup=1", "repeats=3"), tiny=("warmup=0", "repeats=1", "compile=true", "compile_backend=aot_eager")),
     Chunk("paper_turn", 330, "scripts/benchmark.py", bench("parts=[turn]"),
           full=("warmup=1", "repeats=2"), tiny=("warmup=0", "repeats=1", "compile=false")),
     Chunk("training", 270, "scripts/benchmark.py", bench("parts=[stage_a,stage_b]"),
@@ -131,7 +137,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for chunk in CHUNKS:
             line = " ".join(command(chunk, out, args.preset, args.device)[1:])
             print(f"{chunk.name:14s} {chunk.budget_s:4d} s  {line}")
-        print(f"total {sum(c.budget_s for c in CHUNKS)} s of a {LEASE_S} s lease")
+        total = sum(c.budget_s for c in CHUNKS)
+        print(f"total {total} s: {math.ceil(total / LEASE_S)} lease(s) of {LEASE_S} s")
         return []
     if args.chunk != "all" and args.chunk not in BY_NAME:
         print(f"error: --chunk must be one of {list(BY_NAME)} or all (got {args.chunk!r})", file=sys.stderr)

@@ -63,7 +63,7 @@ from animegamer.bench.models import (
     build_tokenizer,
 )
 from animegamer.bench.official import bench_official
-from animegamer.bench.options import bench_options
+from animegamer.bench.options import PAPER_STEPS, bench_options
 from animegamer.bench.report import markdown
 from animegamer.bench.timing import device_name, matmul_peak_flops
 from animegamer.bench.training import StepSettings, bench_stage_a, bench_stage_b
@@ -202,6 +202,9 @@ def parse(argv: list[str] | None) -> tuple[BenchmarkConfig, float]:
     if args.memory_cap_gb < 0:
         print(f"error: --memory-cap-gb must be >= 0 (got {args.memory_cap_gb})", file=sys.stderr)
         raise SystemExit(2)
+    if not 1 <= cfg.student_steps <= PAPER_STEPS:
+        print(f"error: student_steps must be in 1..{PAPER_STEPS} (got {cfg.student_steps})", file=sys.stderr)
+        raise SystemExit(2)
     return cfg, args.memory_cap_gb
 
 
@@ -336,7 +339,8 @@ def main(argv: list[str] | None = None) -> dict:
                     small = build_small_decoder(decoder, cfg.preset, seed=cfg.seed)
                     counts.add("small_decoder", small)
                     settings = FastPathSettings(cfg.sampling, cfg.history_turns, cfg.warmup, cfg.repeats,
-                                                cfg.compile, cfg.compile_backend, cfg.seed, tuple(cfg.fast_path_rows))
+                                                cfg.compile, cfg.compile_backend, cfg.seed, tuple(cfg.fast_path_rows),
+                                                cfg.student_steps)
 
                     def on_row(section):  # each row saved as it ends: a run stopped later keeps them
                         result["fast_path"] = section

@@ -70,8 +70,13 @@ def test_fast_path_part_times_a_whole_turn_eager_and_compiled(tmp_path):
     assert fast["writing"]["write_s"] > 0 and len(fast["writing"]["raw_write_s"]) == 3  # imageio-ffmpeg is pinned
     only = import_module("scripts.benchmark").main([
         "--preset", "tiny", "--device", "cpu", f"output_dir={tmp_path / 'only'}", "parts=[fast_path]", "repeats=1",
-        "warmup=0", "compile=true", "compile_backend=aot_eager", "fast_path_rows=[compiled]"])["fast_path"]
+        "warmup=0", "compile=true", "compile_backend=aot_eager", "fast_path_rows=[compiled]", "student_steps=2"])[
+        "fast_path"]
     assert list(only["rows"]) == ["compiled"] and only["rows"]["compiled"]["latents_vs_eager"] is None
+    # a 2-step student (the shipped SpriteWorld one): two of the 4-step turn's transformer calls, at t = 999 and 499
+    assert len(fast["settings"]["student_timesteps"]) == 4 and only["settings"]["student_timesteps"][0] == 999
+    assert len(only["settings"]["student_timesteps"]) == 2
+    assert only["denoise_tflop"] == pytest.approx(fast["denoise_tflop"] / 2, rel=1e-9)
     assert "eager: not asked for" in only["skipped"]
     table = markdown(result)
     assert "**The fast turn**" in table and "| compiled |" in table and "Not run: compiled, MLLM compiled" in table

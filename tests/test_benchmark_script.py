@@ -183,6 +183,9 @@ def test_cli_errors_exit_2(tmp_path):
     with pytest.raises(SystemExit) as bad_part:
         script.main(["--preset", "tiny", "--device", "cpu", "parts=[turn,nope]", f"output_dir={tmp_path}"])
     assert bad_part.value.code == 2
+    with pytest.raises(SystemExit) as bad_steps:
+        script.main(["--preset", "tiny", "--device", "cpu", "student_steps=0", f"output_dir={tmp_path}"])
+    assert bad_steps.value.code == 2
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit) as no_gpu:
             script.main(["--preset", "tiny", "--device", "cuda", f"output_dir={tmp_path}"])

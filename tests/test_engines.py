@@ -1,6 +1,7 @@
-"""Every training stage under every engine on 2 CPU processes: DDP (gloo), DeepSpeed ZeRO-2 and ZeRO-3 (its CPU
-accelerator, gloo; stage (b) also ZeRO-3 with optimizer and parameters offloaded to the CPU) write the same trained
-weights from the same seed, a killed ZeRO-2 run resumes into the uninterrupted one, and a launch whose processes
+"""Every training stage under DDP (gloo) and DeepSpeed ZeRO-3 on 2 CPU processes (its CPU accelerator, gloo), stages
+(a) and (b) also under ZeRO-2 and stage (b) under ZeRO-3 with optimizer and parameters offloaded to the CPU, write
+the same trained weights from the same seed, a killed ZeRO-2 run resumes into the uninterrupted one, and a launch
+whose processes
 accelerate cannot see stops before it writes anything. Each stage has one DDP reference run that every engine of
 that stage is compared with.
 
@@ -99,11 +100,18 @@ def assert_close(got: dict, want: dict, what: str, atol: float = ATOL, rtol: flo
 
 # ZeRO-3 with CPU offload (optimizer state and parameters): stage (b), the stage its config is shipped for (a 7B
 # MLLM with LoRA on one GPU), and the one whose model is built inside DeepSpeed's zero.Init by transformers
+# ZeRO-2 (a partitioned optimizer over whole weights, nothing stage-specific) and its killed-and-resumed run:
+# stages (a) (the decoder side) and (b) (the MLLM side). ZeRO-3 (partitioned weights, which each stage's save path
+# must gather, and stage (d)'s frozen teacher) and DDP: every stage. Restoring the weights, the partitioned optimizer,
+# every rank's RNG and the data order is the shared loop's (animegamer/training/loop.py), the same for (c) and (d),
+# whose own resumes are exact in tests/test_stage_c.py and tests/test_stage_d.py. Each 2-process launch costs about
+# 20 s of imports here (torch, diffusers, peft, transformers, DeepSpeed in every process); these four would add
+# about 100 s of CI and no code path.
 ENGINE_CASES = [
     pytest.param("a", ("ddp", "zero2", "zero3"), True, id="a"),
     pytest.param("b", ("ddp", "zero2", "zero3", "zero3_offload"), True, id="b"),
-    pytest.param("c", ("ddp", "zero2", "zero3"), True, id="c"),
-    pytest.param("d", ("ddp", "zero2", "zero3"), True, id="d"),
+    pytest.param("c", ("ddp", "zero3"), False, id="c"),
+    pytest.param("d", ("ddp", "zero3"), False, id="d"),
 ]
 ZERO = {"zero2": (2, "none"), "zero3": (3, "none"), "zero3_offload": (3, "cpu")}
 

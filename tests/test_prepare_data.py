@@ -257,6 +257,9 @@ def test_ctrl_c_stops_at_once_and_keeps_finished_films(tmp_path):
     assert "Traceback" not in stderr and any(line.startswith("interrupted:") for line in stderr.splitlines())
     finished = {p.parent.name for p in out.glob("clips/*/film.json")}
     assert finished and not (out / "clips.jsonl").exists()
+    for i in range(6):  # the rerun cuts the unfinished films again from the start: short ones do (a minute less)
+        if f"film{i}" not in finished:
+            make_film(films / f"film{i}.mp4", seconds=6.25, cuts=(2.25, 4.25), speed=1.0 + i, seed=i)
     summary = import_module("scripts.prepare_data").main(args(films, out, "workers=1"))
     assert summary["films_already_done"] == len(finished) and summary["films_cut"] == 6 - len(finished)
 

@@ -244,8 +244,9 @@ def test_train_stage_b_resumes_exactly(tmp_path, tiny_mistral_dir, capsys, histo
     assert logged_a["loss"] == logged_b["loss"]  # 4 + 2 steps logged the same 6 losses
     loss = logged_a["loss"]
     assert all(torch.isfinite(torch.tensor(loss))) and sum(loss[-2:]) < sum(loss[:2])
-    for part in ("ce", "mse", "cos", "state_acc", "lr", "tokens_per_s"):
+    for part in ("ce", "mse", "cos", "state_acc", "lr", "tokens_per_s", "steps_per_s"):
         assert len(logged_a[part]) == 6, part
+    assert all(v > 0 for v in logged_a["steps_per_s"]) and "peak_gpu_memory_gb" not in logged_a  # a CPU run
     assert json.loads((final / "trainer_state.json").read_text())["step"] == 6
     # the games' vocabulary: the words of the clips the run trained on, beside the weights
     from animegamer.data.manifest import read_manifest

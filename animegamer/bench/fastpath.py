@@ -72,6 +72,7 @@ class FastPathSettings:
     compile_backend: str = "inductor"  # aot_eager: the compiled rows' structure on a CPU in seconds
     seed: int = 0
     rows: tuple[str, ...] = ()  # the rows to run by name; empty: all (each compiled row compiles for a minute or two)
+    student_steps: int = 4  # the student's calls per clip (configs/stage_d.yaml: 4)
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,7 @@ def bench_fast_path(decoder, mllm, small, settings: FastPathSettings, device, pe
     mllm.eval()
     mllm.merge_lora()
     sampling = effective_sampling(dataclasses.replace(s.sampling, preset="distilled", scheduler="ddim", cache="none"))
-    student = FewStepSampler(distilled_timesteps(decoder))
+    student = FewStepSampler(distilled_timesteps(decoder, student_steps=s.student_steps))
     sampler = PresetSampler(decoder, sampling, student)
     predictor = MLLMPredictor(mllm, str(device))
     with_small = DecoderRenderer(decoder, sampling, str(device), sampler=sampler, small_decoder=small)
@@ -171,9 +172,9 @@ def bench_fast_path(decoder, mllm, small, settings: FastPathSettings, device, pe
     def timed(fn):
         return measure(fn, device, s.warmup, s.repeats)
 
-    # once, before any row changes the transformer: the work of a 4-step denoising, the VAE decode, the writing
+    # once, before any row changes the transformer: the work of the student's denoising, the VAE decode, the writing
     latents = with_small.latents(shot, MOTION_LEVEL, s.seed)
-    call_flops = count_flops(lambda: with_small.latents(shot, MOTION_LEVEL, s.seed))  # the 4 calls
+    call_flops = count_flops(lambda: with_small.latents(shot, MOTION_LEVEL, s.seed))  # the student's calls
     try:  # the VAE's decode is only the comparison: under a memory cap it may not fit beside the rest
         vae = timed(lambda: list(with_vae.decode(latents)))
         vae_first = timed(lambda: next(iter(with_vae.decode(latents))))

@@ -142,11 +142,12 @@ def fast_path_table(result: dict[str, Any]) -> list[str]:
     if not fast:
         return []
     st, params, writing = fast["settings"], fast["parameters"], fast["writing"]
+    steps = len(st["student_timesteps"])
     lines = [
-        f"**The fast turn** (play_turn end to end: the MLLM with K={st['history_turns']}, the 4-step student, the "
-        f"small decoder's streamed decode; {st['dtype']}, latents {st['latents']}, random weights; small decoder "
+        f"**The fast turn** (play_turn end to end: the MLLM with K={st['history_turns']}, the {steps}-step student, "
+        f"the small decoder's streamed decode; {st['dtype']}, latents {st['latents']}, random weights; small decoder "
         f"{params['small_decoder'] / 1e6:.2f} M parameters against the VAE decoder's "
-        f"{params['vae_decoder'] / 1e6:.1f} M; 4-step denoising {fast['denoise_tflop']:.3g} TFLOP):",
+        f"{params['vae_decoder'] / 1e6:.1f} M; {steps}-step denoising {fast['denoise_tflop']:.3g} TFLOP):",
         "",
         "| row | MLLM (s) | MLLM host syncs | denoising (s) | MFU | small decode (s) | turn (s) | "
         "first frames after (s) | turn with the VAE (s) | peak (GB) | latents vs eager |",
@@ -172,7 +173,7 @@ def fast_path_table(result: dict[str, Any]) -> list[str]:
         f"Turn: timed whole, no file written. First frames: MLLM + denoising + the small decoder's first chunk. "
         f"Turn with the VAE: MLLM + denoising + the VAE's decode ({vae}). MLLM host syncs: per turn, counted "
         f"by operator (HostSyncCounter) / by CUDA's sync debug mode on a GPU. Latents vs eager: relative L2 "
-        f"distance of the row's 4-step latents from the eager row's. {write[0].upper() + write[1:]}.",
+        f"distance of the row's latents from the eager row's. {write[0].upper() + write[1:]}.",
     ]
     if fast["skipped"]:
         lines.append("Not run: " + "; ".join(fast["skipped"]) + ".")

@@ -246,6 +246,11 @@ class BenchmarkConfig:
         factory=list,
         help="the fast_path rows to run, by name (animegamer.bench.fastpath.ROWS); empty: every row this device can",
     )
+    student_steps: int = knob(
+        4,
+        help="the fast_path student's steps (its timesteps from the 50-step DDIM grid, as stage (d) segments it): "
+        "4 as configs/stage_d.yaml, 2 as the shipped SpriteWorld student",
+    )
     low_memory: bool = knob(
         True,
         help="also time a whole turn with offload=sequential + VAE tiling, and its peak memory",

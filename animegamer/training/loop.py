@@ -17,8 +17,10 @@ FSDP2.
 A recipe's :meth:`Recipe.loss` returns the micro-batch's losses by name, ``"loss"`` first (the one that is
 backpropagated); each is averaged over the accumulation steps and, at a logging step, over the processes. The logged
 row of a step: those parts, the recipe's :meth:`Recipe.interval_logs`, ``grad_norm``, the learning rates applied
-(:attr:`Recipe.lr_names`), the recipe's :meth:`Recipe.step_logs` and, where the recipe counts tokens,
-``tokens_per_s``.
+(:attr:`Recipe.lr_names`), the recipe's :meth:`Recipe.step_logs`, ``steps_per_s`` (optimizer steps per second
+since the last logged step, checkpoint saves included), where the recipe counts tokens ``tokens_per_s``, and on a
+GPU ``peak_gpu_memory_gb`` (this process's peak of allocated memory since the run started: the model, its shard,
+optimizer state and activations).
 
 Random numbers: :meth:`Recipe.build` seeds (``set_seed(cfg.seed)``) just before it creates its models, so every
 process starts from the same weights; after ``prepare`` each process is seeded with ``seed + rank``; the batch order
@@ -214,7 +216,9 @@ def train(recipe_class: type[Recipe], doc: str | None, argv: list[str] | None = 
     names: list[str] | None = None
     logged: dict[str, float] = {}
     last_saved = None
-    tokens, started = 0, time.perf_counter()
+    tokens, started, steps_since = 0, time.perf_counter(), 0
+    if accelerator.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(accelerator.device)
     while step < train_cfg.max_steps:
         parts = None
         for micro in range(train_cfg.grad_accum):
@@ -231,6 +235,7 @@ def train(recipe_class: type[Recipe], doc: str | None, argv: list[str] | None = 
         lrs = scheduler.get_last_lr()  # the rates this step applies
         grad_norm = optimizer_step(accelerator, model, optimizer, scheduler, trained, train_cfg.max_grad_norm)
         step += 1
+        steps_since += 1
         progress.update(1)
 
         if step % train_cfg.log_every == 0 or step == train_cfg.max_steps:
@@ -238,9 +243,13 @@ def train(recipe_class: type[Recipe], doc: str | None, argv: list[str] | None = 
             logged = dict(zip(names, mean.tolist(), strict=True))
             logs = {**logged, **recipe.interval_logs(), "grad_norm": grad_norm,
                     **dict(zip(recipe.lr_names, lrs, strict=True)), **recipe.step_logs(step - 1)}
+            elapsed = max(time.perf_counter() - started, 1e-9)
+            logs["steps_per_s"] = steps_since / elapsed
             if counted is not None:
-                logs["tokens_per_s"] = tokens * accelerator.num_processes / max(time.perf_counter() - started, 1e-9)
-                tokens, started = 0, time.perf_counter()
+                logs["tokens_per_s"] = tokens * accelerator.num_processes / elapsed
+            if accelerator.device.type == "cuda":
+                logs["peak_gpu_memory_gb"] = torch.cuda.max_memory_allocated(accelerator.device) / 1e9
+            tokens, started, steps_since = 0, time.perf_counter(), 0
             accelerator.log(logs, step=step)
             progress.set_postfix({**{k: f"{v:.4f}" for k, v in logged.items()}, **recipe.postfix(step - 1)})
         if step % train_cfg.checkpoint_every == 0 or step == train_cfg.max_steps:
