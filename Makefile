@@ -51,7 +51,7 @@ demo: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) inference_MLLM.py --config configs/spriteworld/inference.yaml output_dir=outputs/demo
 	OMP_NUM_THREADS=1 $(PY) inference_Decoder.py --config configs/spriteworld/inference.yaml output_dir=outputs/demo
 
-# The same game rendered by the shipped 4-step stage (d) student (checkpoints/spriteworld/stage_d): 4 transformer
+# The same game rendered by the shipped 2-step stage (d) student (checkpoints/spriteworld/stage_d): 2 transformer
 # calls per clip instead of 40, no CFG; decoded by the shipped stage (e) small causal decoder instead of the VAE
 demo-fast: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) inference_MLLM.py --config configs/spriteworld/inference.yaml output_dir=outputs/demo_fast

@@ -252,7 +252,7 @@ def test_run_yaml_resolves_to_the_shipped_checkpoints_configs(tmp_path):
         recorded = dataclasses.asdict(load_config(ROOT / "checkpoints/spriteworld/configs" / f"{name}.yaml"))
         assert values == recorded, name
     rows = {row["name"] for row in resolved["ablations"]["rows"]}
-    assert {"main", "paper", "reconstruction", "distilled2", "distilled1"} <= rows
+    assert {"main", "paper", "reconstruction", "distilled4", "distilled1"} <= rows
     assert resolved["stage_b"]["mse_weight"] == 8.0 and resolved["stage_b"]["history_noise"] == 0.1
     assert resolved["stage_b"]["identity_weight"] == 1.0  # the identity term; the row `paper` trains without it
     assert resolved["stage_b"]["data"]["history_turns"] == resolved["inference"]["history_turns"] == 3

@@ -87,7 +87,7 @@ def test_small_decoder_mistakes_fail_before_any_model(tiny_mistral_dir, tiny_cog
 
 
 def test_shipped_spriteworld_small_decoder_streams_what_the_vae_shows():
-    """make demo-fast: the shipped 4-step student decoded by the shipped stage (e) small decoder, one frame per latent
+    """make demo-fast: the shipped 2-step student decoded by the shipped stage (e) small decoder, one frame per latent
     frame (SpriteWorld's VAE has no temporal compression), close to the VAE's own decode of the same latents."""
     from animegamer.eval.metrics import psnr
     from animegamer.game.build import load_renderer

@@ -145,6 +145,8 @@ def test_run_writes_a_decoder_checkpoint_and_resumes_exactly(stage_d_run, tmp_pa
     assert len(segments) == 3 and {r["name"] for r in segments} <= {"loss_segment_0", "loss_segment_1"}
     for r in segments:  # log_every=1: each step's one segment loss is the step's loss
         assert float(r["value"]) == pytest.approx(losses[int(r["step"]) - 1], rel=1e-6)
+    speed = [float(r["value"]) for r in rows if r["name"] == "steps_per_s"]  # every logged step, checkpoints in
+    assert len(speed) == 3 and all(v > 0 for v in speed)
     state = json.loads((steps[-1] / "trainer_state.json").read_text())
     assert state["step"] == 3 and len(state["sampler_timesteps"]) == 2
     # the student is a decoder checkpoint like any other, with its sampler recorded
@@ -175,8 +177,9 @@ def test_run_writes_a_decoder_checkpoint_and_resumes_exactly(stage_d_run, tmp_pa
 
 
 def test_a_two_step_student_learns_and_renders_in_two_calls(stage_d_run, tmp_path):
-    """The recipe of configs/spriteworld/stage_d2.yaml at tiny size: a 2-step student's loss falls over a real run
-    (each segment's own loss, first logged vs last), and its checkpoint samples a clip in 2 transformer calls."""
+    """The recipe of configs/spriteworld/stage_d.yaml (the shipped student) at tiny size: a 2-step student's loss
+    falls over a real run (each segment's own loss, first logged vs last), and its checkpoint samples a clip in 2
+    transformer calls."""
     out = train_stage_d.main(_argv(stage_d_run, tmp_path / "d2", "student_steps=2", "train.max_steps=16",
                                    "train.lr=1.0e-2", "train.log_every=1", "train.checkpoint_every=16"))
     rows = list(csv.DictReader(open(out / "metrics.csv")))
@@ -199,16 +202,18 @@ def test_a_two_step_student_learns_and_renders_in_two_calls(stage_d_run, tmp_pat
     assert len(calls) == 2 and latents.shape == noise.shape and torch.isfinite(latents).all()
 
 
-def test_spriteworld_fewer_step_students_are_stage_d_with_fewer_segments():
-    """stage_d2.yaml / stage_d1.yaml: the shipped student's recipe (teacher, data, budget) with 2 / 1 segments."""
-    four = load_config(ROOT / "configs/spriteworld/stage_d.yaml")
-    for name, steps in (("stage_d2", 2), ("stage_d1", 1)):
-        fewer = load_config(ROOT / "configs/spriteworld" / f"{name}.yaml")
-        assert fewer.student_steps == steps and fewer.output_dir == f"outputs/spriteworld/{name}"
-        assert (fewer.teacher, fewer.train, fewer.decoder, fewer.data) == (four.teacher, four.train, four.decoder,
-                                                                          four.data)
-        assert (fewer.stage_c_checkpoint, fewer.conditions, fewer.seed) == (four.stage_c_checkpoint,
-                                                                            four.conditions, four.seed)
+def test_spriteworld_other_students_are_stage_d_with_other_segment_counts():
+    """stage_d.yaml ships the 2-step student; stage_d4.yaml / stage_d1.yaml are its recipe (teacher, data, budget,
+    seed) with 4 / 1 segments; the full-size recipe keeps 4."""
+    shipped = load_config(ROOT / "configs/spriteworld/stage_d.yaml")
+    assert shipped.student_steps == 2 and load_config(ROOT / "configs/stage_d.yaml").student_steps == 4
+    for name, steps in (("stage_d4", 4), ("stage_d1", 1)):
+        other = load_config(ROOT / "configs/spriteworld" / f"{name}.yaml")
+        assert other.student_steps == steps and other.output_dir == f"outputs/spriteworld/{name}"
+        assert (other.teacher, other.train, other.decoder, other.data) == (shipped.teacher, shipped.train,
+                                                                          shipped.decoder, shipped.data)
+        assert (other.stage_c_checkpoint, other.conditions, other.seed) == (shipped.stage_c_checkpoint,
+                                                                            shipped.conditions, shipped.seed)
 
 
 def test_user_mistakes_exit_2_with_one_line(stage_d_run, tmp_path, capsys):
@@ -266,9 +271,9 @@ def test_resume_without_an_rng_state_needs_allow_rng_reset(stage_d_run, tmp_path
     assert [p.name for p in list_checkpoints(out)] == ["step_0000001", "step_0000002"]
 
 
-def test_shipped_spriteworld_student_renders_in_four_calls():
-    """The 4-step student shipped in checkpoints/spriteworld/stage_d (``make demo-fast``) loads through the game's
-    renderer and samples a clip in 4 CFG-free transformer calls."""
+def test_shipped_spriteworld_student_renders_in_two_calls():
+    """The 2-step student shipped in checkpoints/spriteworld/stage_d (``make demo-fast``) loads through the game's
+    renderer and samples a clip in 2 CFG-free transformer calls, at the timesteps its recipe's teacher gives."""
     from animegamer.game.build import load_renderer
 
     cfg = load_config("configs/spriteworld/inference.yaml",
@@ -280,6 +285,8 @@ def test_shipped_spriteworld_student_renders_in_four_calls():
     shot = torch.randn(cfg.mllm.num_slots, cfg.mllm.shot_dim, generator=torch.Generator().manual_seed(0))
     frames = renderer.render(shot, 3, seed=0, progress=lambda stage, done: steps.append(stage))
     hook.remove()
-    assert len(calls) == 4 and [s for s in steps if s.startswith("denoising")][-1] == "denoising 4/4"
+    assert len(calls) == 2 and [s for s in steps if s.startswith("denoising")][-1] == "denoising 2/2"
+    recipe = load_config(ROOT / "configs/spriteworld/stage_d.yaml")
+    assert renderer.sampler.fewstep.steps == recipe.student_steps == 2
     assert frames.shape == (cfg.sampling.num_frames, cfg.sampling.height, cfg.sampling.width, 3)
     assert frames.dtype == np.uint8 and frames.std() > 5  # a picture, not a flat frame

@@ -527,6 +527,22 @@ def test_ship_without_a_trained_stage_is_one_line_and_keeps_the_shipped_folder(t
     assert (ship / "stage_d" / "kept.txt").read_text() == "the shipped student"
 
 
+def test_resolved_configs_are_exactly_the_recipes_steps(tmp_path):
+    """output_dir/configs is shipped as the run's record: a step YAML an earlier recipe wrote there (a step renamed
+    since) is removed when the configs are resolved again; every step of this recipe is written."""
+    train = import_module("scripts.spriteworld.train")
+    cfg = load_config(ROOT / "configs/spriteworld/run.yaml", [f"output_dir={tmp_path}"])
+    cfg.configs = str(ROOT / cfg.configs)
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "stage_d2.yaml").write_text("kind: stage_d\n")
+    (tmp_path / "configs" / "notes.txt").write_text("not a step config")
+    resolved = train.resolve_configs(cfg)
+    assert sorted(p.name for p in (tmp_path / "configs").glob("*.yaml")) == sorted(
+        f"{name}.yaml" for name in train.CONFIG_FILES)
+    assert set(resolved) == set(train.CONFIG_FILES) and (tmp_path / "configs" / "notes.txt").is_file()
+    assert load_config(resolved["stage_d"]).student_steps == 2 and load_config(resolved["stage_d4"]).student_steps == 4
+
+
 def test_small_decoder_quality_on_the_mini_run(mini_run, tmp_path):
     """research/spriteworld/small_decoder_quality.py on the mini run's shipped folder: every row kind and metric, on
     the same latents (the small decode compared with the full one), files written."""

@@ -3,7 +3,7 @@ predictions cache (the MLLM's s_a of every training clip) and a stage (c) checkp
 
     python scripts/spriteworld/train.py --config configs/spriteworld/run.yaml "steps=[data]"   # the films (~90 s)
     python research/spriteworld/stage_d_inputs.py --run-dir outputs/spriteworld --ship-dir checkpoints/spriteworld
-    python scripts/spriteworld/train.py --config configs/spriteworld/run.yaml "steps=[stage_d2,stage_d1]"
+    python scripts/spriteworld/train.py --config configs/spriteworld/run.yaml "steps=[stage_d4,stage_d1]"
 
 ``--upto targets`` stops after the features and the shipped encoder's shot targets (with their identity swaps):
 what a stage (b) variant reads (``shot_targets`` of stage_b.yaml), e.g. a stage (b) retrained with another

@@ -5,7 +5,7 @@
     python scripts/spriteworld/train.py --config configs/spriteworld/run.yaml "steps=[ship,evaluate]"   # some steps
 
 Each step runs the library function or the real entry point's ``main(argv)`` in this process, with the step's
-YAML from ``configs`` (data.yaml, pretrain.yaml, pretrain_llm.yaml, stage_a/b/c/d/d2/d1.yaml, eval.yaml,
+YAML from ``configs`` (data.yaml, pretrain.yaml, pretrain_llm.yaml, stage_a/b/c/d/d4/d1.yaml, eval.yaml,
 ablations.yaml):
 
     data       animegamer.spriteworld.films.write_dataset (as scripts/spriteworld/make.py); then
@@ -17,9 +17,9 @@ ablations.yaml):
     pretrain_llm  animegamer.spriteworld.pretrain_llm (as scripts/spriteworld/pretrain_llm.py): the tiny Mistral
                trained as a causal LM on the training films' text (the pretrained LLM stage (b) adds LoRA to)
     stage_a    scripts/train_stage_a.py    stage_b  scripts/train_stage_b.py    stage_c  scripts/train_stage_c.py
-    stage_d    scripts/train_stage_d.py: the few-step student of the stage (c) decoder (make demo-fast plays it)
-    stage_d2, stage_d1  scripts/train_stage_d.py with stage_d2.yaml / stage_d1.yaml: 2- and 1-step students of
-               the same teacher (not in run.yaml's steps; their table rows are distilled2 / distilled1)
+    stage_d    scripts/train_stage_d.py: the 2-step student of the stage (c) decoder (make demo-fast plays it)
+    stage_d4, stage_d1  scripts/train_stage_d.py with stage_d4.yaml / stage_d1.yaml: 4- and 1-step students of
+               the same teacher (not in run.yaml's steps; their table rows are distilled4 / distilled1)
     stage_e    scripts/train_stage_e.py: the small causal decoder of the VAE's latents (make demo-fast decodes with it)
     ship       the weights inference needs (safetensors + configs, no optimizer states), assembled beside
                ``ship_dir`` and swapped in whole: stage_a/, stage_b/, stage_c/, stage_d/ (the student's decoder),
@@ -63,12 +63,12 @@ from animegamer.io import atomic_write_json, atomic_write_text, resolve_checkpoi
 from animegamer.models.trained import SMALL_DECODER_DIR
 from animegamer.recipes import train_stage
 
-STEPS = ("data", "pretrain", "pretrain_llm", "stage_a", "stage_b", "stage_c", "stage_d", "stage_d2", "stage_d1",
+STEPS = ("data", "pretrain", "pretrain_llm", "stage_a", "stage_b", "stage_c", "stage_d", "stage_d4", "stage_d1",
          "stage_e", "ship", "ship_stage_e", "evaluate")
-CONFIG_FILES = ("data", "pretrain", "pretrain_llm", "stage_a", "stage_b", "stage_c", "stage_d", "stage_d2", "stage_d1",
+CONFIG_FILES = ("data", "pretrain", "pretrain_llm", "stage_a", "stage_b", "stage_c", "stage_d", "stage_d4", "stage_d1",
                 "stage_e", "inference", "eval", "ablations")
-# the fewer-step students are stage (d) runs of their own YAML (stage_d2.yaml, stage_d1.yaml)
-STAGE_SCRIPTS = {"stage_d2": "stage_d", "stage_d1": "stage_d"}
+# the other students are stage (d) runs of their own YAML (stage_d4.yaml, stage_d1.yaml)
+STAGE_SCRIPTS = {"stage_d4": "stage_d", "stage_d1": "stage_d"}
 RESUME_STATE = ("optimizer*.bin", "scheduler*.bin", "random_states_*.pkl", "trainer_state.json")
 DEFAULT_OUT, DEFAULT_SHIP, DEFAULT_CONFIGS = "outputs/spriteworld", "checkpoints/spriteworld", "configs/spriteworld"
 
@@ -104,6 +104,8 @@ def resolve_configs(cfg: SpriteWorldRunConfig) -> dict[str, Path]:
             except ConfigError as exc:
                 fail(f"overrides.{name}: {exc}")
         resolved[name] = path
+    for stale in sorted(set((out / "configs").glob("*.yaml")) - set(resolved.values())):
+        stale.unlink()  # a step an earlier recipe had (e.g. renamed since): ship copies this folder as the record
     return resolved
 
 
@@ -264,7 +266,7 @@ def run_step(step: str, cfg: SpriteWorldRunConfig, configs: dict[str, Path]) -> 
         return step_pretrain(cfg, configs)
     if step == "pretrain_llm":
         return step_pretrain_llm(configs)
-    if step in ("stage_a", "stage_b", "stage_c", "stage_d", "stage_d2", "stage_d1", "stage_e"):
+    if step in ("stage_a", "stage_b", "stage_c", "stage_d", "stage_d4", "stage_d1", "stage_e"):
         return step_stage(step, configs)
     if step == "ship":
         return step_ship(cfg, configs)
