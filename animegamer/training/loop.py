@@ -19,7 +19,7 @@ backpropagated); each is averaged over the accumulation steps and, at a logging 
 row of a step: those parts, the recipe's :meth:`Recipe.interval_logs`, ``grad_norm``, the learning rates applied
 (:attr:`Recipe.lr_names`), the recipe's :meth:`Recipe.step_logs`, ``steps_per_s`` (optimizer steps per second
 since the last logged step, checkpoint saves included), where the recipe counts tokens ``tokens_per_s``, and on a
-GPU ``peak_gpu_memory_gb`` (this process's peak of allocated memory since the run started: the model, its shard,
+GPU ``peak_gpu_memory_gb`` (this process's peak of allocated memory since the first step: the model, its shard,
 optimizer state and activations).
 
 Random numbers: :meth:`Recipe.build` seeds (``set_seed(cfg.seed)``) just before it creates its models, so every
