@@ -543,6 +543,36 @@ def test_resolved_configs_are_exactly_the_recipes_steps(tmp_path):
     assert load_config(resolved["stage_d"]).student_steps == 2 and load_config(resolved["stage_d4"]).student_steps == 4
 
 
+def test_training_films_become_games_the_evaluation_reads(mini_run, tmp_path, capsys):
+    """research/spriteworld/train_games.py: the first training films as game files beside the held-out ones (their
+    videos found from the manifest's directory), read by the evaluation's reader; bad input is one line."""
+    from animegamer.eval.games import load_games
+
+    out, _ = mini_run
+    tool = import_module("research.spriteworld.train_games")
+    manifest = out / "data" / "train.jsonl"
+    train_films = sorted({r.film_id for r in read_manifest(manifest).records})
+    games_dir = out / "data" / "train_games"
+    written = tool.main(["--manifest", str(manifest), "--out", str(games_dir), "--films", "2"])
+    assert [p.stem for p in written] == train_films[:2]
+    assert capsys.readouterr().err.strip() == f"wrote 2 training-film games into {games_dir}"
+    assert all(p.read_text().startswith(f"# SpriteWorld training-film game {p.stem}:") for p in written)
+    games = load_games(games_dir)
+    assert [g.game_id for g in games] == train_films[:2]
+    clips = [clip for g in games for clip in g.clips]
+    assert clips and all(Path(clip["video"]).is_file() for clip in clips)
+    for argv, needle in [
+        (["--films", "0", "--out", str(games_dir)], "--films=0 must be >= 1"),
+        (["--out", str(tmp_path / "games")], "must be a folder directly inside"),
+        (["--out", str(out / "data" / "clips")], "holds other files than games"),
+    ]:
+        with pytest.raises(SystemExit) as exit_info:
+            tool.main(["--manifest", str(manifest), *argv])
+        err = capsys.readouterr().err.strip()
+        assert exit_info.value.code == 2 and needle in err and "\n" not in err, err
+    shutil.rmtree(games_dir)
+
+
 def test_small_decoder_quality_on_the_mini_run(mini_run, tmp_path):
     """research/spriteworld/small_decoder_quality.py on the mini run's shipped folder: every row kind and metric, on
     the same latents (the small decode compared with the full one), files written."""

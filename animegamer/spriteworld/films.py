@@ -262,10 +262,11 @@ def film_game(records: list[ClipRecord]) -> list[dict[str, Any]]:
     return turns
 
 
-def write_games(out_dir: str | Path, records: list[ClipRecord]) -> list[Path]:
+def write_games(out_dir: str | Path, records: list[ClipRecord], kind: str = "held-out") -> list[Path]:
     """Write ``<film>.txt`` (a game file for read_game_file) and ``<film>.jsonl`` (its ground truth per turn,
     videos relative to the manifest directory) for every film among ``records``. Games of an earlier run in
-    ``out_dir`` are removed, so the directory holds exactly this dataset's held-out games."""
+    ``out_dir`` are removed, so the directory holds exactly this dataset's held-out games. ``kind`` names the films
+    in each game file's header (``held-out``; ``training-film`` for research/spriteworld/train_games.py)."""
     out_dir = Path(out_dir)
     if out_dir.is_dir():
         for old in [*out_dir.glob("*.txt"), *out_dir.glob("*.jsonl")]:
@@ -276,7 +277,7 @@ def write_games(out_dir: str | Path, records: list[ClipRecord]) -> list[Path]:
     written = []
     for film_id, clips in sorted(films.items()):
         turns = film_game(clips)
-        header = f"# SpriteWorld held-out game {film_id}: {len(turns)} turns; ground truth in {film_id}.jsonl\n"
+        header = f"# SpriteWorld {kind} game {film_id}: {len(turns)} turns; ground truth in {film_id}.jsonl\n"
         atomic_write_text(out_dir / f"{film_id}.txt", header + "".join(t["instruction"] + "\n" for t in turns))
         atomic_write_jsonl(out_dir / f"{film_id}.jsonl", turns)
         written.append(out_dir / f"{film_id}.txt")
