@@ -44,6 +44,8 @@ LEASE_S = 1800  # one device lease
 CHUNK_LIMIT_S = 600  # one command on a lent device
 FAST_EAGER_ROWS = "[eager, 'eager, dynamic MLLM cache']"
 FAST_COMPILED_ROWS = "[compiled, 'compiled, MLLM compiled']"
+FAST_FULL = ("warmup=1", "repeats=3")  # the fast-turn chunks at full size: medians of 3 after 1 warm-up
+COMPILED_TINY = ("warmup=0", "repeats=1", "compile=true", "compile_backend=aot_eager")  # their structure on a CPU
 
 
 class Chunk(NamedTuple):
@@ -64,16 +66,16 @@ CHUNKS = (
     Chunk("mllm", 240, "research/mllm_host_overhead.py", ("--out", "{out}")),
     Chunk("fast_eager", 210, "scripts/benchmark.py",
           bench("parts=[fast_path]", f"fast_path_rows={FAST_EAGER_ROWS}"),
-          full=("warmup=1", "repeats=3"), tiny=("warmup=0", "repeats=1")),
+          full=FAST_FULL, tiny=("warmup=0", "repeats=1")),
     Chunk("fast_compiled", 450, "scripts/benchmark.py",
           bench("parts=[fast_path]", f"fast_path_rows={FAST_COMPILED_ROWS}", "profile=true"),
-          full=("warmup=1", "repeats=3"), tiny=("warmup=0", "repeats=1", "compile=true", "compile_backend=aot_eager")),
+          full=FAST_FULL, tiny=COMPILED_TINY),
     Chunk("fast_24gb", 270, "scripts/benchmark.py", bench("parts=[fast_path]", "fast_path_rows=[compiled]"),
-          full=("warmup=1", "repeats=3"), tiny=("warmup=0", "repeats=1", "compile=true", "compile_backend=aot_eager"),
+          full=FAST_FULL, tiny=COMPILED_TINY,
           memory_cap_gb=24.0),
     Chunk("fast_2step", 240, "scripts/benchmark.py",
-          bench("parts=[fast_path]", "fast_path_rows=[compiled, 'compiled, MLLM compiled']", "student_steps=2"),
-          full=("warmup=1", "repeats=3"), tiny=("warmup=0", "repeats=1", "compile=true", "compile_backend=aot_eager")),
+          bench("parts=[fast_path]", f"fast_path_rows={FAST_COMPILED_ROWS}", "student_steps=2"),
+          full=FAST_FULL, tiny=COMPILED_TINY),
     Chunk("paper_turn", 330, "scripts/benchmark.py", bench("parts=[turn]"),
           full=("warmup=1", "repeats=2"), tiny=("warmup=0", "repeats=1", "compile=false")),
     Chunk("training", 270, "scripts/benchmark.py", bench("parts=[stage_a,stage_b]"),

@@ -198,7 +198,8 @@ def step_ship(cfg: SpriteWorldRunConfig, configs: dict[str, Path]) -> dict:
     # the small decoder is trained apart (ship_stage_e); without a run of it here, the shipped one stays when it
     # decodes the very VAE being shipped
     shipped_small = ship / "stage_e" / SMALL_DECODER_DIR
-    keep_small = not (stage_e / "checkpoints" / "latest").is_file() and shipped_small.is_dir()
+    trained_small = (stage_e / "checkpoints" / "latest").is_file()
+    keep_small = not trained_small and shipped_small.is_dir()
     if keep_small and not same_files(out / "models" / "CogVideoX" / "vae", ship / "CogVideoX" / "vae"):
         keep_small = False
         print(f"ship: {shipped_small} dropped: it was trained on another VAE (steps=[stage_e,ship_stage_e] trains "
@@ -212,7 +213,7 @@ def step_ship(cfg: SpriteWorldRunConfig, configs: dict[str, Path]) -> dict:
         shutil.copytree(stages["stage_c"] / "decoder", tmp / "stage_c" / "decoder")
         # the student's LoRA, motion embedding and sampler.json (its timesteps): sampling.preset=distilled plays it
         shutil.copytree(stages["stage_d"] / "decoder", tmp / "stage_d" / "decoder")
-        if (stage_e / "checkpoints" / "latest").is_file():  # the small decoder: sampling.vae=small decodes with it
+        if trained_small:  # the small decoder: sampling.vae=small decodes with it
             shutil.copytree(latest(stage_e) / SMALL_DECODER_DIR, tmp / "stage_e" / SMALL_DECODER_DIR)
         elif keep_small:
             shutil.copytree(shipped_small, tmp / "stage_e" / SMALL_DECODER_DIR)
