@@ -2,7 +2,7 @@
 
 A file written here is either the old one or the complete new one, even across a crash or a power cut: the temp
 file is flushed to disk (fsync) before the rename, and the directory after it, so the rename itself is durable.
-New files get the mode any normal writer would give them (0666 minus the process umask), not mkstemp's 0600.
+New files get the mode any normal writer would give them (0666 minus the process umask), not the 0600 a temp file is created with.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import fcntl
 import json
 import os
 import re
+import secrets
 import stat
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -53,17 +53,36 @@ def atomic_path(path: str | Path, mode: int | None = None) -> Iterator[Path]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=f".tmp{path.suffix}", dir=path.parent)
-    os.close(fd)
+    tmp = None
     try:
-        yield Path(tmp)
+        # The temp name is known before the file exists, so an interrupt (Ctrl-C raises KeyboardInterrupt at any
+        # bytecode) that lands just after the file is created still finds it in ``finally``; mkstemp returns the
+        # name only after creating the file, which left an orphan when the interrupt came in between.
+        for _ in range(100):
+            tmp = path.parent / f".{path.stem}.{_temp_token()}.tmp{path.suffix}"
+            try:
+                os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+                break
+            except FileExistsError:
+                tmp = None
+        else:
+            raise FileExistsError(f"no free temp name beside {path}")
+        yield tmp
         os.chmod(tmp, mode if mode is not None else 0o666 & ~current_umask())
         fsync_path(tmp)
         os.replace(tmp, path)
         fsync_path(path.parent)
     finally:
-        if os.path.exists(tmp):
+        if tmp is not None and os.path.lexists(tmp):
             os.unlink(tmp)
+
+
+_TOKEN_LETTERS = "abcdefghijklmnopqrstuvwxyz0123456789_"
+
+
+def _temp_token() -> str:
+    """Eight random letters for a temp name (the alphabet and length ``remove_stale_temps`` recognises)."""
+    return "".join(secrets.choice(_TOKEN_LETTERS) for _ in range(8))
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -267,7 +286,7 @@ def remove_stale_temps(directory: str | Path, depth: int = 0) -> list[Path]:
     return removed
 
 
-_STALE_TEMP = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp(\.[^/]*)?")  # atomic_path's mkstemp names
+_STALE_TEMP = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp(\.[^/]*)?")  # atomic_path's temp names
 
 
 # ---------------------------------------------------------------- checkpoint paths

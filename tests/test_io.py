@@ -55,6 +55,38 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temp(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["c.txt"]
 
 
+def test_an_interrupt_just_after_the_temp_file_is_created_leaves_nothing(tmp_path, monkeypatch):
+    """Ctrl-C raises KeyboardInterrupt at whatever line runs; the first moment the temp file exists on disk is the
+    earliest it can land, and it must still be cleaned up (a stage (b) run interrupted while writing its
+    missing-targets report left one)."""
+    atomic_write_text(tmp_path / "d.txt", "old")
+    real_open = os.open
+
+    def open_then_interrupt(path, flags, *args, **kwargs):
+        fd = real_open(path, flags, *args, **kwargs)
+        if flags & os.O_CREAT:
+            os.close(fd)
+            raise KeyboardInterrupt
+        return fd
+
+    monkeypatch.setattr(agio.os, "open", open_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write_text(tmp_path / "d.txt", "new")
+    monkeypatch.undo()
+    assert [p.name for p in tmp_path.iterdir()] == ["d.txt"] and (tmp_path / "d.txt").read_text() == "old"
+
+
+def test_a_temp_name_in_the_way_is_skipped_not_touched(tmp_path, monkeypatch):
+    tokens = iter(["takentak", "freefree"])
+    monkeypatch.setattr(agio, "_temp_token", lambda: next(tokens))
+    (tmp_path / ".e.takentak.tmp.txt").write_text("someone else's")
+    with atomic_path(tmp_path / "e.txt") as tmp:
+        assert tmp.name == ".e.freefree.tmp.txt" and tmp.read_bytes() == b""
+        tmp.write_text("mine")
+    assert (tmp_path / "e.txt").read_text() == "mine"
+    assert (tmp_path / ".e.takentak.tmp.txt").read_text() == "someone else's"
+
+
 def test_path_inside(tmp_path):
     root = tmp_path / "root"
     (root / "turn_000").mkdir(parents=True)
@@ -127,7 +159,7 @@ def test_stale_temps_of_a_killed_writer_are_removed_and_nothing_else(tmp_path):
     from animegamer.io import remove_stale_temps
 
     run = tmp_path / "run"
-    killed = []  # what atomic_path leaves when its process is killed between mkstemp and the rename
+    killed = []  # what atomic_path leaves when its process is killed before the rename (mkstemp makes the same names)
     for folder in (run, run / "clips", run / "clips" / "film", run / "clips" / "film" / "deeper"):
         folder.mkdir(parents=True)
         for name, suffix in (("clip", ".mp4"), ("film", ".json"), ("turns", "")):
