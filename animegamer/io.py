@@ -2,7 +2,8 @@
 
 A file written here is either the old one or the complete new one, even across a crash or a power cut: the temp
 file is flushed to disk (fsync) before the rename, and the directory after it, so the rename itself is durable.
-New files get the mode any normal writer would give them (0666 minus the process umask), not the 0600 a temp file is created with.
+New files get the mode any normal writer would give them (0666 minus the process umask), not the 0600 a temp file
+is created with.
 """
 
 from __future__ import annotations

@@ -20,9 +20,13 @@ Chunks (full size, random weights, one GPU):
     fast_2step     the compiled fast turn with a 2-step student (the shipped SpriteWorld one; the others time 4)
     paper_turn     the paper's settings (50 steps, CFG), plain against ours, lossless; the fast preset; offload
     training       stage (a) and (b) optimizer steps, one process: steps/s, MFU, peak memory
+    engines_a      stage (a) trained by its script under DDP, FSDP2 and ZeRO-3 (accelerate launch on every GPU
+                   here, 20 steps each): steps/s, MFU, peak GPU memory per process, peak host RAM
+                                                                           research/train_engines.py
+    engines_b      the same for stage (b)
 
-Training under FSDP2 and ZeRO-3 at full size is not among them: animegamer.bench.training times one process's
-step only (see docs/performance.md).
+The engine chunks write their random full-size weights (about 20 GB) once, under the temp dir's
+animegamer_engines/full, and both use them.
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ FAST_EAGER_ROWS = "[eager, 'eager, dynamic MLLM cache']"
 FAST_COMPILED_ROWS = "[compiled, 'compiled, MLLM compiled']"
 FAST_FULL = ("warmup=1", "repeats=3")  # the fast-turn chunks at full size: medians of 3 after 1 warm-up
 COMPILED_TINY = ("warmup=0", "repeats=1", "compile=true", "compile_backend=aot_eager")  # their structure on a CPU
+ENGINES_FULL = ("--engines", "ddp,fsdp2,zero3")  # the stage scripts under accelerate, 20 steps each, every GPU
+ENGINES_TINY = ("--engines", "ddp,zero3", "--steps", "4", "--log-every", "2")  # FSDP2 does not start on CPU
 
 
 class Chunk(NamedTuple):
@@ -80,6 +86,10 @@ CHUNKS = (
           full=("warmup=1", "repeats=2"), tiny=("warmup=0", "repeats=1", "compile=false")),
     Chunk("training", 270, "scripts/benchmark.py", bench("parts=[stage_a,stage_b]"),
           full=("train_warmup=2", "train_repeats=5"), tiny=("train_warmup=0", "train_repeats=1", "compile=false")),
+    Chunk("engines_a", 540, "research/train_engines.py", ("--out", "{out}", "--stages", "a"),
+          full=ENGINES_FULL, tiny=ENGINES_TINY),
+    Chunk("engines_b", 480, "research/train_engines.py", ("--out", "{out}", "--stages", "b"),
+          full=ENGINES_FULL, tiny=ENGINES_TINY),
 )
 BY_NAME = {c.name: c for c in CHUNKS}
 

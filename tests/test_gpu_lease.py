@@ -17,7 +17,7 @@ def test_chunks_fit_a_lease(tmp_path, capsys):
     assert all(chunk.budget_s < module.CHUNK_LIMIT_S for chunk in module.CHUNKS)
     assert sum(chunk.budget_s for chunk in module.CHUNKS) <= 2 * module.LEASE_S
     assert list(module.BY_NAME) == ["mllm", "fast_eager", "fast_compiled", "fast_24gb", "fast_2step", "paper_turn",
-                                    "training"]
+                                    "training", "engines_a", "engines_b"]
     full = module.command(module.BY_NAME["fast_24gb"], tmp_path, "full", "cuda")
     assert full[1:6] == ["scripts/benchmark.py", "--preset", "full", "--device", "cuda"]
     assert f"output_dir={tmp_path / 'fast_24gb'}" in full and full[-2:] == ["--memory-cap-gb", "24.0"]
@@ -25,7 +25,7 @@ def test_chunks_fit_a_lease(tmp_path, capsys):
     assert "compile_backend=aot_eager" in tiny and "repeats=1" in tiny
     assert module.main(["--list", "--out", str(tmp_path)]) == []
     listed = capsys.readouterr().out
-    assert "total 2010 s: 2 lease(s) of 1800 s" in listed and listed.count("\n") == 8
+    assert "total 3030 s: 2 lease(s) of 1800 s" in listed and listed.count("\n") == 10
     assert not any(tmp_path.iterdir())  # listing writes nothing
 
 
@@ -59,6 +59,16 @@ def test_every_benchmark_chunk_is_a_valid_benchmark_command(preset, device, tmp_
     module, benchmark = lease(), import_module("scripts.benchmark")
     for chunk in module.CHUNKS:
         argv = module.command(chunk, tmp_path, preset, device)
+        if chunk.script == "research/train_engines.py":
+            engines = import_module("research.train_engines")
+            assert argv[argv.index("--out") + 1] == str(tmp_path / chunk.name), chunk.name
+            if preset == "full":  # parsed on a GPU only (it counts the devices): DDP, FSDP2 and ZeRO-3 at full size
+                assert argv[argv.index("--engines") + 1] == "ddp,fsdp2,zero3" and "--steps" not in argv, chunk.name
+                continue
+            settings = engines.parse_args(argv[2:])
+            assert (settings.preset, settings.device, settings.stages) == (preset, device, (chunk.name[-1],))
+            assert settings.engines == ("ddp", "zero3") and settings.num_processes == 2, chunk.name
+            continue
         if chunk.script != "scripts/benchmark.py":
             assert chunk.name == "mllm" and argv[1] == "research/mllm_host_overhead.py"
             continue

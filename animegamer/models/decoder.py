@@ -87,7 +87,9 @@ class AnimationShotDecoder(nn.Module):
         # s_a is already in the transformer's width: keep the pretrained T5 projection only to initialise the
         # encoder's text projection (copy_text_projection_to), and make the patch embedding pass s_a through.
         proj = transformer.patch_embed.text_proj
-        self.text_projection_state = {k: v.detach().cpu().clone() for k, v in proj.state_dict().items()}
+        # (a decoder built on the meta device, to count FLOPs, has no values to copy)
+        self.text_projection_state = {k: v.detach().clone() if v.is_meta else v.detach().cpu().clone()
+                                      for k, v in proj.state_dict().items()}
         transformer.patch_embed.text_proj = nn.Identity()
 
         self.lora_rank, self.lora_alpha, self.lora_targets = lora_rank, lora_alpha, list(lora_targets)
