@@ -5,7 +5,8 @@ most of them; ``--list`` says how many leases all of them take).
     python research/gpu_lease.py --chunk fast_eager --out benchmarks/h100            # one chunk: one command
     python research/gpu_lease.py --chunk all --preset tiny --device cpu --out /tmp/lease   # every chunk, CPU-sized
 
-A chunk runs one existing measurement in a child process under its own time limit and writes its rows into
+A chunk runs one existing measurement in a child process under its own time limit (at the limit it is stopped with
+every process it started: research/process_group.py) and writes its rows into
 ``--out/<chunk>/`` as that measurement saves them (the benchmark rewrites benchmark.json after each part and each
 fast_path row; the MLLM probe after each mode), so a chunk cut off by its limit keeps what it finished. Every chunk
 run appends one line to ``--out/lease.jsonl``: chunk, command, exit status, seconds, date, device and versions.
@@ -36,7 +37,6 @@ import json
 import math
 import os
 import platform
-import subprocess
 import sys
 import time
 from datetime import datetime, timezone
@@ -44,13 +44,20 @@ from pathlib import Path
 from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from research.process_group import run_in_group  # noqa: E402  (the repository root is on the path first)
+
 LEASE_S = 1800  # one device lease
 CHUNK_LIMIT_S = 600  # one command on a lent device
 FAST_EAGER_ROWS = "[eager, 'eager, dynamic MLLM cache']"
 FAST_COMPILED_ROWS = "[compiled, 'compiled, MLLM compiled']"
 FAST_FULL = ("warmup=1", "repeats=3")  # the fast-turn chunks at full size: medians of 3 after 1 warm-up
 COMPILED_TINY = ("warmup=0", "repeats=1", "compile=true", "compile_backend=aot_eager")  # their structure on a CPU
-ENGINES_FULL = ("--engines", "ddp,fsdp2,zero3")  # the stage scripts under accelerate, 20 steps each, every GPU
+# the stage scripts under accelerate, 20 steps each on every GPU; a launch past 150 s is stopped (its row says so) so
+# that the chunk's three launches and the weights it writes first stay inside its limit
+ENGINES_FULL = ("--engines", "ddp,fsdp2,zero3", "--timeout", "150")
 ENGINES_TINY = ("--engines", "ddp,zero3", "--steps", "4", "--log-every", "2")  # FSDP2 does not start on CPU
 
 
@@ -86,7 +93,7 @@ CHUNKS = (
           full=("warmup=1", "repeats=2"), tiny=("warmup=0", "repeats=1", "compile=false")),
     Chunk("training", 270, "scripts/benchmark.py", bench("parts=[stage_a,stage_b]"),
           full=("train_warmup=2", "train_repeats=5"), tiny=("train_warmup=0", "train_repeats=1", "compile=false")),
-    Chunk("engines_a", 540, "research/train_engines.py", ("--out", "{out}", "--stages", "a"),
+    Chunk("engines_a", 570, "research/train_engines.py", ("--out", "{out}", "--stages", "a"),
           full=ENGINES_FULL, tiny=ENGINES_TINY),
     Chunk("engines_b", 480, "research/train_engines.py", ("--out", "{out}", "--stages", "b"),
           full=ENGINES_FULL, tiny=ENGINES_TINY),
@@ -123,10 +130,8 @@ def run_chunk(chunk: Chunk, out: Path, preset: str, device: str, limit_s: int) -
     (out / chunk.name).mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    try:
-        rc = subprocess.run(argv, cwd=ROOT, env=env, timeout=limit_s).returncode
-    except subprocess.TimeoutExpired:
-        rc = 124  # its rows so far are on disk
+    rc = run_in_group(argv, limit_s, cwd=ROOT, env=env)  # at the limit every process it started is stopped; its
+    # rows so far are on disk
     record = {"chunk": chunk.name, "command": " ".join(argv[1:]), "rc": rc,
               "seconds": round(time.perf_counter() - started, 1), "limit_s": limit_s,
               "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "preset": preset,

@@ -320,28 +320,26 @@ def launch_command(settings: Settings, stage: str, engine: str) -> list[str]:
 
 
 def run_with_peak_rss(argv: list[str], env: dict, timeout_s: int, log: Path) -> tuple[int, float]:
-    """Run ``argv`` in a wrapper process that reports its children's peak ``ru_maxrss``: (exit status, peak RSS
-    bytes of the largest process of the launch). Output goes to ``log``."""
+    """Run ``argv`` under a wrapper process that reports its children's peak ``ru_maxrss``: (exit status, peak RSS
+    bytes of the largest process of the launch; 0 when it was stopped at ``timeout_s``). Output goes to ``log``;
+    past the limit every process of the launch is stopped (:func:`run_in_group`)."""
+    from research.process_group import TIMED_OUT, run_in_group
+
+    result = log.with_name(".peak_rss.json")
     wrapper = ("import json, resource, subprocess, sys; "
                "rc = subprocess.run(json.loads(sys.argv[1])).returncode; "
-               "print(json.dumps([rc, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024]), "
-               "file=sys.stderr)")
+               "peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss; "
+               "open(sys.argv[2], 'w').write(json.dumps([rc, peak]))")
     log.parent.mkdir(parents=True, exist_ok=True)
+    result.unlink(missing_ok=True)
     with open(log, "w") as out:
-        try:
-            done = subprocess.run([sys.executable, "-c", wrapper, json.dumps(argv)], cwd=ROOT, env=env, stdout=out,
-                                  stderr=subprocess.PIPE, text=True, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            return 124, 0.0
-    lines = done.stderr.strip().splitlines()
-    out_text = "\n".join(lines[:-1])
-    with open(log, "a") as out:
-        out.write(out_text + "\n")
-    try:
-        rc, rss = json.loads(lines[-1])
-    except (IndexError, ValueError):
-        return done.returncode or 1, 0.0
-    return rc, float(rss)
+        rc = run_in_group([sys.executable, "-c", wrapper, json.dumps(argv), str(result)], timeout_s, cwd=ROOT,
+                          env=env, stdout=out, stderr=subprocess.STDOUT)
+    if rc == TIMED_OUT or not result.is_file():
+        return rc or 1, 0.0
+    launch_rc, max_rss_kib = json.loads(result.read_text())
+    result.unlink()
+    return launch_rc, float(max_rss_kib) * 1024  # ru_maxrss is in KiB on Linux
 
 
 def read_metrics(run: Path) -> dict[str, dict[int, float]]:
