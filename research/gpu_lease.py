@@ -6,7 +6,7 @@ most of them; ``--list`` says how many leases all of them take).
     python research/gpu_lease.py --chunk all --preset tiny --device cpu --out /tmp/lease   # every chunk, CPU-sized
 
 A chunk runs one existing measurement in a child process under its own time limit (at the limit it is stopped with
-every process it started: research/process_group.py) and writes its rows into
+every process it started: :func:`run_in_group`) and writes its rows into
 ``--out/<chunk>/`` as that measurement saves them (the benchmark rewrites benchmark.json after each part and each
 fast_path row; the MLLM probe after each mode), so a chunk cut off by its limit keeps what it finished. Every chunk
 run appends one line to ``--out/lease.jsonl``: chunk, command, exit status, seconds, date, device and versions.
@@ -37,6 +37,8 @@ import json
 import math
 import os
 import platform
+import signal
+import subprocess
 import sys
 import time
 from datetime import datetime, timezone
@@ -44,11 +46,6 @@ from pathlib import Path
 from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from research.process_group import run_in_group  # noqa: E402  (the repository root is on the path first)
-
 LEASE_S = 1800  # one device lease
 CHUNK_LIMIT_S = 600  # one command on a lent device
 FAST_EAGER_ROWS = "[eager, 'eager, dynamic MLLM cache']"
@@ -99,6 +96,43 @@ CHUNKS = (
           full=ENGINES_FULL, tiny=ENGINES_TINY),
 )
 BY_NAME = {c.name: c for c in CHUNKS}
+
+
+# ---------------------------------------------------------------- a command under a time limit, with its children
+# ``subprocess.run(..., timeout=...)`` kills only the direct child: a launcher's workers (``accelerate launch`` and
+# the processes torch's launcher starts under it, or a measurement's own children) would go on holding the GPU while
+# the next chunk starts. Here the command leads a new session; past its limit the whole group gets SIGTERM, then
+# SIGKILL after a grace period.
+
+TIMED_OUT = 124  # the exit status reported for a command stopped at its limit (as coreutils' timeout)
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:  # every process of the group has ended
+        pass
+
+
+def run_in_group(argv: list[str], timeout_s: float, grace_s: float = 15.0, **popen) -> int:
+    """Run ``argv`` (``popen``: Popen's keyword arguments) for at most ``timeout_s`` seconds; its exit status, or
+    :data:`TIMED_OUT` when the limit stopped it and every process of its group."""
+    proc = subprocess.Popen(argv, start_new_session=True, **popen)
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        signal_group(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        signal_group(proc.pid, signal.SIGKILL)  # whatever of the group is left, the leader included
+        proc.wait()
+        return TIMED_OUT
+    except BaseException:  # Ctrl-C while waiting: nothing of the group outlives the driver
+        signal_group(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
 
 
 def command(chunk: Chunk, out: Path, preset: str, device: str) -> list[str]:

@@ -323,7 +323,7 @@ def run_with_peak_rss(argv: list[str], env: dict, timeout_s: int, log: Path) -> 
     """Run ``argv`` under a wrapper process that reports its children's peak ``ru_maxrss``: (exit status, peak RSS
     bytes of the largest process of the launch; 0 when it was stopped at ``timeout_s``). Output goes to ``log``;
     past the limit every process of the launch is stopped (:func:`run_in_group`)."""
-    from research.process_group import TIMED_OUT, run_in_group
+    from research.gpu_lease import TIMED_OUT, run_in_group
 
     result = log.with_name(".peak_rss.json")
     wrapper = ("import json, resource, subprocess, sys; "

@@ -1,5 +1,5 @@
-"""research/process_group.py: a measurement stopped at its time limit takes every process it started with it (a
-launcher's GPU workers must not outlive their chunk)."""
+"""research/gpu_lease.py's run_in_group: a measurement stopped at its time limit takes every process it started
+with it (a launcher's GPU workers must not outlive their chunk)."""
 
 import signal
 import subprocess
@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from research.process_group import TIMED_OUT, run_in_group
+from research.gpu_lease import TIMED_OUT, run_in_group
 
 
 def alive(pid: int) -> bool:
