@@ -208,9 +208,11 @@ def pooled_films(jobs: list[FilmJob], workers: int, on_result: Callable[[FilmRes
                 result = FilmResult(futures[future].film_id, printable(futures[future].path), error=died)
             on_result(result)
     except BaseException:
-        pool.shutdown(wait=False, cancel_futures=True)
-        for process in multiprocessing.active_children():  # the pool's workers: they ignore SIGINT
+        # the workers first (they ignore SIGINT): a worker still starting up reads its setup from the pool's pipe,
+        # and closing the pool before it is gone made it print a traceback on the pipe's end of file
+        for process in multiprocessing.active_children():
             process.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
         raise
     pool.shutdown()
 
