@@ -355,7 +355,7 @@ def read_metrics(run: Path) -> dict[str, dict[int, float]]:
     return found
 
 
-def summarise(metrics: dict[str, dict[int, float]], steps: int, log_every: int) -> dict:
+def summarise(metrics: dict[str, dict[int, float]], log_every: int) -> dict:
     """Steady speed (median of the logged intervals after the first), peak memory, first and last loss."""
     speeds = [v for s, v in sorted(metrics.get("steps_per_s", {}).items()) if s > log_every]
     losses = [v for _, v in sorted(metrics.get("loss", {}).items())]
@@ -389,7 +389,7 @@ def measure(settings: Settings, stage: str, engine: str, flops: float, peak: flo
     row = {"stage": stage, "engine": engine, "accelerate_config": accelerate_config(settings, stage, engine),
            "num_processes": settings.num_processes, "rc": rc, "seconds": round(time.perf_counter() - started, 1),
            "command": " ".join(argv[1:]), "peak_host_rss_gb": round(rss / GB, 2) if rss else None,
-           **summarise(read_metrics(run), settings.steps, settings.log_every)}
+           **summarise(read_metrics(run), settings.log_every)}
     info = run / "run_info.json"
     if info.is_file():
         meta = json.loads(info.read_text())

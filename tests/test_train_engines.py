@@ -62,7 +62,7 @@ def test_gpu_launches_use_each_engines_shipped_config_and_valid_overrides(tmp_pa
 
 def test_speed_leaves_out_the_first_interval():
     summary = engines().summarise({"steps_per_s": {5: 0.5, 10: 2.0, 15: 4.0, 20: 3.0},
-                                   "loss": {5: 2.0, 20: 1.5}, "peak_gpu_memory_gb": {5: 10.0, 20: 12.5}}, 20, 5)
+                                   "loss": {5: 2.0, 20: 1.5}, "peak_gpu_memory_gb": {5: 10.0, 20: 12.5}}, 5)
     assert summary["steps_per_s"] == 3.0 and summary["intervals"] == 3
     assert summary["peak_gpu_memory_gb"] == 12.5 and (summary["first_loss"], summary["last_loss"]) == (2.0, 1.5)
     assert summary["last_logged_step"] == 20 and summary["tokens_per_s"] is None
