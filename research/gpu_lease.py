@@ -1,5 +1,5 @@
-"""Every GPU measurement of the third-of-a-second turn, in chunks of under 10 minutes each (a 30-minute lease holds
-most of them; ``--list`` says how many leases all of them take).
+"""Every GPU measurement of the third-of-a-second turn, in chunks of under 10 minutes each (``--list`` says how many
+leases of ``--lease-s`` seconds of GPU time, 15 minutes by default, all of them take).
 
     python research/gpu_lease.py --list                                              # the chunks and their budgets
     python research/gpu_lease.py --chunk fast_eager --out benchmarks/h100            # one chunk: one command
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import signal
@@ -46,7 +45,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
-LEASE_S = 1800  # one device lease
+LEASE_S = 900  # one device lease, by default (--lease-s)
 CHUNK_LIMIT_S = 600  # one command on a lent device
 FAST_EAGER_ROWS = "[eager, 'eager, dynamic MLLM cache']"
 FAST_COMPILED_ROWS = "[compiled, 'compiled, MLLM compiled']"
@@ -175,6 +174,18 @@ def run_chunk(chunk: Chunk, out: Path, preset: str, device: str, limit_s: int) -
     return record
 
 
+def plan_leases(lease_s: int) -> int:
+    """How many leases of ``lease_s`` seconds the chunks take, each chunk whole inside one (first fit, in order)."""
+    leases: list[int] = []  # seconds used in each
+    for chunk in CHUNKS:
+        fit = next((i for i, used in enumerate(leases) if used + chunk.budget_s <= lease_s), None)
+        if fit is None:
+            leases.append(chunk.budget_s)
+        else:
+            leases[fit] += chunk.budget_s
+    return len(leases)
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--chunk", help=f"a chunk ({', '.join(BY_NAME)}) or 'all'")
@@ -182,14 +193,20 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--out", default="benchmarks/h100", help="folder for the chunks' rows and lease.jsonl")
     parser.add_argument("--preset", choices=["full", "tiny"], default="full", help="model sizes")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="where the measurements run")
+    parser.add_argument("--lease-s", type=int, default=LEASE_S,
+                        help="seconds of GPU time one lease gives (--list plans the chunks into leases of it)")
     args = parser.parse_args(argv)
     out = Path(args.out)
+    longest = max(c.budget_s for c in CHUNKS)
+    if args.lease_s < longest:
+        print(f"error: --lease-s {args.lease_s} is shorter than the longest chunk ({longest} s)", file=sys.stderr)
+        raise SystemExit(2)
     if args.list:
         for chunk in CHUNKS:
             line = " ".join(command(chunk, out, args.preset, args.device)[1:])
             print(f"{chunk.name:14s} {chunk.budget_s:4d} s  {line}")
         total = sum(c.budget_s for c in CHUNKS)
-        print(f"total {total} s: {math.ceil(total / LEASE_S)} lease(s) of {LEASE_S} s")
+        print(f"total {total} s: {plan_leases(args.lease_s)} lease(s) of {args.lease_s} s")
         return []
     if args.chunk != "all" and args.chunk not in BY_NAME:
         print(f"error: --chunk must be one of {list(BY_NAME)} or all (got {args.chunk!r})", file=sys.stderr)

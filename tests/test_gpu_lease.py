@@ -15,7 +15,9 @@ def lease():
 def test_chunks_fit_a_lease(tmp_path, capsys):
     module = lease()
     assert all(chunk.budget_s < module.CHUNK_LIMIT_S for chunk in module.CHUNKS)
-    assert sum(chunk.budget_s for chunk in module.CHUNKS) <= 2 * module.LEASE_S
+    assert sum(chunk.budget_s for chunk in module.CHUNKS) == 3060
+    assert module.LEASE_S == 900 and module.plan_leases(900) == 4 and module.plan_leases(1800) == 2
+    assert module.plan_leases(3060) == 1 and module.plan_leases(570) == 7  # first fit, in order
     assert list(module.BY_NAME) == ["mllm", "fast_eager", "fast_compiled", "fast_24gb", "fast_2step", "paper_turn",
                                     "training", "engines_a", "engines_b"]
     full = module.command(module.BY_NAME["fast_24gb"], tmp_path, "full", "cuda")
@@ -25,13 +27,16 @@ def test_chunks_fit_a_lease(tmp_path, capsys):
     assert "compile_backend=aot_eager" in tiny and "repeats=1" in tiny
     assert module.main(["--list", "--out", str(tmp_path)]) == []
     listed = capsys.readouterr().out
-    assert "total 3060 s: 2 lease(s) of 1800 s" in listed and listed.count("\n") == 10
+    assert "total 3060 s: 4 lease(s) of 900 s" in listed and listed.count("\n") == 10
+    assert module.main(["--list", "--lease-s", "1800", "--out", str(tmp_path)]) == []
+    assert capsys.readouterr().out.endswith("total 3060 s: 2 lease(s) of 1800 s\n")
     assert not any(tmp_path.iterdir())  # listing writes nothing
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--chunk", "fast"], "error: --chunk must be one of"),
     ([], "error: --chunk must be one of"),
+    (["--chunk", "mllm", "--lease-s", "300"], "error: --lease-s 300 is shorter than the longest chunk (570 s)"),
 ])
 def test_bad_chunk_is_one_line_error(tmp_path, capsys, argv, message):
     with pytest.raises(SystemExit) as exit_info:

@@ -779,3 +779,38 @@ def test_ship_keeps_the_shipped_small_decoder_of_the_same_vae(mini_run, tmp_path
         assert not (ship / "stage_e").exists() and (ship / "stage_d").is_dir()
     finally:
         shutil.move(aside, out / "stage_e")
+
+
+def test_init_transformer_continues_a_trained_transformer(mini_run, tmp_path):
+    """init_transformer: the pretraining starts from the given transformer's weights instead of the seeded random
+    init (lr 0 keeps them exactly); the VAE and features are kept (resume_vae)."""
+    from animegamer.models.weights import load_state_dict_file
+    from animegamer.spriteworld.pretrain_transformer import WEIGHTS_FILE, build_transformer
+
+    out, _ = mini_run
+    shipped = out / "models" / "CogVideoX" / "transformer"
+    trained = load_state_dict_file(shipped / WEIGHTS_FILE)
+    pretrain = import_module("scripts.spriteworld.pretrain").main
+
+    def run(name: str, *overrides: str) -> dict[str, torch.Tensor]:
+        folder = tmp_path / name
+        shutil.copytree(out / "models" / "CogVideoX", folder / "CogVideoX")
+        (folder / "report").mkdir()
+        shutil.copy(out / "pretrain" / "summary.json", folder / "report" / "summary.json")
+        pretrain(["--config", str(out / "configs" / "pretrain.yaml"), "resume_vae=true", "clip_training.max_steps=0",
+                  f"output_dir={folder / 'CogVideoX'}", f"report_dir={folder / 'report'}",
+                  "transformer.max_steps=3", *overrides])
+        rows = [json.loads(line) for line in (folder / "report" / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in rows if r["part"] == "transformer"] == [1, 2, 3]
+        assert all(math.isfinite(r["loss"]) for r in rows)
+        return load_state_dict_file(folder / "CogVideoX" / "transformer" / WEIGHTS_FILE)
+
+    kept = run("kept", f"init_transformer={shipped}", "transformer.lr=0")
+    assert kept.keys() == trained.keys()
+    assert all(torch.equal(kept[k], trained[k]) for k in trained)
+    cold = run("cold", "transformer.lr=0")  # no init: the seeded random init, not the trained weights
+    fresh = build_transformer(load_config(out / "configs" / "pretrain.yaml")).state_dict()
+    assert all(torch.equal(cold[k], fresh[k]) for k in fresh)
+    assert not torch.equal(cold["proj_out.weight"], trained["proj_out.weight"])
+    more = run("more", f"init_transformer={shipped}")  # three more steps move the trained weights
+    assert not torch.equal(more["proj_out.weight"], trained["proj_out.weight"])

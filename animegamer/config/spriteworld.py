@@ -111,6 +111,11 @@ class SpriteWorldPretrainConfig:
         help="latent pixels per token side (CogVideoX-2B: 2); 4 on a 4x VAE keeps 8x8 pixels per token",
     )
     transformer: TrainConfig = field(default_factory=lambda: TrainConfig(max_steps=500, batch_size=8, lr=1e-3))
+    init_transformer: str = knob(
+        "",
+        help="a transformer folder of this architecture (diffusers layout, safetensors) the transformer starts from: "
+             "transformer.max_steps more steps for a trained one; '' starts from the seeded random init",
+    )
     condition_dropout: float = knob(0.1, help="empty-prompt rate, so the base model has an unconditional branch")
     # From scratch, a small model learns to guess the scene from the faint signal left in very noisy latents and
     # never reads the caption, so samples from pure noise ignore it. At the last timestep (zero terminal SNR) the

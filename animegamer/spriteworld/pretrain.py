@@ -19,7 +19,8 @@ random tiny CogVideoX draws noise, so this plays the part of the pretraining, on
 3. the stage (a) features of every clip of ``data.manifest`` in ``data.features_dir``
    (:func:`animegamer.spriteworld.pretrain_transformer.fill_features`; with ``data.identity_swaps`` also the T5
    tokens of each friend clip's caption with another character named, for stage (b)'s identity term);
-4. the base transformer, ``output_dir/transformer/``, and CogVideoX-2B's scheduler config, ``output_dir/scheduler/``
+4. the base transformer, ``output_dir/transformer/`` (from ``init_transformer``'s weights when it names a folder:
+   more steps for a trained one), and CogVideoX-2B's scheduler config, ``output_dir/scheduler/``
    (:mod:`animegamer.spriteworld.pretrain_transformer`).
 
 ``output_dir`` is then a whole diffusers CogVideoX folder (``model_index.json`` included) for ``decoder.pretrained``
@@ -45,7 +46,7 @@ from animegamer.io import atomic_write_json, atomic_write_jsonl, atomic_write_te
 from animegamer.models.t5_text import T5TextFeatures
 from animegamer.spriteworld.memory import lexicon
 from animegamer.spriteworld.pretrain_clip import train_clip
-from animegamer.spriteworld.pretrain_transformer import fill_features, sample_preview, train_transformer
+from animegamer.spriteworld.pretrain_transformer import fill_features, init_weights, sample_preview, train_transformer
 from animegamer.spriteworld.pretrain_vae import (
     empty_scenery,
     read_clips,
@@ -80,12 +81,14 @@ def mean_of(rows: list[dict], part: str, first: bool, count: int = 10) -> float:
 
 def pretrain(cfg: SpriteWorldPretrainConfig) -> Path:
     """Steps 1-4 (module doc) into ``output_dir`` (a diffusers CogVideoX folder) and ``report_dir``; returns
-    ``output_dir``. A manifest without captioned training clips raises ManifestError."""
+    ``output_dir``. A manifest without captioned training clips raises ManifestError, an ``init_transformer`` that
+    is not this architecture's weights InitTransformerError."""
     from diffusers import CogVideoXDDIMScheduler
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     started = time.perf_counter()
+    init = init_weights(cfg)  # a bad init_transformer fails here, before anything is written
     out, report = Path(cfg.output_dir), Path(cfg.report_dir)
     report.mkdir(parents=True, exist_ok=True)
     atomic_write_text(report / "config.yaml", to_yaml(cfg))
@@ -147,7 +150,7 @@ def pretrain(cfg: SpriteWorldPretrainConfig) -> Path:
 
     # 4. base text-to-video transformer
     empty = t5([""])[0]  # (Nt, Dt): the unconditional prompt
-    transformer = train_transformer(cfg, store, [r.clip_id for r in train_records], empty, log)
+    transformer = train_transformer(cfg, store, [r.clip_id for r in train_records], empty, log, init)
     write_dir_atomically(out / "transformer", lambda tmp: transformer.save_pretrained(str(tmp)))
     scheduler = CogVideoXDDIMScheduler(**COGVIDEOX_2B_SCHEDULER)
     write_dir_atomically(out / "scheduler", lambda tmp: scheduler.save_pretrained(str(tmp)))

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from animegamer.cli import UsageError
 from animegamer.config import (
     DecoderConfig,
     SamplingConfig,
@@ -38,7 +39,7 @@ from animegamer.data.manifest import Manifest
 from animegamer.data.name_swaps import SWAP_TEXT_FIELD, name_swaps
 from animegamer.data.tensor_store import TensorStore
 from animegamer.game.contact_sheet import contact_sheet
-from animegamer.io import atomic_write_json
+from animegamer.io import atomic_write_json, check_regular_file
 from animegamer.models.clip_image import CLIPImageFeatures
 from animegamer.models.decoder import AnimationShotDecoder
 from animegamer.models.vae import vae_encode
@@ -139,6 +140,44 @@ def build_transformer(cfg: SpriteWorldPretrainConfig):
     )
 
 
+WEIGHTS_FILE = "diffusion_pytorch_model.safetensors"
+MAX_WEIGHTS_BYTES = 2**31  # the stand-in transformers are a few MB; CogVideoX-2B's own is 3.4 GB in bf16
+
+
+class InitTransformerError(UsageError, ValueError):
+    """``init_transformer`` names no readable weights of the architecture the config builds (one line)."""
+
+
+def init_weights(cfg: SpriteWorldPretrainConfig) -> dict[str, torch.Tensor] | None:
+    """The weights of ``cfg.init_transformer`` (None without one), checked against the transformer ``cfg`` builds:
+    the same tensor names and shapes, else :class:`InitTransformerError` naming the first difference. Read with
+    safetensors (no pickle), before anything trains."""
+    if not cfg.init_transformer:
+        return None
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = Path(cfg.init_transformer) / WEIGHTS_FILE
+    where = f"init_transformer={cfg.init_transformer}"
+    try:
+        check_regular_file(path, MAX_WEIGHTS_BYTES)
+        weights = load_file(str(path))
+    except (OSError, ValueError, SafetensorError) as exc:
+        raise InitTransformerError(f"{where}: {exc}") from None
+    expected = {name: tuple(t.shape) for name, t in build_transformer(cfg).state_dict().items()}
+    for name in sorted(set(expected) | set(weights)):
+        if name not in weights:
+            raise InitTransformerError(f"{where}: not this architecture: no tensor {name}")
+        if name not in expected:
+            raise InitTransformerError(f"{where}: not this architecture: an unknown tensor {name}")
+        if tuple(weights[name].shape) != expected[name]:
+            raise InitTransformerError(f"{where}: not this architecture: {name} is {tuple(weights[name].shape)}, "
+                             f"{expected[name]} here")
+        if not weights[name].is_floating_point():
+            raise InitTransformerError(f"{where}: {name} is {weights[name].dtype}, not floating point")
+    return weights
+
+
 def moving_cells(figures: torch.Tensor) -> torch.Tensor:
     """Figure cells (N, F, 1, h, w) -> the cells a figure enters or leaves between neighbouring latent frames."""
     change = (figures[:, 1:] - figures[:, :-1]).abs()  # (N, F - 1, 1, h, w)
@@ -160,8 +199,9 @@ def training_timesteps(cfg: SpriteWorldPretrainConfig, step: int, num_train_time
 
 
 def train_transformer(cfg: SpriteWorldPretrainConfig, store: TensorStore, clip_ids: list[str], empty,
-                      log: Callable[..., None]):
-    """Text-to-video pretraining of all transformer parameters: v-prediction MSE, captions dropped to ``empty``."""
+                      log: Callable[..., None], init: dict[str, torch.Tensor] | None = None):
+    """Text-to-video pretraining of all transformer parameters: v-prediction MSE, captions dropped to ``empty``.
+    ``init`` (:func:`init_weights`) replaces the seeded random init: ``max_steps`` more steps for a trained one."""
     from diffusers import CogVideoXDDIMScheduler
 
     weighted = cfg.figure_loss_weight > 0 or cfg.motion_loss_weight > 0  # both come from the figure masks
@@ -174,6 +214,8 @@ def train_transformer(cfg: SpriteWorldPretrainConfig, store: TensorStore, clip_i
     text = torch.stack([r["text_tokens"] for r in rows]).float()  # (N, Nt, Dt)
     scheduler = CogVideoXDDIMScheduler(**COGVIDEOX_2B_SCHEDULER)
     transformer = build_transformer(cfg).train()
+    if init is not None:
+        transformer.load_state_dict({name: t.float() for name, t in init.items()}, strict=True)
     train: TrainConfig = cfg.transformer
     optimizer = torch.optim.AdamW(
         transformer.parameters(), lr=train.lr, betas=tuple(train.betas), weight_decay=train.weight_decay

@@ -3,6 +3,8 @@ fine-tunes, trained on SpriteWorld's training films.
 
     python scripts/spriteworld/pretrain.py --config configs/spriteworld/pretrain.yaml
     python scripts/spriteworld/pretrain.py --config configs/spriteworld/pretrain.yaml resume_vae=true  # transformer
+    python scripts/spriteworld/pretrain.py --config configs/spriteworld/pretrain.yaml resume_vae=true \
+        init_transformer=outputs/spriteworld/models/CogVideoX/transformer  # transformer.max_steps more steps
 
 Writes ``output_dir``: a whole diffusers CogVideoX folder (text_encoder, tokenizer, vae, transformer, scheduler,
 model_index.json) for ``decoder.pretrained`` and ``t5.path``; ``data.features_dir``: the stage (a) features of
@@ -15,12 +17,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from animegamer.cli import fail, parse_config
+from animegamer.cli import fail, parse_config, reports_usage_errors
 from animegamer.config import SpriteWorldPretrainConfig
 from animegamer.data.manifest import ManifestError
 from animegamer.spriteworld.pretrain import pretrain
 
 
+@reports_usage_errors
 def main(argv: list[str] | None = None) -> Path:
     cfg, _ = parse_config(SpriteWorldPretrainConfig, __doc__, argv)
     try:

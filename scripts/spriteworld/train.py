@@ -55,7 +55,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from animegamer.cli import fail, parse_config
+from animegamer.cli import UsageError, fail, parse_config
 from animegamer.config import ConfigError, SpriteWorldRunConfig, load_config, to_yaml
 from animegamer.data.manifest import ManifestError
 from animegamer.eval.ablations import main as run_ablations
@@ -294,7 +294,8 @@ def main(argv: list[str] | None = None) -> dict:
         started = time.perf_counter()
         try:
             result = run_step(step, cfg, configs)
-        except (ManifestError, FileNotFoundError) as exc:  # a missing input (a step not run yet), not a bug
+        except (ManifestError, FileNotFoundError, UsageError) as exc:  # a missing input (a step not run yet), a bad
+            # setting: not a bug
             fail(f"step {step}: {exc}")
         result["seconds"] = round(time.perf_counter() - started, 1)
         summary[step] = result
