@@ -3,7 +3,7 @@ fine-tunes, trained on SpriteWorld's training films.
 
     python scripts/spriteworld/pretrain.py --config configs/spriteworld/pretrain.yaml
     python scripts/spriteworld/pretrain.py --config configs/spriteworld/pretrain.yaml resume_vae=true  # transformer
-    python scripts/spriteworld/pretrain.py --config configs/spriteworld/pretrain.yaml resume_vae=true \
+    python scripts/spriteworld/pretrain.py --config configs/spriteworld/pretrain.yaml resume_vae=true \\
         init_transformer=outputs/spriteworld/models/CogVideoX/transformer  # transformer.max_steps more steps
 
 Writes ``output_dir``: a whole diffusers CogVideoX folder (text_encoder, tokenizer, vae, transformer, scheduler,
