@@ -171,8 +171,8 @@ def init_weights(cfg: SpriteWorldPretrainConfig) -> dict[str, torch.Tensor] | No
         if name not in expected:
             raise InitTransformerError(f"{where}: not this architecture: an unknown tensor {name}")
         if tuple(weights[name].shape) != expected[name]:
-            raise InitTransformerError(f"{where}: not this architecture: {name} is {tuple(weights[name].shape)}, "
-                             f"{expected[name]} here")
+            raise InitTransformerError(
+                f"{where}: not this architecture: {name} is {tuple(weights[name].shape)}, {expected[name]} here")
         if not weights[name].is_floating_point():
             raise InitTransformerError(f"{where}: {name} is {weights[name].dtype}, not floating point")
     return weights
