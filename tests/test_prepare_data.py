@@ -411,9 +411,9 @@ def test_the_film_workers_do_not_outlive_the_main_process(tmp_path, how):
     deadline = time.monotonic() + 120
     while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not any(alive(pid) for pid in workers), "a film worker outlived the main process"
+    assert not any(alive(pid) for pid in workers), f"a film worker outlived the main process: {stderr}"
     if how == signal.SIGTERM:  # stopped like Ctrl-C: one line, finished films kept
-        assert process.returncode == 143 and "Traceback" not in stderr
+        assert process.returncode == 143 and "Traceback" not in stderr, (process.returncode, stderr)
         assert any(line.startswith("terminated:") for line in stderr.splitlines()), stderr
 
 
