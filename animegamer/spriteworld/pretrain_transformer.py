@@ -39,10 +39,11 @@ from animegamer.data.manifest import Manifest
 from animegamer.data.name_swaps import SWAP_TEXT_FIELD, name_swaps
 from animegamer.data.tensor_store import TensorStore
 from animegamer.game.contact_sheet import contact_sheet
-from animegamer.io import atomic_write_json, check_regular_file
+from animegamer.io import atomic_write_json
 from animegamer.models.clip_image import CLIPImageFeatures
 from animegamer.models.decoder import AnimationShotDecoder
 from animegamer.models.vae import vae_encode
+from animegamer.models.weights import load_state_dict_file
 from animegamer.sampling.denoise import sample
 from animegamer.spriteworld.memory import caption_text
 from animegamer.spriteworld.pretrain_vae import empty_scenery, figure_latents, figure_pixels, read_clips
@@ -141,7 +142,6 @@ def build_transformer(cfg: SpriteWorldPretrainConfig):
 
 
 WEIGHTS_FILE = "diffusion_pytorch_model.safetensors"
-MAX_WEIGHTS_BYTES = 2**31  # the stand-in transformers are a few MB; CogVideoX-2B's own is 3.4 GB in bf16
 
 
 class InitTransformerError(UsageError, ValueError):
@@ -150,19 +150,17 @@ class InitTransformerError(UsageError, ValueError):
 
 def init_weights(cfg: SpriteWorldPretrainConfig) -> dict[str, torch.Tensor] | None:
     """The weights of ``cfg.init_transformer`` (None without one), checked against the transformer ``cfg`` builds:
-    the same tensor names and shapes, else :class:`InitTransformerError` naming the first difference. Read with
-    safetensors (no pickle), before anything trains."""
+    the same tensor names and shapes, else :class:`InitTransformerError` naming the first difference. Read by
+    :func:`animegamer.models.weights.load_state_dict_file` (safetensors, checked whole), before anything trains."""
     if not cfg.init_transformer:
         return None
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     path = Path(cfg.init_transformer) / WEIGHTS_FILE
     where = f"init_transformer={cfg.init_transformer}"
     try:
-        check_regular_file(path, MAX_WEIGHTS_BYTES)
-        weights = load_file(str(path))
-    except (OSError, ValueError, SafetensorError) as exc:
+        weights = load_state_dict_file(path)
+    except FileNotFoundError:
+        raise InitTransformerError(f"{where}: {path}: no such file") from None
+    except ValueError as exc:  # not a regular file, too big, damaged (DamagedFileError)
         raise InitTransformerError(f"{where}: {exc}") from None
     expected = {name: tuple(t.shape) for name, t in build_transformer(cfg).state_dict().items()}
     for name in sorted(set(expected) | set(weights)):
