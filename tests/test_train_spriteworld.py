@@ -783,7 +783,8 @@ def test_ship_keeps_the_shipped_small_decoder_of_the_same_vae(mini_run, tmp_path
 
 def test_init_transformer_continues_a_trained_transformer(mini_run, tmp_path):
     """init_transformer: the pretraining starts from the given transformer's weights instead of the seeded random
-    init (lr 0 keeps them exactly); the VAE and features are kept (resume_vae)."""
+    init (lr 0 keeps them exactly); the VAE and features are kept (resume_vae). transformer_cycles=2 gives bit for
+    bit the weights of two runs chained by init_transformer (the schedule restarted, the same seed)."""
     from animegamer.models.weights import load_state_dict_file
     from animegamer.spriteworld.pretrain_transformer import WEIGHTS_FILE, build_transformer
 
@@ -792,16 +793,16 @@ def test_init_transformer_continues_a_trained_transformer(mini_run, tmp_path):
     trained = load_state_dict_file(shipped / WEIGHTS_FILE)
     pretrain = import_module("scripts.spriteworld.pretrain").main
 
-    def run(name: str, *overrides: str) -> dict[str, torch.Tensor]:
+    def run(name: str, *overrides: str, steps: int = 3) -> dict[str, torch.Tensor]:
         folder = tmp_path / name
         shutil.copytree(out / "models" / "CogVideoX", folder / "CogVideoX")
         (folder / "report").mkdir()
         shutil.copy(out / "pretrain" / "summary.json", folder / "report" / "summary.json")
         pretrain(["--config", str(out / "configs" / "pretrain.yaml"), "resume_vae=true", "clip_training.max_steps=0",
                   f"output_dir={folder / 'CogVideoX'}", f"report_dir={folder / 'report'}",
-                  "transformer.max_steps=3", *overrides])
+                  "transformer.max_steps=3", "transformer.log_every=1", *overrides])
         rows = [json.loads(line) for line in (folder / "report" / "metrics.jsonl").read_text().splitlines()]
-        assert [r["step"] for r in rows if r["part"] == "transformer"] == [1, 2, 3]
+        assert [r["step"] for r in rows if r["part"] == "transformer"] == list(range(1, steps + 1))
         assert all(math.isfinite(r["loss"]) for r in rows)
         return load_state_dict_file(folder / "CogVideoX" / "transformer" / WEIGHTS_FILE)
 
@@ -814,3 +815,8 @@ def test_init_transformer_continues_a_trained_transformer(mini_run, tmp_path):
     assert not torch.equal(cold["proj_out.weight"], trained["proj_out.weight"])
     more = run("more", f"init_transformer={shipped}")  # three more steps move the trained weights
     assert not torch.equal(more["proj_out.weight"], trained["proj_out.weight"])
+    chained = run("chained", f"init_transformer={tmp_path / 'more' / 'CogVideoX' / 'transformer'}")
+    twice = run("twice", f"init_transformer={shipped}", "transformer_cycles=2", steps=6)
+    assert twice.keys() == chained.keys()
+    assert all(torch.equal(twice[k], chained[k]) for k in chained)
+    assert not torch.equal(twice["proj_out.weight"], more["proj_out.weight"])

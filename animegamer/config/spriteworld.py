@@ -116,6 +116,12 @@ class SpriteWorldPretrainConfig:
         help="a transformer folder of this architecture (diffusers layout, safetensors) the transformer starts from: "
              "transformer.max_steps more steps for a trained one; '' starts from the seeded random init",
     )
+    transformer_cycles: int = knob(
+        1, min=1,
+        help="times the transformer's whole schedule runs (transformer.max_steps steps each: warmup, text warmup, "
+             "cosine), each cycle from the last one's weights with a fresh optimizer and the same seed (warm "
+             "restarts); the same weights as that many runs chained by init_transformer",
+    )
     condition_dropout: float = knob(0.1, help="empty-prompt rate, so the base model has an unconditional branch")
     # From scratch, a small model learns to guess the scene from the faint signal left in very noisy latents and
     # never reads the caption, so samples from pure noise ignore it. At the last timestep (zero terminal SNR) the

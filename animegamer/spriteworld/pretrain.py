@@ -20,7 +20,8 @@ random tiny CogVideoX draws noise, so this plays the part of the pretraining, on
    (:func:`animegamer.spriteworld.pretrain_transformer.fill_features`; with ``data.identity_swaps`` also the T5
    tokens of each friend clip's caption with another character named, for stage (b)'s identity term);
 4. the base transformer, ``output_dir/transformer/`` (from ``init_transformer``'s weights when it names a folder:
-   more steps for a trained one), and CogVideoX-2B's scheduler config, ``output_dir/scheduler/``
+   more steps for a trained one; ``transformer_cycles`` runs its schedule that many times, warm restarts), and
+   CogVideoX-2B's scheduler config, ``output_dir/scheduler/``
    (:mod:`animegamer.spriteworld.pretrain_transformer`).
 
 ``output_dir`` is then a whole diffusers CogVideoX folder (``model_index.json`` included) for ``decoder.pretrained``

@@ -199,28 +199,43 @@ def training_timesteps(cfg: SpriteWorldPretrainConfig, step: int, num_train_time
 def train_transformer(cfg: SpriteWorldPretrainConfig, store: TensorStore, clip_ids: list[str], empty,
                       log: Callable[..., None], init: dict[str, torch.Tensor] | None = None):
     """Text-to-video pretraining of all transformer parameters: v-prediction MSE, captions dropped to ``empty``.
-    ``init`` (:func:`init_weights`) replaces the seeded random init: ``max_steps`` more steps for a trained one."""
-    from diffusers import CogVideoXDDIMScheduler
-
+    ``init`` (:func:`init_weights`) replaces the seeded random init: ``max_steps`` more steps for a trained one.
+    ``transformer_cycles`` runs the whole schedule that many times, each cycle from the last one's weights with a
+    fresh optimizer, learning-rate schedule and batch generator (the seed's): what chaining runs by ``init`` gives."""
     weighted = cfg.figure_loss_weight > 0 or cfg.motion_loss_weight > 0  # both come from the figure masks
     fields = ("latents", "text_tokens", "figure_mask") if weighted else ("latents", "text_tokens")
     rows = [store.load(cid, fields) for cid in clip_ids]
     latents = torch.stack([r["latents"].permute(1, 0, 2, 3) for r in rows]).float()  # (N, F, C, h, w)
+    cell_weight = None
     if weighted:  # each latent cell's weight in the v-MSE, fixed per clip: computed once
         figures = torch.stack([r["figure_mask"] for r in rows]).float()[:, :, None]  # (N, F, 1, h, w)
         cell_weight = 1.0 + cfg.figure_loss_weight * figures + cfg.motion_loss_weight * moving_cells(figures)
     text = torch.stack([r["text_tokens"] for r in rows]).float()  # (N, Nt, Dt)
-    scheduler = CogVideoXDDIMScheduler(**COGVIDEOX_2B_SCHEDULER)
     transformer = build_transformer(cfg).train()
     if init is not None:
         transformer.load_state_dict({name: t.float() for name, t in init.items()}, strict=True)
+    for cycle in range(cfg.transformer_cycles):
+        train_cycle(cfg, transformer, latents, text, cell_weight, empty, log, cycle)
+    return transformer.eval().requires_grad_(False)
+
+
+def train_cycle(cfg: SpriteWorldPretrainConfig, transformer, latents: torch.Tensor, text: torch.Tensor,
+                cell_weight: torch.Tensor | None, empty: torch.Tensor, log: Callable[..., None], cycle: int) -> None:
+    """One run of the transformer's schedule (``transformer.max_steps`` steps) on ``latents`` (N, F, C, h, w) and
+    their captions' ``text`` (N, Nt, Dt); ``cell_weight`` (N, F, 1, h, w) weighs the v-MSE's cells (None: plain).
+    Logged steps count on from the earlier cycles'."""
+    from diffusers import CogVideoXDDIMScheduler
+
+    scheduler = CogVideoXDDIMScheduler(**COGVIDEOX_2B_SCHEDULER)
     train: TrainConfig = cfg.transformer
     optimizer = torch.optim.AdamW(
         transformer.parameters(), lr=train.lr, betas=tuple(train.betas), weight_decay=train.weight_decay
     )
     lr_scheduler = build_scheduler(optimizer, train)
     generator = torch.Generator().manual_seed(cfg.seed)
-    progress = tqdm(range(train.max_steps), desc="pretrain transformer")
+    cycles = cfg.transformer_cycles
+    progress = tqdm(range(train.max_steps),
+                    desc="pretrain transformer" + (f" (cycle {cycle + 1}/{cycles})" if cycles > 1 else ""))
     for step in progress:
         picks = torch.randint(0, len(latents), (train.batch_size,), generator=generator)
         x0, condition = latents[picks], text[picks].clone()  # (B, F, C, h, w), (B, Nt, Dt)
@@ -233,7 +248,7 @@ def train_transformer(cfg: SpriteWorldPretrainConfig, store: TensorStore, clip_i
             hidden_states=noisy, encoder_hidden_states=condition, timestep=timesteps, return_dict=False
         )[0]
         error = (prediction - scheduler.get_velocity(x0, noise, timesteps)).square()  # (B, F, C, h, w)
-        if weighted:
+        if cell_weight is not None:
             weight = cell_weight[picks]  # (B, F, 1, h, w)
             loss = (weight * error).mean() / weight.mean()
         else:
@@ -244,9 +259,8 @@ def train_transformer(cfg: SpriteWorldPretrainConfig, store: TensorStore, clip_i
         lr_scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         if (step + 1) % train.log_every == 0 or step + 1 == train.max_steps:
-            log(part="transformer", step=step + 1, loss=loss.item())
+            log(part="transformer", step=cycle * train.max_steps + step + 1, loss=loss.item())
             progress.set_postfix(loss=f"{loss.item():.4f}")
-    return transformer.eval().requires_grad_(False)
 
 
 @torch.no_grad()

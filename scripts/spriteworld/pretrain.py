@@ -5,6 +5,7 @@ fine-tunes, trained on SpriteWorld's training films.
     python scripts/spriteworld/pretrain.py --config configs/spriteworld/pretrain.yaml resume_vae=true  # transformer
     python scripts/spriteworld/pretrain.py --config configs/spriteworld/pretrain.yaml resume_vae=true \\
         init_transformer=outputs/spriteworld/models/CogVideoX/transformer  # transformer.max_steps more steps
+    python scripts/spriteworld/pretrain.py --config configs/spriteworld/pretrain.yaml transformer_cycles=3  # restarts
 
 Writes ``output_dir``: a whole diffusers CogVideoX folder (text_encoder, tokenizer, vae, transformer, scheduler,
 model_index.json) for ``decoder.pretrained`` and ``t5.path``; ``data.features_dir``: the stage (a) features of
