@@ -29,7 +29,7 @@ browser:
 	  echo "could not install chromium + chromium-driver: tests/test_browser.py will be skipped"; }
 
 test: $(STAMP) browser
-	$(PY) -m pytest -q -n 2 --dist worksteal
+	$(PY) -m pytest -q -n 2 --dist worksteal --durations=30
 
 # quick iteration: everything but the end-to-end runs (marked `slow` at the test)
 test-fast: $(STAMP)
