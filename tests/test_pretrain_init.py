@@ -1,5 +1,7 @@
 """``init_transformer``: SpriteWorld's base transformer pretraining can start from a trained transformer (more
-steps for it); a folder that is not this architecture's safetensors weights is one line, before anything is written."""
+steps for it); a folder that is not this architecture's safetensors weights is one line, before anything is written.
+``transformer_cycles`` below 1 is refused the same way (its bit-for-bit check against chained runs is in the mini
+chain, ``tests/test_train_spriteworld.py``)."""
 
 from __future__ import annotations
 
@@ -89,3 +91,20 @@ def test_the_script_stops_in_one_line_before_writing_anything(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: init_transformer=") and "no such file" in err and len(err.splitlines()) == 1
     assert not report.exists() and not out.exists()
+
+
+@pytest.mark.parametrize("cycles", ["0", "-1"])
+def test_fewer_than_one_transformer_cycle_is_refused(cycles, tmp_path, capsys):
+    from animegamer.config import ConfigError
+
+    with pytest.raises(ConfigError, match=f"transformer_cycles={cycles} must be >= 1"):
+        _config(f"transformer_cycles={cycles}")
+    report = tmp_path / "report"
+    with pytest.raises(SystemExit) as stop:
+        import_module("scripts.spriteworld.pretrain").main([
+            "--config", str(CONFIG), f"transformer_cycles={cycles}", f"report_dir={report}",
+            f"output_dir={tmp_path / 'CogVideoX'}"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "transformer_cycles" in err and len(err.splitlines()) == 1
+    assert not report.exists()
