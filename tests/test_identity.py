@@ -145,3 +145,24 @@ def test_identity_probes_read_a_linear_signal_and_not_noise():
     caption = "Character: Qiqi; Motion: happily walk; Background: noon park. Companion: Kai."
     assert probes.without_friend(caption, "Kai") == "Character: Qiqi; Motion: happily walk; Background: noon park."
     assert probes.without_friend("talk with Kai.", "Kai") == "talk with friend."
+
+
+def test_swap_shots_redraw_the_first_frame_with_the_new_friend_and_name_the_swap():
+    """research/spriteworld/swap_shots.py: the first frame drawn again with the swapped-in friend (social friend
+    or companion) shows that friend; a swap's new name is the one its caption adds."""
+    from importlib import import_module
+
+    swap = import_module("research.spriteworld.swap_shots")
+    row = {"spec": _spec(), "render_seed": 5, "num_frames": 6, "height": 64, "width": 96}
+    scenery = TurnCast.from_row(_spec(), {}, NAMED).scenery
+    first = _clip(_spec())[0]
+    assert second_character(first[None], "Qiqi", scenery) == "Luna"
+    redrawn = swap.redraw_first_frame(row, "Luna", "Kai")
+    assert redrawn.shape == first.shape and second_character(redrawn[None], "Qiqi", scenery) == "Kai"
+    follows = {"spec": _spec(action="walk", adverb="slowly", friend=""), "render_seed": 5, "num_frames": 6,
+               "companion": "Luna"}
+    walk = TurnCast.from_row(follows["spec"], follows, UNNAMED).scenery
+    assert second_character(swap.redraw_first_frame(follows, "Luna", "Momo")[None], "Qiqi", walk) == "Momo"
+    caption = "Character: Qiqi; Motion: happily talk with Luna; Background: noon park. Companion: Luna."
+    assert swap.swapped_in(caption, caption.replace("Luna", "Kai"), "Luna") == "Kai"
+    assert swap.swapped_in(caption, caption.replace("Qiqi", "Kai"), "Luna") is None  # another name swapped

@@ -659,9 +659,16 @@ def test_clip_pretraining_learns_the_pairs(mini_run, tmp_path):
 
 
 def test_identity_swaps_reach_stage_b(mini_run):
-    """Each clip whose caption names a friend gets its identity swaps' text tokens, their shots, and stage (b) the
-    identity term (identity_weight in mini.yaml)."""
-    from animegamer.data.name_swaps import SWAP_SHOT_FIELD, SWAP_TEXT_FIELD, name_swaps
+    """Each clip whose caption names a friend gets its identity swaps' text tokens, their shots, which name each
+    puts in place of the friend, and stage (b) the identity term (identity_weight in mini.yaml)."""
+    from animegamer.data.name_swaps import (
+        SWAP_NAMES_FIELD,
+        SWAP_SHOT_FIELD,
+        SWAP_TEXT_FIELD,
+        name_swaps,
+        names_from_tensor,
+        swap_pairs,
+    )
     from animegamer.data.tensor_store import TensorStore
     from animegamer.spriteworld.memory import caption_text
     from animegamer.spriteworld.world import CHARACTERS
@@ -678,8 +685,12 @@ def test_identity_swaps_reach_stage_b(mini_run):
             assert row[SWAP_TEXT_FIELD].shape == (2, *row["text_tokens"].shape)
             assert target[SWAP_SHOT_FIELD].shape == (2, *target["shot_embeds"].shape)
             assert not torch.equal(target[SWAP_SHOT_FIELD][0], target["shot_embeds"])
+            pairs = swap_pairs(caption_text(record), record.extra["character"], list(CHARACTERS))
+            assert names_from_tensor(row[SWAP_NAMES_FIELD]) == names_from_tensor(target[SWAP_NAMES_FIELD]) == pairs
+            shown = {record.extra.get("friend"), record.extra.get("companion")} - {"", None}
+            assert {old for old, _ in pairs} <= shown and not shown & {new for _, new in pairs}
         else:
-            assert SWAP_TEXT_FIELD not in row and SWAP_SHOT_FIELD not in target
+            assert SWAP_TEXT_FIELD not in row and SWAP_SHOT_FIELD not in target and SWAP_NAMES_FIELD not in target
     assert named > 0
     assert len(_losses(out / "stage_b" / "metrics.csv", "identity")) == 6
 

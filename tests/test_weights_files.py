@@ -119,3 +119,25 @@ def test_release_files_that_are_not_a_regular_file_are_one_line(tmp_path, kind, 
     with pytest.raises(ReleaseFileError, match=words) as exc:
         load_release_pickle(path) if name.endswith(".pt") else read_release_yaml(path, "the release config")
     assert str(exc.value).startswith(str(path)) and "\n" not in str(exc.value)
+
+
+def test_adapter_configs_list_their_target_modules_sorted(tmp_path):
+    """peft writes target_modules as a set (its order follows string hashing): saved sorted, two equal LoRAs write
+    the same adapter_config.json; every other key is kept."""
+    import json
+
+    from peft import LoraConfig
+
+    from animegamer.models.weights import sort_adapter_targets
+
+    targets = ["to_v", "norm1.linear", "to_out.0", "to_q", "norm_out.linear", "to_k"]
+    LoraConfig(r=4, lora_alpha=4, target_modules=targets).save_pretrained(str(tmp_path))
+    before = json.loads((tmp_path / "adapter_config.json").read_text())
+    sort_adapter_targets(tmp_path)
+    after = json.loads((tmp_path / "adapter_config.json").read_text())
+    assert after["target_modules"] == sorted(targets)
+    assert {k: v for k, v in after.items() if k != "target_modules"} == \
+        {k: v for k, v in before.items() if k != "target_modules"}
+    text = (tmp_path / "adapter_config.json").read_text()
+    sort_adapter_targets(tmp_path)
+    assert (tmp_path / "adapter_config.json").read_text() == text  # stable

@@ -69,6 +69,13 @@ class StageBConfig:
              "shots, no gradient; 0: the paper's clean teacher-forced history), so reading a turn back survives a "
              "game, whose history is the MLLM's own predicted shots; targets stay clean",
     )
+    name_swap_copies: int = knob(
+        0, min=0,
+        help="each window that shows a friend is also trained this many times with that friend renamed (0: the "
+             "paper's data): every instruction's name replaced and every shot that names the friend replaced by its "
+             "identity swap for the new name; never to a pair the manifest's held_out_pairs hold out (needs the "
+             "shot targets' identity swaps with their names, animegamer.data.name_swaps)",
+    )
 
 
 @dataclass

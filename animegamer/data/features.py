@@ -29,7 +29,14 @@ from tqdm.auto import tqdm
 
 from animegamer.config import DataConfig, StageAConfig
 from animegamer.data.manifest import ClipRecord, read_manifest
-from animegamer.data.name_swaps import SWAP_SHOT_FIELD, SWAP_TEXT_FIELD, name_swaps
+from animegamer.data.name_swaps import (
+    SWAP_NAMES_FIELD,
+    SWAP_SHOT_FIELD,
+    SWAP_TEXT_FIELD,
+    names_tensor,
+    rename,
+    swap_pairs,
+)
 from animegamer.data.tensor_store import TensorStore
 from animegamer.data.video import VideoReadError, read_video
 from animegamer.io import atomic_write_json
@@ -154,14 +161,16 @@ class FeatureExtractor:
         self.store_dtype = FEATURE_DTYPES[cfg.data.feature_dtype]
 
     @torch.no_grad()
-    def __call__(self, frames: torch.Tensor, motion_text: str, swaps: Sequence[str] = ()) -> dict[str, torch.Tensor]:
+    def __call__(self, frames: torch.Tensor, motion_text: str, swaps: Sequence[tuple[str, str]] = ()
+                 ) -> dict[str, torch.Tensor]:
         """frames (T, H, W, 3) uint8 at the configured size -> the stored fields of one clip; ``swaps``: its
-        identity swaps' texts (stored as ``swap_text_tokens`` (S, 226, Dt) when there are any)."""
+        identity swaps' (old, new) names (:func:`~animegamer.data.name_swaps.swap_pairs`; their texts' T5 tokens
+        stored as ``swap_text_tokens`` (S, 226, Dt) and the names as ``swap_names`` when there are any)."""
 
         latents = vae_encode(self.vae, frames[None])[0]  # (F, C, h, w)
         picks = clip_frame_indices(len(frames), self.cfg.data.clip_frames)
         clip_tokens = self.clip(frames[picks].permute(0, 3, 1, 2).to(self.device))  # (K, Nc, Dc)
-        text_tokens = self.t5([motion_text, *swaps])  # (1 + S, 226, Dt)
+        text_tokens = self.t5([motion_text, *(rename(motion_text, old, new) for old, new in swaps)])  # (1 + S, ...)
         out = {
             "latents": latents.permute(1, 0, 2, 3).float().cpu().contiguous(),  # (C, F, h, w)
             "clip_tokens": clip_tokens.to(self.store_dtype).cpu().contiguous(),
@@ -169,6 +178,7 @@ class FeatureExtractor:
         }
         if swaps:
             out[SWAP_TEXT_FIELD] = text_tokens[1:].to(self.store_dtype).cpu().contiguous()
+            out[SWAP_NAMES_FIELD] = names_tensor(swaps)
         return out
 
 
@@ -222,7 +232,7 @@ def precompute_features(
             atomic_write_json(root / META_FILE, settings)
             extractor = FeatureExtractor(cfg, device)
         tags = record.shot_tags()
-        swaps = name_swaps(tags.motion_text(), tags.subject, names, cfg.data.identity_swaps) \
+        swaps = swap_pairs(tags.motion_text(), tags.subject, names, cfg.data.identity_swaps) \
             if cfg.data.identity_swaps else []
         pending[record.clip_id] = extractor(frames, tags.motion_text(), swaps)
         summary.written += 1
@@ -269,7 +279,8 @@ def write_shot_targets(
     encoder.eval()
     for start in tqdm(range(0, len(clip_ids), batch_size), desc="shot targets", disable=not progress):
         ids = clip_ids[start : start + batch_size]
-        rows = [features.load(cid, ("clip_tokens", "text_tokens"), optional=(SWAP_TEXT_FIELD,)) for cid in ids]
+        rows = [features.load(cid, ("clip_tokens", "text_tokens"), optional=(SWAP_TEXT_FIELD, SWAP_NAMES_FIELD))
+                for cid in ids]
         clip_tokens = torch.stack([r["clip_tokens"][0] for r in rows]).float().to(device)  # (B, Nc, Dc), first frame
         text_tokens = torch.stack([r["text_tokens"] for r in rows]).float().to(device)  # (B, Nt, Dt)
         shots = encoder(clip_tokens, text_tokens).float().cpu()  # (B, N, H)
@@ -280,6 +291,8 @@ def write_shot_targets(
             swap_shots = encoder(frames, torch.cat([t for _, t in swapped]).float().to(device)).float().cpu()
             for (i, _), part in zip(swapped, swap_shots.split([len(t) for _, t in swapped]), strict=True):
                 shard[ids[i]][SWAP_SHOT_FIELD] = part.contiguous()  # (S, N, H)
+                if SWAP_NAMES_FIELD in rows[i]:  # who each swap names for whom (older features lack it)
+                    shard[ids[i]][SWAP_NAMES_FIELD] = rows[i][SWAP_NAMES_FIELD]
         targets.write_shard(shard)
     encoder.train(was_training)
     atomic_write_json(tmp / SOURCE_FILE, {"features_dir": str(features_dir), **(source or {})})

@@ -24,11 +24,20 @@ With ``swaps`` (stage (b)'s ``identity_weight`` > 0) a batch also holds each cur
 
     target_swaps       (Q, S, N, D) float
     swap_mask          (Q, S) bool     True on real swaps (a turn that names no friend has none)
+
+With ``name_swap_copies`` = k > 0 (stage (b)'s knob) a window whose current clip names a friend X is also a sample
+k more times, each time with X renamed to another character Y of the current clip's identity swaps (in turn over
+the windows, so every swap is used): every instruction of the window says Y where it said X, and every shot whose
+caption named X is its identity swap for Y (the encoder's shot of that clip's first frame with Y named; decoded, it
+draws Y: ``research/spriteworld/swap_shots.py``). Its identity swaps are then the original shot and X's other
+swaps. A rename is skipped when a clip of the window names Y already, lacks the swap X -> Y, or the renamed window
+no longer fits ``max_seq_len``, and never makes a pair that ``held_out`` holds out (the subject with Y), so the
+held-out pairs stay out of training.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +46,7 @@ from torch.utils.data import Dataset
 
 from animegamer.config import StageBConfig
 from animegamer.data.manifest import ClipRecord, Manifest, read_manifest
-from animegamer.data.name_swaps import SWAP_SHOT_FIELD
+from animegamer.data.name_swaps import SWAP_NAMES_FIELD, SWAP_SHOT_FIELD, mentions, names_from_tensor, rename
 from animegamer.data.sequences import Window, windows_from_config
 from animegamer.data.tensor_store import TensorStore
 from animegamer.io import atomic_write_text
@@ -52,6 +61,18 @@ def filter_windows(windows: list[Window], store: TensorStore) -> tuple[list[Wind
     missing = sorted({cid for w in windows for cid in w.clip_ids if cid not in store})
     lacking = set(missing)
     return [w for w in windows if not lacking.intersection(w.clip_ids)], missing
+
+
+def held_out_friends(manifest: Manifest) -> frozenset[frozenset[str]]:
+    """The unordered pairs of the manifest's data config's ``held_out_pairs`` (``meta.config``, ``"A:B"`` items):
+    a (character, character) pair no training film has. A (character, action) item stays in the set too; a rename
+    only ever asks for (subject, character), which no action is. A value that is not a list of strings raises
+    ValueError (the manifest is a user's file)."""
+    items = (manifest.meta.get("config") or {}).get("held_out_pairs") or []
+    if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+        raise ValueError(f"held_out_pairs of {manifest.path} must be a list of 'A:B' strings, got {items!r}")
+    pairs = (item.split(":", 1) for item in items if ":" in item)
+    return frozenset(frozenset((a, b)) for a, b in pairs if a and b and a != b)
 
 
 def clip_turn(record: ClipRecord, is_current: bool = False) -> TurnSpec:
@@ -74,6 +95,8 @@ class StageBDataset(Dataset):
         max_seq_len: int,
         shot_dim: int,
         swaps: bool = False,
+        name_swap_copies: int = 0,
+        held_out: frozenset[frozenset[str]] = frozenset(),
     ):
         if not windows:
             raise ValueError("no stage (b) windows: check the manifest, the split and the shot targets")
@@ -99,9 +122,79 @@ class StageBDataset(Dataset):
             self.windows.append(Window(w.film_id, tuple(ids)))
         if not self.windows:
             raise ValueError(f"every window is longer than max_seq_len={max_seq_len} even without history")
+        # every sample: (window, None) as it is, then (window, (old, new)) for each name swap (module docstring)
+        self.items: list[tuple[Window, tuple[str, str] | None]] = [(w, None) for w in self.windows]
+        self.swap_names: dict[str, list[tuple[str, str]]] = {}
+        if name_swap_copies < 0:
+            raise ValueError(f"name_swap_copies={name_swap_copies} must be >= 0")
+        if name_swap_copies:
+            self.swap_names = self._read_swap_names()
+            if not any(self.swap_names.values()):
+                raise ValueError(f"name_swap_copies={name_swap_copies}: the shot targets in {store.root} hold no "
+                                 f"identity swaps with their names ({SWAP_NAMES_FIELD}); write the stage (a) "
+                                 "features again with identity swaps, then the shot targets")
+            turn = 0  # windows renamed so far: each next one starts at its next swap
+            for w in self.windows:
+                renames = self._renames(w, held_out, bos)
+                if renames:
+                    picks = [renames[(turn + k) % len(renames)] for k in range(min(name_swap_copies, len(renames)))]
+                    self.items += [(w, pair) for pair in picks]
+                    turn += 1
+        self.renamed = len(self.items) - len(self.windows)
+
+    def _read_swap_names(self) -> dict[str, list[tuple[str, str]]]:
+        """Every window clip's identity swaps' (old, new) names, in the order of its stored swaps."""
+        out = {}
+        for cid in sorted({c for w in self.windows for c in w.clip_ids}):
+            row = self.store.load(cid, (), optional=(SWAP_NAMES_FIELD, SWAP_SHOT_FIELD))
+            names = names_from_tensor(row[SWAP_NAMES_FIELD]) if SWAP_NAMES_FIELD in row else []
+            if names and len(names) != len(row.get(SWAP_SHOT_FIELD, ())):
+                raise ValueError(f"{cid} in {self.store.root}: {len(names)} swap names for "
+                                 f"{len(row.get(SWAP_SHOT_FIELD, ()))} identity swaps")
+            out[cid] = names
+        return out
+
+    def _renames(self, window: Window, held_out: frozenset[frozenset[str]], bos: int) -> list[tuple[str, str]]:
+        """The (old, new) renames of ``window`` (module docstring), in the order of its current clip's swaps."""
+        subject = self.records[window.current].shot_tags().subject
+        out = []
+        for old, new in self.swap_names.get(window.current, []):
+            if frozenset((subject, new)) in held_out:
+                continue
+            clips = [(self.swap_names.get(c, []), clip_turn(self.records[c]).instruction) for c in window.clip_ids]
+            if any(new in {o for o, _ in names} or mentions(text, new) for names, text in clips):
+                continue  # the window names the new character already
+            if any(old in {o for o, _ in names} and (old, new) not in names for names, _ in clips):
+                continue  # a clip that names the friend has no swap to the new name
+            if bos + len(self.layout.build_sequence(self._turns(window, (old, new)), add_bos=False)) \
+                    > self.max_seq_len:
+                continue
+            out.append((old, new))
+        return out
+
+    def _turns(self, window: Window, pair: tuple[str, str] | None) -> list[TurnSpec]:
+        last = len(window.clip_ids) - 1
+        turns = [clip_turn(self.records[c], is_current=i == last) for i, c in enumerate(window.clip_ids)]
+        if pair is None:
+            return turns
+        return [replace(t, instruction=rename(t.instruction, *pair), text_ids=None) for t in turns]
+
+    def _renamed_row(self, clip_id: str, pair: tuple[str, str], current: bool) -> dict[str, torch.Tensor]:
+        """A clip's shot (and, for the current turn, its identity swaps) as the window renamed by ``pair`` has
+        them: its swap for the new name when its caption named the old one (module docstring)."""
+        names = self.swap_names.get(clip_id, [])
+        if pair not in names:
+            return self._row(clip_id, swaps=current and self.swaps)
+        row = self._row(clip_id, swaps=True)
+        shot = row["swaps"][names.index(pair)]
+        out = {"shot": shot}
+        if current and self.swaps:
+            others = [row["swaps"][i] for i, (o, n) in enumerate(names) if o == pair[0] and n != pair[1]]
+            out["swaps"] = torch.stack([row["shot"], *others])
+        return out
 
     def __len__(self) -> int:
-        return len(self.windows)
+        return len(self.items)
 
     def _shot(self, clip_id: str) -> torch.Tensor:
         """A clip's shot target (N, D), checked against the MLLM's slots and width."""
@@ -127,12 +220,14 @@ class StageBDataset(Dataset):
         return out
 
     def __getitem__(self, index: int) -> dict:
-        window = self.windows[index]
-        turns = [clip_turn(self.records[c]) for c in window.history]
-        turns.append(clip_turn(self.records[window.current], is_current=True))
-        seq = self.layout.build_sequence(turns)
-        current = self._row(window.current, swaps=self.swaps)
-        shots = [self._shot(c) for c in window.history] + [current["shot"]]
+        window, pair = self.items[index]
+        seq = self.layout.build_sequence(self._turns(window, pair))
+        if pair is None:
+            current = self._row(window.current, swaps=self.swaps)
+            shots = [self._shot(c) for c in window.history] + [current["shot"]]
+        else:
+            current = self._renamed_row(window.current, pair, current=True)
+            shots = [self._renamed_row(c, pair, current=False)["shot"] for c in window.history] + [current["shot"]]
         empty = torch.zeros(0, self.num_slots, self.shot_dim)
         item = {
             "input_ids": torch.tensor(seq.input_ids, dtype=torch.long),
@@ -244,9 +339,13 @@ def build_dataset(cfg: StageBConfig, accelerator, tokenizer: Any) -> StageBDatas
     kept, missing = filter_windows(windows, store)
     layout = TurnLayout(tokenizer, get_vocabulary(cfg.mllm.vocabulary), cfg.mllm.num_slots)
     dataset = StageBDataset(kept, manifest, store, layout, cfg.max_seq_len, cfg.mllm.shot_dim,
-                            swaps=cfg.identity_weight > 0)
+                            swaps=cfg.identity_weight > 0, name_swap_copies=cfg.name_swap_copies,
+                            held_out=held_out_friends(manifest) if cfg.name_swap_copies else frozenset())
     if accelerator.is_main_process:
-        print(f"stage (b) data: {len(dataset)} windows ({cfg.data.split} split) from {cfg.data.manifest}")
+        print(f"stage (b) data: {len(dataset.windows)} windows ({cfg.data.split} split) from {cfg.data.manifest}")
+        if cfg.name_swap_copies:
+            print(f"name swaps: {dataset.renamed} renamed windows more ({cfg.name_swap_copies} at most per window; "
+                  f"held-out pairs never made: {sorted(map(sorted, held_out_friends(manifest)))})")
         if missing:
             report = Path(cfg.output_dir) / "missing_shot_targets.txt"
             atomic_write_text(report, "".join(f"{cid}\n" for cid in missing))

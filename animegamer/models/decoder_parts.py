@@ -22,7 +22,7 @@ from torch import nn
 
 from animegamer.config.recorded import DECODER_CONFIG  # the file config.recorded reads the decoder's shape from
 from animegamer.io import atomic_write_json, read_json_bounded
-from animegamer.models.weights import load_state_dict_file, save_state_dict_file
+from animegamer.models.weights import load_state_dict_file, save_state_dict_file, sort_adapter_targets
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 MOTION_WEIGHTS = "motion_embedding.safetensors"
@@ -39,6 +39,7 @@ def save_parts(decoder, out_dir: str | Path, state_dict: dict | None = None) -> 
     out.mkdir(parents=True, exist_ok=True)
     if decoder.lora_rank > 0:
         decoder.lora_config().save_pretrained(str(out))
+        sort_adapter_targets(out)
         transformer = None if state_dict is None else _under(state_dict, "transformer.")
         save_state_dict_file(get_peft_model_state_dict(decoder.transformer, state_dict=transformer),
                              out / ADAPTER_WEIGHTS)

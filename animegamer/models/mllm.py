@@ -40,7 +40,7 @@ from animegamer.config import MLLMConfig
 from animegamer.config.recorded import MLLM_LAYOUT as LAYOUT_FILE  # where config.recorded reads shape and K
 from animegamer.io import atomic_write_json, read_json_bounded, resolve_checkpoint
 from animegamer.models.resampler import ShotResampler
-from animegamer.models.weights import load_state_dict_file, save_state_dict_file
+from animegamer.models.weights import load_state_dict_file, save_state_dict_file, sort_adapter_targets
 from animegamer.tokens import IGNORE_INDEX, STATE_FIELDS, TurnLayout, add_special_tokens, get_vocabulary
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -392,6 +392,7 @@ class AnimeGamerMLLM(nn.Module):
             raise KeyError(f"the state dict lacks {len(missing)} trained tensors, e.g. {missing[0]}")
         adapter = {n[len("llm.") :]: state[n] for n in names if n.startswith("llm.")}
         self.llm.save_pretrained(str(out_dir), state_dict=adapter, safe_serialization=True)
+        sort_adapter_targets(out_dir)
         (out_dir / "README.md").unlink(missing_ok=True)  # peft's model-card template says nothing useful here
         extras = {n: state[n] for n in names if not n.startswith("llm.")}
         layout = {**self._layout_meta(), "resampler_layers": self.resampler_layers}

@@ -14,7 +14,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from animegamer.io import atomic_path, check_regular_file
+from animegamer.io import atomic_path, atomic_write_json, check_regular_file, read_json_bounded
 
 MAX_WEIGHTS_BYTES = 64 << 30  # one weights file (Mistral-7B in one bf16 file is 14.5 GB)
 MAX_HEADER_BYTES = 100 << 20  # a safetensors header (safetensors' own limit)
@@ -68,6 +68,16 @@ def load_state_dict_file(path: str | Path, device: str = "cpu") -> dict[str, tor
     except (SafetensorError, RuntimeError, EOFError, pickle.UnpicklingError) as exc:
         lines = str(exc).strip().splitlines()
         raise DamagedFileError(f"{path}: damaged or not a weights file ({lines[0] if lines else exc!r})") from None
+
+
+def sort_adapter_targets(out_dir: str | Path) -> None:
+    """Rewrite ``out_dir/adapter_config.json`` (peft's) with its ``target_modules`` sorted: peft writes a set, in
+    an order that changes from run to run with Python's string hashing, so two equal LoRAs' folders would differ."""
+    path = Path(out_dir) / "adapter_config.json"
+    config = read_json_bounded(path)
+    if isinstance(config, dict) and isinstance(config.get("target_modules"), list):
+        config["target_modules"] = sorted(config["target_modules"])
+        atomic_write_json(path, config)
 
 
 def save_state_dict_file(

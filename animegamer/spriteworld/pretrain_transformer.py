@@ -36,7 +36,7 @@ from animegamer.config import (
 )
 from animegamer.data.features import META_FILE, clip_frame_indices, feature_settings
 from animegamer.data.manifest import Manifest
-from animegamer.data.name_swaps import SWAP_TEXT_FIELD, name_swaps
+from animegamer.data.name_swaps import SWAP_NAMES_FIELD, SWAP_TEXT_FIELD, names_tensor, rename, swap_pairs
 from animegamer.data.tensor_store import TensorStore
 from animegamer.game.contact_sheet import contact_sheet
 from animegamer.io import atomic_write_json
@@ -95,8 +95,9 @@ def fill_features(
         captions = [caption_text(r) for r in batch]
         text_tokens = t5(captions)  # (B, Nt, Dt)
         limit = cfg.data.identity_swaps
-        swaps = [name_swaps(text, r.extra.get("character", ""), list(CHARACTERS), limit) if limit else []
+        pairs = [swap_pairs(text, r.extra.get("character", ""), list(CHARACTERS), limit) if limit else []
                  for text, r in zip(captions, batch, strict=True)]
+        swaps = [[rename(text, old, new) for old, new in found] for text, found in zip(captions, pairs, strict=True)]
         flat = [text for texts in swaps for text in texts]
         swap_tokens = t5(flat).split([len(texts) for texts in swaps]) if flat else [()] * len(batch)
         masks = None
@@ -112,6 +113,7 @@ def fill_features(
             }
             if len(swap_tokens[i]):  # identity swaps: the caption with another friend named (S, Nt, Dt)
                 shard[r.clip_id][SWAP_TEXT_FIELD] = swap_tokens[i].to(store_dtype).contiguous()
+                shard[r.clip_id][SWAP_NAMES_FIELD] = names_tensor(pairs[i])  # (S, 2, NAME_CODES): who for whom
             if masks is not None:
                 shard[r.clip_id]["figure_mask"] = masks[i].to(torch.uint8).contiguous()  # (F, h, w)
         store.write_shard(shard)
