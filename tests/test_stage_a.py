@@ -97,7 +97,7 @@ def test_precompute_writes_identity_swaps_of_the_characters_a_caption_names(stag
     """data.identity_swaps: a clip whose motion names another character also stores the T5 tokens of its caption
     with each other character of the manifest named instead (at most that many); the others store none."""
     from animegamer.data.manifest import ClipRecord, write_manifest
-    from animegamer.data.name_swaps import SWAP_TEXT_FIELD
+    from animegamer.data.name_swaps import SWAP_NAMES_FIELD, SWAP_TEXT_FIELD, names_from_tensor
     from animegamer.models.t5_text import T5TextFeatures
     from tests.helpers.stage_runs import STAGE_A_TAGS
 
@@ -119,6 +119,9 @@ def test_precompute_writes_identity_swaps_of_the_characters_a_caption_names(stag
     torch.testing.assert_close(qiqi[SWAP_TEXT_FIELD].float(), t5(texts).float(), atol=2e-2, rtol=2e-2)  # bf16
     assert SWAP_TEXT_FIELD not in store.load("film0_00001") and SWAP_TEXT_FIELD not in store.load("film0_00002")
     assert store.load("film0_00003")[SWAP_TEXT_FIELD].shape == (2, 226, 32)  # two named, one name left, limit 2
+    assert names_from_tensor(qiqi[SWAP_NAMES_FIELD]) == [("Sam", "Ken"), ("Sam", "Mia")]  # who for whom, in order
+    assert names_from_tensor(store.load("film0_00003")[SWAP_NAMES_FIELD]) == [("Mia", "Qiqi"), ("Sam", "Qiqi")]
+    assert SWAP_NAMES_FIELD not in store.load("film0_00001")
     # features without swaps do not serve a run that asks for them; features with swaps serve one that does not
     with pytest.raises(ValueError, match="identity_swaps"):
         precompute_features(load_config(STAGE_A_CONFIG, [*overrides, "data.identity_swaps=1"]), progress=False)
