@@ -45,7 +45,7 @@ from animegamer.game.predictor import InstructionError, validate_instruction
 from animegamer.game.preflight import check_device, check_output_dir
 from animegamer.game.results import ResultsWriteError, ResultsWriter
 from animegamer.io import resolve_checkpoint, write_cause
-from animegamer.models.mllm import load_tokenizer
+from animegamer.models.mllm_tokenizer import load_tokenizer
 from animegamer.official.game import build_game
 from animegamer.states import TagError, read_game_file
 

@@ -149,7 +149,7 @@ def test_identity_probes_read_a_linear_signal_and_not_noise():
 
 def test_swap_shots_redraw_the_first_frame_with_the_new_friend_and_name_the_swap():
     """research/spriteworld/swap_shots.py: the first frame drawn again with the swapped-in friend (social friend
-    or companion) shows that friend; a swap's new name is the one its caption adds."""
+    or companion) shows that friend; the friend's swaps name each other character in its place."""
     from importlib import import_module
 
     swap = import_module("research.spriteworld.swap_shots")
@@ -164,5 +164,6 @@ def test_swap_shots_redraw_the_first_frame_with_the_new_friend_and_name_the_swap
     walk = TurnCast.from_row(follows["spec"], follows, UNNAMED).scenery
     assert second_character(swap.redraw_first_frame(follows, "Luna", "Momo")[None], "Qiqi", walk) == "Momo"
     caption = "Character: Qiqi; Motion: happily talk with Luna; Background: noon park. Companion: Luna."
-    assert swap.swapped_in(caption, caption.replace("Luna", "Kai"), "Luna") == "Kai"
-    assert swap.swapped_in(caption, caption.replace("Qiqi", "Kai"), "Luna") is None  # another name swapped
+    assert swap.friend_swaps(caption, "Qiqi", "Luna", 2) == [("Momo", caption.replace("Luna", "Momo")),
+                                                            ("Kai", caption.replace("Luna", "Kai"))]
+    assert swap.friend_swaps(caption, "Qiqi", "Momo", 2) == []  # swaps of another name than the friend's

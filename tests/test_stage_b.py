@@ -13,7 +13,7 @@ from animegamer.data.manifest import read_manifest
 from animegamer.data.sequences import build_windows, runs, split_films, split_in_time, windows_of_run
 from animegamer.data.stage_b import StageBCollator, StageBDataset, filter_windows
 from animegamer.data.tensor_store import TensorStore
-from animegamer.models.mllm import load_tokenizer
+from animegamer.models.mllm_tokenizer import load_tokenizer
 from animegamer.models.weights import load_state_dict_file
 from animegamer.recipes import stage_b
 from animegamer.tokens import PAPER, TurnLayout

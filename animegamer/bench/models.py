@@ -25,7 +25,8 @@ from torch import nn
 from animegamer.config import DecoderConfig, EncoderConfig, MLLMConfig
 from animegamer.models.causal_decoder import CausalLatentDecoder, vae_layout
 from animegamer.models.decoder import AnimationShotDecoder
-from animegamer.models.mllm import AnimeGamerMLLM, load_tokenizer
+from animegamer.models.mllm import AnimeGamerMLLM
+from animegamer.models.mllm_tokenizer import load_tokenizer
 from animegamer.models.shot_encoder import ActionAwareEncoder
 from animegamer.models.vae import DTYPES
 from animegamer.tiny import COGVIDEOX_2B_SCHEDULER, train_sentencepiece

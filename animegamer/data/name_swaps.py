@@ -40,7 +40,7 @@ def swap_pairs(caption: str, subject: str, names: Sequence[str], limit: int = 0)
     if limit < 0:
         raise ValueError(f"limit={limit} must be >= 0")
     present = [n for n in dict.fromkeys(names) if n != subject and _word(n).search(caption)]
-    absent = [n for n in dict.fromkeys(names) if n != subject and n not in present and not _word(n).search(caption)]
+    absent = [n for n in dict.fromkeys(names) if n != subject and n not in present]
     pairs = [(old, new) for old in present for new in absent]
     return pairs[:limit] if limit else pairs
 

@@ -140,7 +140,11 @@ class StageBDataset(Dataset):
                     picks = [renames[(turn + k) % len(renames)] for k in range(min(name_swap_copies, len(renames)))]
                     self.items += [(w, pair) for pair in picks]
                     turn += 1
-        self.renamed = len(self.items) - len(self.windows)
+
+    @property
+    def renamed(self) -> int:
+        """Samples that are renamed windows (``name_swap_copies``)."""
+        return len(self.items) - len(self.windows)
 
     def _read_swap_names(self) -> dict[str, list[tuple[str, str]]]:
         """Every window clip's identity swaps' (old, new) names, in the order of its stored swaps."""
@@ -157,14 +161,18 @@ class StageBDataset(Dataset):
     def _renames(self, window: Window, held_out: frozenset[frozenset[str]], bos: int) -> list[tuple[str, str]]:
         """The (old, new) renames of ``window`` (module docstring), in the order of its current clip's swaps."""
         subject = self.records[window.current].shot_tags().subject
+        # per clip: the names its caption says (its swaps' old names), its swaps, its instruction
+        clips = []
+        for c in window.clip_ids:
+            names = self.swap_names.get(c, [])
+            clips.append(({o for o, _ in names}, names, clip_turn(self.records[c]).instruction))
         out = []
         for old, new in self.swap_names.get(window.current, []):
             if frozenset((subject, new)) in held_out:
                 continue
-            clips = [(self.swap_names.get(c, []), clip_turn(self.records[c]).instruction) for c in window.clip_ids]
-            if any(new in {o for o, _ in names} or mentions(text, new) for names, text in clips):
+            if any(new in named or mentions(text, new) for named, _, text in clips):
                 continue  # the window names the new character already
-            if any(old in {o for o, _ in names} and (old, new) not in names for names, _ in clips):
+            if any(old in named and (old, new) not in names for named, names, _ in clips):
                 continue  # a clip that names the friend has no swap to the new name
             if bos + len(self.layout.build_sequence(self._turns(window, (old, new)), add_bos=False)) \
                     > self.max_seq_len:
@@ -328,7 +336,7 @@ def move_batch(batch: dict, device: torch.device) -> dict:
 
 def build_dataset(cfg: StageBConfig, accelerator, tokenizer: Any) -> StageBDataset:
     """Windows of the configured split whose shots all have cached targets, laid out with the MLLM's tokenizer
-    (``tokenizer``: :func:`~animegamer.models.mllm.load_tokenizer`'s for ``cfg.mllm``)."""
+    (``tokenizer``: :func:`~animegamer.models.mllm_tokenizer.load_tokenizer`'s for ``cfg.mllm``)."""
     manifest = read_manifest(cfg.data.manifest)
     windows = windows_from_config(manifest, cfg.data)
     store = TensorStore(cfg.shot_targets)
@@ -338,14 +346,14 @@ def build_dataset(cfg: StageBConfig, accelerator, tokenizer: Any) -> StageBDatas
         )
     kept, missing = filter_windows(windows, store)
     layout = TurnLayout(tokenizer, get_vocabulary(cfg.mllm.vocabulary), cfg.mllm.num_slots)
+    held_out = held_out_friends(manifest) if cfg.name_swap_copies else frozenset()
     dataset = StageBDataset(kept, manifest, store, layout, cfg.max_seq_len, cfg.mllm.shot_dim,
-                            swaps=cfg.identity_weight > 0, name_swap_copies=cfg.name_swap_copies,
-                            held_out=held_out_friends(manifest) if cfg.name_swap_copies else frozenset())
+                            swaps=cfg.identity_weight > 0, name_swap_copies=cfg.name_swap_copies, held_out=held_out)
     if accelerator.is_main_process:
         print(f"stage (b) data: {len(dataset.windows)} windows ({cfg.data.split} split) from {cfg.data.manifest}")
         if cfg.name_swap_copies:
             print(f"name swaps: {dataset.renamed} renamed windows more ({cfg.name_swap_copies} at most per window; "
-                  f"held-out pairs never made: {sorted(map(sorted, held_out_friends(manifest)))})")
+                  f"held-out pairs never made: {sorted(map(sorted, held_out))})")
         if missing:
             report = Path(cfg.output_dir) / "missing_shot_targets.txt"
             atomic_write_text(report, "".join(f"{cid}\n" for cid in missing))

@@ -39,9 +39,10 @@ from torch import nn
 from animegamer.config import MLLMConfig
 from animegamer.config.recorded import MLLM_LAYOUT as LAYOUT_FILE  # where config.recorded reads shape and K
 from animegamer.io import atomic_write_json, read_json_bounded, resolve_checkpoint
+from animegamer.models.mllm_tokenizer import load_tokenizer
 from animegamer.models.resampler import ShotResampler
 from animegamer.models.weights import load_state_dict_file, save_state_dict_file, sort_adapter_targets
-from animegamer.tokens import IGNORE_INDEX, STATE_FIELDS, TurnLayout, add_special_tokens, get_vocabulary
+from animegamer.tokens import IGNORE_INDEX, STATE_FIELDS, TurnLayout, get_vocabulary
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 TRAINED_FILE = "mllm_trained.safetensors"
@@ -61,52 +62,6 @@ def full_weight(weight: torch.Tensor) -> torch.Tensor:
         with deepspeed.zero.GatheredParameters([weight], modifier_rank=None):
             return weight.detach().float().clone()
     return weight.detach().float()
-
-
-def load_tokenizer(pretrained: str, vocabulary: str = "paper", num_slots: int = 226) -> tuple[Any, int]:
-    """The base tokenizer with the layout's special tokens added; returns (tokenizer, base vocabulary size).
-
-    A tokenizer that already holds every token of the layout (the release's ``animegamer_tokenizer``, copied into a
-    converted checkpoint) is taken as it is: its added tokens keep their ids, which the converted rows follow.
-    Cheap (no weights), so entry points use it to validate instructions before any model is loaded.
-    """
-    from transformers import AutoTokenizer
-
-    if not Path(pretrained).is_dir():
-        raise FileNotFoundError(f"MLLM base model directory not found: {pretrained} (mllm.pretrained)")
-    tokenizer = AutoTokenizer.from_pretrained(pretrained)
-    vocab = get_vocabulary(vocabulary)
-    tokens = vocab.special_tokens(num_slots)
-    shipped = shipped_layout_base(tokenizer, tokens)
-    if shipped is not None:
-        return tokenizer, shipped
-    base_vocab = len(tokenizer)
-    add_special_tokens(tokenizer, vocab, num_slots)
-    ids = tokenizer.convert_tokens_to_ids(tokens)
-    # The new rows are indexed as id - base_vocab; a base tokenizer that already knew one of these tokens would
-    # break that, so say so instead of training the wrong rows.
-    if sorted(ids) != list(range(base_vocab, base_vocab + len(tokens))):
-        raise ValueError(
-            f"{pretrained}: the tokenizer already defines some of the {vocabulary!r} special tokens; "
-            "expected them all to be new (ids from the base vocabulary size up)"
-        )
-    return tokenizer, base_vocab
-
-
-def shipped_layout_base(tokenizer: Any, tokens: list[str]) -> int | None:
-    """The base vocabulary size of a tokenizer that already holds all of ``tokens`` as added tokens placed after
-    its base vocabulary (ids ``vocab_size`` .. ``len - 1``, every one of them added); None for any other tokenizer."""
-    base = int(tokenizer.vocab_size)
-    added = tokenizer.get_added_vocab()
-    if not all(t in added and added[t] >= base for t in tokens):
-        return None
-    new_ids = sorted(i for i in added.values() if i >= base)
-    if new_ids != list(range(base, len(tokenizer))):
-        raise ValueError(
-            f"the tokenizer's added tokens do not follow its base vocabulary of {base} contiguously "
-            f"(ids {new_ids[:2]}..{new_ids[-1:]}, length {len(tokenizer)})"
-        )
-    return base
 
 
 class AnimeGamerMLLM(nn.Module):

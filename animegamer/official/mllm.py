@@ -34,7 +34,8 @@ from typing import Any
 import torch
 
 from animegamer.io import atomic_write_json
-from animegamer.models.mllm import ADAPTER_FILES, LAYOUT_FILE, TRAINED_FILE, shipped_layout_base
+from animegamer.models.mllm import ADAPTER_FILES, LAYOUT_FILE, TRAINED_FILE
+from animegamer.models.mllm_tokenizer import shipped_layout_base
 from animegamer.models.weights import check_safetensors, save_state_dict_file
 from animegamer.official.release_io import ReleaseFileError, load_release_pickle, read_release_yaml, tensor_dict
 from animegamer.tokens import RELEASED

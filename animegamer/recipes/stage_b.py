@@ -33,7 +33,8 @@ from animegamer.config import StageBConfig
 from animegamer.data import stage_b as data
 from animegamer.data.stage_b import StageBCollator, StageBDataset, move_batch
 from animegamer.data.vocabulary import Vocabulary, save_vocabulary
-from animegamer.models.mllm import AnimeGamerMLLM, load_tokenizer
+from animegamer.models.mllm import AnimeGamerMLLM
+from animegamer.models.mllm_tokenizer import load_tokenizer
 from animegamer.training.loop import Recipe, train
 from animegamer.training.losses import stage_b_loss
 

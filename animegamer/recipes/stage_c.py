@@ -46,7 +46,8 @@ from animegamer.data.stage_c import (
 )
 from animegamer.data.tensor_store import TensorStore
 from animegamer.models.decoder import AnimationShotDecoder
-from animegamer.models.mllm import AnimeGamerMLLM, load_tokenizer
+from animegamer.models.mllm import AnimeGamerMLLM
+from animegamer.models.mllm_tokenizer import load_tokenizer
 from animegamer.models.trained import DECODER_DIR, load_decoder
 from animegamer.tokens import TurnLayout, get_vocabulary
 from animegamer.training.loop import Recipe, train

@@ -31,14 +31,14 @@ from tqdm.auto import tqdm
 
 from animegamer.cli import fail, parse_config
 from animegamer.config import EvalConfig
-from animegamer.data.name_swaps import name_swaps
+from animegamer.data.name_swaps import rename, swap_pairs
 from animegamer.eval.intervals import bootstrap_interval
 from animegamer.eval.research import games_with_clips, write_report
 from animegamer.eval.systems import load_stage_a_parts
 from animegamer.game.turn import turn_seed
 from animegamer.spriteworld.animate import render_shot
 from animegamer.spriteworld.films import drawing_settings
-from animegamer.spriteworld.identity import names_friend, second_character
+from animegamer.spriteworld.identity import second_character
 from animegamer.spriteworld.world import CHARACTERS, ShotSpec
 
 KINDS = ("real", "words swapped", "both swapped")
@@ -50,12 +50,11 @@ def flags(parser) -> None:
     parser.add_argument("--batch", type=int, default=8, help="shots drawn at a time")
 
 
-def swapped_in(caption: str, swapped: str, friend: str) -> str | None:
-    """The character ``swapped`` (a swap of ``caption``) names in place of ``friend``; None when the swap replaced
-    another name (``friend`` still named)."""
-    if names_friend(swapped, friend):
-        return None
-    return next(name for name in CHARACTERS if names_friend(swapped, name) and not names_friend(caption, name))
+def friend_swaps(caption: str, hero: str, friend: str, limit: int) -> list[tuple[str, str]]:
+    """(new friend, caption naming it instead of ``friend``) for the first ``limit`` identity swaps of ``caption``
+    (:func:`~animegamer.data.name_swaps.swap_pairs`, as the features store them) that replace ``friend``."""
+    return [(new, rename(caption, old, new)) for old, new in swap_pairs(caption, hero, list(CHARACTERS), limit)
+            if old == friend]
 
 
 def redraw_first_frame(source: dict, old: str, new: str) -> np.ndarray:
@@ -104,10 +103,7 @@ def main(argv: list[str] | None = None) -> dict:
             first, caption = game.clip_frames(turn)[0], game.caption(turn)
             level, seed = game.shots[turn].values.motion_level, turn_seed(cfg.seed, turn)
             jobs.append(("real", cast, cast.friend, encoding.encode(first, caption), level, seed))
-            for text in name_swaps(caption, cast.hero, list(CHARACTERS), args.swaps):
-                new = swapped_in(caption, text, cast.friend)
-                if new is None:
-                    continue
+            for new, text in friend_swaps(caption, cast.hero, cast.friend, args.swaps):
                 jobs.append(("words swapped", cast, new, encoding.encode(first, text), level, seed))
                 redrawn = redraw_first_frame(game.clips[turn], cast.friend, new)
                 jobs.append(("both swapped", cast, new, encoding.encode(redrawn, text), level, seed))
