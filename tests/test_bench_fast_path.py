@@ -54,8 +54,10 @@ def test_fast_path_part_times_a_whole_turn_eager_and_compiled(tmp_path):
     assert rows["eager, dynamic MLLM cache"]["mllm_host_sync_kinds"] == {"from host": 5, "to host": 3}
     assert rows["eager"]["mllm_kv_cache"] == "static" and rows["eager"]["mllm_host_syncs_cuda"] is None
     for row in rows.values():
-        # the parts of the game's turn: MLLM + 4-step denoising + the small decoder, the first frame before the rest
-        assert row["mllm_s"] > 0 and row["denoise_s"] > 0 and 0 < row["small_first_chunk_s"] <= row["small_decode_s"]
+        # the parts of the game's turn: MLLM + 4-step denoising + the small decoder and its first chunk, each timed
+        # on its own (first chunk < whole decode is a speed claim for scripts/benchmark.py: under load the two
+        # medians of a tiny decoder cross)
+        assert all(row[part] > 0 for part in ("mllm_s", "denoise_s", "small_first_chunk_s", "small_decode_s"))
         assert row["time_to_first_frames_s"] == pytest.approx(
             row["mllm_s"] + row["denoise_s"] + row["small_first_chunk_s"])
         assert row["turn_with_vae_s"] == pytest.approx(row["mllm_s"] + row["denoise_s"] + fast["vae_decode_s"])
