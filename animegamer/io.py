@@ -265,6 +265,27 @@ def directory_lock(directory: str | Path, command: str) -> Iterator[Path]:
         os.close(fd)  # closing the descriptor releases the flock
 
 
+def update_json(path: str | Path, key: str, value: Any) -> dict:
+    """Set ``key`` of the JSON object at ``path`` to ``value`` (the file is created when missing) and return the
+    object written. Processes updating one file side by side each keep their key: the read and the atomic write
+    happen under a blocking ``flock`` on ``<path>.lock``, so none writes back an object read before another's
+    update. A file that is not a JSON object raises ``ValueError``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW,
+                 0o666 & ~current_umask())
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        data = parse_json(path.read_text()) if path.is_file() else {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{path} holds {type(data).__name__}, not a JSON object")
+        data[key] = value
+        atomic_write_json(path, data)
+        return data
+    finally:
+        os.close(fd)
+
+
 def remove_stale_temps(directory: str | Path, depth: int = 0) -> list[Path]:
     """Remove the temp files ``atomic_path`` leaves when its process is killed (``.<name>.<random>.tmp<suffix>``)
     from ``directory`` and, ``depth`` levels down, its subdirectories (links are never followed); returns them.

@@ -155,6 +155,27 @@ def test_directory_lock_refuses_a_second_holder_and_is_taken_over_after_its_deat
         pass
 
 
+def test_update_json_keeps_every_writers_key_when_processes_write_side_by_side(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    path = tmp_path / "run" / "summary.json"
+    assert agio.update_json(path, "data", {"seconds": 1.5}) == {"data": {"seconds": 1.5}}  # created with its folder
+    # four processes, each setting 25 keys of its own: a read-modify-write without the lock loses some of them
+    code = ("import sys\nfrom animegamer.io import update_json\n"
+            "for i in range(25):\n    update_json(sys.argv[1], f'{sys.argv[2]}_{i}', i)\n")
+    writers = [subprocess.Popen([sys.executable, "-c", code, str(path), name]) for name in "abcd"]
+    assert [w.wait(timeout=120) for w in writers] == [0, 0, 0, 0]
+    data = json.loads(path.read_text())
+    assert data == {"data": {"seconds": 1.5}, **{f"{n}_{i}": i for n in "abcd" for i in range(25)}}
+    assert sorted(p.name for p in path.parent.iterdir()) == ["summary.json", "summary.json.lock"]  # no temp left
+    path.write_text("[1, 2]")
+    with pytest.raises(ValueError, match="holds list, not a JSON object"):
+        agio.update_json(path, "x", 1)
+    assert path.read_text() == "[1, 2]"  # a file that is not ours to merge into is left as it was
+
+
 def test_stale_temps_of_a_killed_writer_are_removed_and_nothing_else(tmp_path):
     from animegamer.io import remove_stale_temps
 

@@ -59,7 +59,7 @@ from animegamer.cli import UsageError, fail, parse_config
 from animegamer.config import ConfigError, SpriteWorldRunConfig, load_config, to_yaml
 from animegamer.data.manifest import ManifestError
 from animegamer.eval.ablations import main as run_ablations
-from animegamer.io import atomic_write_json, atomic_write_text, resolve_checkpoint
+from animegamer.io import atomic_write_text, resolve_checkpoint, update_json
 from animegamer.models.trained import SMALL_DECODER_DIR
 from animegamer.recipes import train_stage
 
@@ -298,8 +298,8 @@ def main(argv: list[str] | None = None) -> dict:
             # setting: not a bug
             fail(f"step {step}: {exc}")
         result["seconds"] = round(time.perf_counter() - started, 1)
-        summary[step] = result
-        atomic_write_json(summary_path, summary)
+        summary = update_json(summary_path, step, result)  # read again under a lock: a call beside this one
+        # (another output_dir step, e.g. a stage (d) student while the table is evaluated) keeps its entries
         print(f"==== {step} done in {result['seconds']:.0f} s", flush=True)
     print(json.dumps({k: {"seconds": v.get("seconds")} for k, v in summary.items()}), file=sys.stderr)
     return summary
