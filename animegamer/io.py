@@ -231,6 +231,11 @@ class DirectoryLocked(RuntimeError):
     """Another live process holds the directory (the message names its PID and command)."""
 
 
+def _open_lock_file(path: Path) -> int:
+    """A descriptor of the lock file ``path`` (created with the umask's mode, never through a link) to flock."""
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666 & ~current_umask())
+
+
 @contextmanager
 def directory_lock(directory: str | Path, command: str) -> Iterator[Path]:
     """Hold ``directory`` for this process while the block runs; a second holder is refused with
@@ -243,7 +248,7 @@ def directory_lock(directory: str | Path, command: str) -> Iterator[Path]:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / LOCK_NAME
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666 & ~current_umask())
+    fd = _open_lock_file(path)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -272,8 +277,7 @@ def update_json(path: str | Path, key: str, value: Any) -> dict:
     update. A file that is not a JSON object raises ``ValueError``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW,
-                 0o666 & ~current_umask())
+    fd = _open_lock_file(path.with_name(path.name + ".lock"))
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         data = parse_json(path.read_text()) if path.is_file() else {}

@@ -37,7 +37,7 @@ import torch
 from animegamer.config import T5Config, load_config
 from animegamer.data.features import write_shot_targets
 from animegamer.data.manifest import read_manifest
-from animegamer.data.tensor_store import TensorStore
+from animegamer.data.tensor_store import INDEX, TensorStore
 from animegamer.io import atomic_write_text
 from animegamer.models.t5_text import T5TextFeatures
 from animegamer.models.trained import load_encoder
@@ -77,10 +77,11 @@ def main(argv: list[str] | None = None) -> Path:
 
     pretrain = load_config(configs / "pretrain.yaml")
     features = Path(pretrain.data.features_dir)
-    if (features / "index.json").is_file() and args.figure_masks and not has_figure_masks(features):
+    present = (features / INDEX).is_file()
+    if present and args.figure_masks and not has_figure_masks(features):
         raise SystemExit(f"error: {features} holds features without figure masks; move it aside to rebuild them "
                          "with --figure-masks")
-    if not (features / "index.json").is_file():
+    if not present:
         vae = load_vae(load_config(configs / "stage_a.yaml").decoder)
         t5 = T5TextFeatures.from_config(T5Config(path=pretrain.output_dir, max_length=pretrain.text_tokens))
         with torch.no_grad():
