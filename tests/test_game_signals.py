@@ -1,7 +1,9 @@
 """The games as real processes meet real signals: a terminal that hangs up (a real pseudo-terminal closed) or SIGTERM
-saves the terminal game like end of input; the browser server on SIGTERM or Ctrl-C saves every tab's unsaved turns,
-leaves no temp file and exits 0. The shipped SpriteWorld world (no weights to build)."""
+(to the process, or handled on one of its worker threads) saves the terminal game like end of input; the browser
+server on SIGTERM or Ctrl-C saves every tab's unsaved turns, leaves no temp file and exits 0. The shipped
+SpriteWorld world (no weights to build)."""
 
+import ctypes
 import fcntl
 import json
 import os
@@ -53,7 +55,15 @@ def controlling_terminal():
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
-@pytest.mark.parametrize("how", ["hang-up", "sigterm"])
+def send_to_a_worker_thread(pid: int, number: int) -> None:
+    """``number`` to one of the game's threads that is not its main thread, as the kernel may route a SIGTERM
+    (glibc's tgkill)."""
+    others = sorted(int(tid) for tid in os.listdir(f"/proc/{pid}/task") if int(tid) != pid)
+    assert others, "the game runs no thread but its main one"
+    assert ctypes.CDLL(None, use_errno=True).tgkill(pid, others[-1], number) == 0, ctypes.get_errno()
+
+
+@pytest.mark.parametrize("how", ["hang-up", "sigterm", "sigterm-on-a-worker-thread"])
 def test_the_terminal_game_saves_when_its_terminal_hangs_up_or_it_is_stopped(tmp_path, how):
     master, slave = os.openpty()
     command = [sys.executable, "-m", "animegamer.play", "--config", str(CONFIG), f"output_dir={tmp_path}",
@@ -69,8 +79,10 @@ def test_the_terminal_game_saves_when_its_terminal_hangs_up_or_it_is_stopped(tmp
         if how == "hang-up":
             os.close(master)  # the terminal window closes: the kernel sends the game SIGHUP
             master = None
-        else:
+        elif how == "sigterm":
             game.send_signal(signal.SIGTERM)
+        else:  # handled on a thread that is not the one waiting for the line: the game hears it all the same
+            send_to_a_worker_thread(game.pid, signal.SIGTERM)
         assert game.wait(TIMEOUT) == 0, bytes(seen)[-2000:]
     finally:
         if game.poll() is None:

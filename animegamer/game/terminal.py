@@ -27,7 +27,9 @@ game removes the temp files that killed earlier games left in the other games' d
 from __future__ import annotations
 
 import os
+import select
 import signal
+import stat
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -142,15 +144,62 @@ def _isatty(stream) -> bool:
     return bool(getattr(stream, "isatty", None) and stream.isatty())
 
 
+POLL_S = 0.25  # how often a game waiting for a line looks for a signal another thread of the process received
+
+
+def _descriptor(lines) -> int | None:
+    """The file descriptor ``lines`` reads, when reading it can block (a terminal, a pipe, a socket); None for a
+    regular file or a stream without one (a script in memory)."""
+    try:
+        fd = lines.fileno()
+        return None if stat.S_ISREG(os.fstat(fd).st_mode) else fd
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError and a ValueError
+        return None
+
+
+class DescriptorLines:
+    """The lines read from a file descriptor, decoded with bad bytes as U+FFFD. A kernel may hand SIGTERM or Ctrl-C
+    to any of the process's threads (torch's among them), and then a blocked read in the main thread, the only one
+    where Python runs signal handlers, would never return: so the wait is a poll that wakes every :data:`POLL_S`
+    seconds, and a signal received anywhere is handled within that. A signal's exception leaves what was read
+    kept for the next line."""
+
+    def __init__(self, fd: int, encoding: str = "utf-8"):
+        self.fd, self.encoding = fd, encoding
+        self.pending = b""
+        self.ended = False
+
+    def readline(self) -> str:
+        """The next line with its newline, the last one without, "" at end of input; OSError (EIO: the terminal
+        hung up) is the caller's."""
+        while True:
+            end = self.pending.find(b"\n")
+            if end >= 0 or (self.ended and self.pending):
+                cut = end + 1 if end >= 0 else len(self.pending)
+                line, self.pending = self.pending[:cut], self.pending[cut:]
+                return line.decode(self.encoding, errors="replace")
+            if self.ended:
+                return ""
+            while not select.select([self.fd], [], [], POLL_S)[0]:
+                pass
+            chunk = os.read(self.fd, 65536)
+            self.ended = not chunk
+            self.pending += chunk
+
+
 def read_lines(lines: TextIO, out: TextIO, prompt=None) -> Iterator[str]:
     """The player's lines until end of input, after ``prompt()`` on a terminal; Ctrl-C while waiting for one prints
-    a hint instead of leaving (leaving would lose the unsaved turns)."""
+    a hint instead of leaving (leaving would lose the unsaved turns). A terminal or a pipe is read through its file
+    descriptor (:class:`DescriptorLines`: a signal is heard while waiting), so nothing may have read from ``lines``
+    before."""
+    fd = _descriptor(lines)
+    source = DescriptorLines(fd, getattr(lines, "encoding", None) or "utf-8") if fd is not None else lines
     while True:
         if prompt is not None:
             out.write(prompt())
             out.flush()
         try:
-            raw = lines.readline()
+            raw = source.readline()
         except KeyboardInterrupt:
             print("\ninterrupted: type :quit to leave (unsaved turns are saved first)", file=out)
             continue
