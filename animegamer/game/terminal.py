@@ -172,19 +172,15 @@ class DescriptorLines:
     def readline(self) -> str:
         """The next line with its newline, the last one without, "" at end of input; OSError (EIO: the terminal
         hung up) is the caller's."""
-        while True:
-            end = self.pending.find(b"\n")
-            if end >= 0 or (self.ended and self.pending):
-                cut = end + 1 if end >= 0 else len(self.pending)
-                line, self.pending = self.pending[:cut], self.pending[cut:]
-                return line.decode(self.encoding, errors="replace")
-            if self.ended:
-                return ""
+        while (end := self.pending.find(b"\n")) < 0 and not self.ended:
             while not select.select([self.fd], [], [], POLL_S)[0]:
                 pass
             chunk = os.read(self.fd, 65536)
             self.ended = not chunk
             self.pending += chunk
+        cut = end + 1 if end >= 0 else len(self.pending)  # at end of input: what is left, "" when nothing is
+        line, self.pending = self.pending[:cut], self.pending[cut:]
+        return line.decode(self.encoding, errors="replace")
 
 
 def read_lines(lines: TextIO, out: TextIO, prompt=None) -> Iterator[str]:
