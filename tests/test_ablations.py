@@ -1,6 +1,7 @@
 """scripts/run_ablations.py (animegamer.eval.ablations): the shipped ablation tables are complete and consistent;
 two tiny rows train and print."""
 
+from importlib import import_module
 from pathlib import Path
 
 import pytest
@@ -37,10 +38,10 @@ def test_shipped_tables_point_each_row_at_what_it_trains(table, monkeypatch):
     cfg = load_config(ROOT / "configs" / "ablations" / f"{table}.yaml")
     assert type(cfg).__name__ == "AblationsConfig" and len(cfg.rows) >= 3
     for row in cfg.rows:
-        ev = load_config(row.eval_config or cfg.eval_config, [*cfg.eval_overrides, *row.eval_overrides],
-                         schema=EvalConfig)
+        steps, overrides = _script().row_plan(row, cfg)
+        ev = load_config(row.eval_config or cfg.eval_config, [*cfg.eval_overrides, *overrides], schema=EvalConfig)
         assert len(ev.systems) == 1
-        for step in row.train:
+        for step in steps:
             run = load_config(step.config, step.overrides)
             assert type(run) is SCHEMAS[step.script], (row.name, step.config)
             # the evaluation reads the checkpoint this row's last run of each stage writes
@@ -56,6 +57,47 @@ def test_shipped_tables_point_each_row_at_what_it_trains(table, monkeypatch):
         if row.name == "no_adaptation":  # stage (c) skipped: the stage (a) decoder renders the MLLM's shots
             assert ev.inference.decoder_checkpoint == _checkpoint_of(load_config("configs/stage_a.yaml"))
             assert not row.train
+
+
+def test_retrain_game_is_a_stage_b_and_a_stage_c_on_it(tmp_path, monkeypatch):
+    """A row's ``retrain_game`` writes out as the two runs run.yaml's `paper` and `no_name_swaps` rows once spelled
+    out step by step (the same steps and evaluation overrides), each run's config of its stage's kind; a row that
+    also lists ``train`` is one error line before anything runs."""
+    from animegamer.config import AblationStep
+
+    monkeypatch.chdir(ROOT)
+    train = import_module("scripts.spriteworld.train")
+    cfg = load_config(ROOT / "configs/spriteworld/run.yaml", [f"output_dir={tmp_path}"])
+    cfg.configs = str(ROOT / cfg.configs)
+    table = load_config(train.resolve_configs(cfg)["ablations"])
+    runs, configs = table.output_dir, tmp_path / "configs"
+    assert runs == f"{tmp_path}/eval"
+    spelled = {  # the rows as run.yaml wrote them before retrain_game
+        "paper": ["identity_weight=0.0", "name_swap_copies=0"],
+        "no_name_swaps": ["name_swap_copies=0"],
+    }
+    rows = {row.name: row for row in table.rows}
+    for name, stage_b in spelled.items():
+        steps, overrides = _script().row_plan(rows[name], table)
+        assert steps == [
+            AblationStep("stage_b", str(configs / "stage_b.yaml"), [*stage_b, f"output_dir={runs}/{name}/stage_b"]),
+            AblationStep("stage_c", str(configs / "stage_c.yaml"),
+                         [f"stage_b_checkpoint={runs}/{name}/stage_b/checkpoints/latest",
+                          f"output_dir={runs}/{name}/stage_c"]),
+        ]
+        assert overrides == ["systems=[animegamer]",
+                             f"inference.decoder_checkpoint={runs}/{name}/stage_c/checkpoints/latest",
+                             f"inference.mllm_checkpoint={runs}/{name}/stage_b/checkpoints/latest"]
+        for step in steps:
+            assert type(load_config(step.config, step.overrides)) is SCHEMAS[step.script]
+    plain = rows["k1"]
+    assert _script().row_plan(plain, table) == (plain.train, plain.eval_overrides)
+    both = tmp_path / "both.yaml"
+    both.write_text("kind: ablations\nrows:\n  - name: twice\n    retrain_game: [seed=1]\n"
+                    "    train: [{script: stage_b, config: configs/stage_b.yaml}]\n")
+    with pytest.raises(SystemExit) as info:
+        _script().main(["--config", str(both), "--quiet"])
+    assert str(info.value) == "error: row twice: retrain_game and train both name its training runs; keep one"
 
 
 def test_shipped_tables_cover_the_paper():

@@ -13,6 +13,7 @@ from animegamer.eval.intervals import (
     difference_rows,
     interval_markdown,
     interval_rows,
+    mean_cell_rows,
     mean_difference_rows,
     turn_splits,
     write_interval_table,
@@ -112,3 +113,24 @@ def test_mean_difference_over_runs_averages_turn_by_turn():
     assert [r | {"system": "run 0"} for r in same if r["split"] == "all"] == [one]
     with pytest.raises(ValueError, match="no pairs"):
         mean_difference_rows("none", [], splits)
+
+
+def test_mean_cell_over_runs_averages_turn_by_turn():
+    # Three seeds of one recipe scoring a 0/1 metric: each turn's value is averaged over the seeds (a turn one seed
+    # did not score is left out), and one run is interval_rows' cell exactly.
+    splits = {(g, t): ("all", "held_out" if g == "g1" else "seen") for g in ("g0", "g1") for t in range(2)}
+    def _named(values):
+        return [MetricRecord("a", game, turn, {"friend_named": v}) for (game, turn), v in values.items()]
+
+    seeds = [_named({("g0", 0): 1.0, ("g0", 1): 1.0, ("g1", 0): 0.0, ("g1", 1): 1.0}),
+             _named({("g0", 0): 1.0, ("g0", 1): 0.0, ("g1", 0): 0.0, ("g1", 1): 1.0}),
+             _named({("g0", 0): 1.0, ("g0", 1): 1.0, ("g1", 0): 1.0})]
+    rows = {r["split"]: r for r in mean_cell_rows("3 seeds", seeds, splits, ("friend_named",))}
+    assert rows["all"]["turns"] == 3 and rows["all"]["games"] == 2
+    assert rows["all"]["mean"] == pytest.approx((1.0 + 2 / 3 + 1 / 3) / 3)
+    assert rows["seen"]["mean"] == pytest.approx(5 / 6) and rows["held_out"]["mean"] == pytest.approx(1 / 3)
+    assert rows["all"]["lower"] <= rows["all"]["mean"] <= rows["all"]["upper"]
+    one = mean_cell_rows("a", seeds[:1], splits, ("friend_named",))
+    assert one == interval_rows({"a": seeds[0]}, splits, ("friend_named",))
+    with pytest.raises(ValueError, match="no runs"):
+        mean_cell_rows("none", [], splits)

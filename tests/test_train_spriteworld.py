@@ -453,7 +453,7 @@ def test_friend_probe_swaps_the_named_friend_on_the_mini_run(mini_run, tmp_path,
     assert not (tmp_path / "none.json").exists()
 
 
-def test_pool_runs_differences_each_run_and_their_mean(mini_run, tmp_path, capsys):
+def test_pool_runs_pools_differences_and_cells_over_runs(mini_run, tmp_path, capsys):
     out, _ = mini_run
     lines = (out / "eval" / "main" / "results.jsonl").read_text().splitlines()
     runs = []
@@ -475,6 +475,13 @@ def test_pool_runs_differences_each_run_and_their_mean(mini_run, tmp_path, capsy
     assert cell[("mean of 2 runs", "all")] == pytest.approx(2.0)
     assert json.loads((tmp_path / "pooled.json").read_text())["rows"] == rows
     assert "mean of 2 runs: main − k1" in (tmp_path / "pooled.md").read_text()
+    # --cells: one row's cells pooled over the runs (k1 is 1 and 3 dB below main: their mean 2 dB below)
+    cells = pool.main(["--games", str(out / "data" / "games"), "--runs", *runs, "--cells", "k1", "--metrics", "psnr",
+                       "--out", str(tmp_path / "cells")])
+    cell = {(r["system"].split(":")[0], r["split"]): r["mean"] for r in cells}
+    assert cell[(runs[1], "all")] == pytest.approx(cell[(runs[0], "all")] - 2.0)
+    assert cell[("mean of 2 runs", "all")] == pytest.approx(cell[(runs[0], "all")] - 1.0)
+    assert "mean of 2 runs: k1" in (tmp_path / "cells.md").read_text()
     capsys.readouterr()
     with pytest.raises(SystemExit) as exc:
         pool.main(["--games", str(out / "data" / "games"), "--runs", str(tmp_path / "nope"),

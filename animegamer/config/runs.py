@@ -196,6 +196,12 @@ class AblationRow:
     train: list[AblationStep] = knob(factory=list, help="training runs in order (skipped with skip_train)")
     eval_config: str = knob("", help="this row's evaluation config (\"\" = the table's eval_config)")
     eval_overrides: list[str] = knob(factory=list, help="on top of eval_config and the common eval_overrides")
+    retrain_game: list[str] = knob(
+        factory=list,
+        help="stage (b) overrides of a game of this row's own: a stage (b) from the table's stage_b_config with "
+        "them and a stage (c) on it from stage_c_config, in <output_dir>/<name>/stage_b and stage_c, the game "
+        "evaluated with both (in place of `train`; empty: none)",
+    )
 
 
 @dataclass
@@ -210,6 +216,8 @@ class AblationsConfig:
         help="\"\" = stage scripts run in this process; else a command prefix, e.g. \"accelerate launch\"",
     )
     skip_train: bool = knob(False, help="evaluate existing checkpoints only")
+    stage_b_config: str = knob("configs/stage_b.yaml", help="the stage (b) run config of rows' retrain_game")
+    stage_c_config: str = knob("configs/stage_c.yaml", help="the stage (c) run config of rows' retrain_game")
     rows: list[AblationRow] = field(default_factory=list)
 
 

@@ -8,7 +8,9 @@
 
 A ``kind: ablations`` config lists rows; each row names the training runs that make its variant (a stage script
 and its run config, e.g. ``configs/ablations/stage_a_fusion_add.yaml``) and the evaluation overrides that point the
-evaluation at them. Training runs go through the stage recipes (animegamer/recipes/) in this process, or, with
+evaluation at them; a row that retrains only the game says so with ``retrain_game`` (its stage (b) overrides: a
+stage (b) from ``stage_b_config`` with them and a stage (c) on it, evaluated together; :func:`row_plan`). Training
+runs go through the stage recipes (animegamer/recipes/) in this process, or, with
 ``launcher`` set (e.g. ``launcher="accelerate launch --config_file configs/accelerate/multi_gpu.yaml"``), as
 subprocesses under that launcher, so the same table runs on a laptop or on GPU nodes. Config strings may refer to
 ``${output_dir}`` of the ablations config.
@@ -30,7 +32,7 @@ import time
 from pathlib import Path
 
 from animegamer.cli import REPO_ROOT, parse_config
-from animegamer.config import AblationsConfig, AblationStep, ConfigError, EvalConfig, load_config
+from animegamer.config import AblationRow, AblationsConfig, AblationStep, ConfigError, EvalConfig, load_config
 from animegamer.eval.games import load_games
 from animegamer.eval.harness import RESULTS_FILE, evaluate, read_results
 from animegamer.eval.intervals import difference_rows, interval_rows, turn_splits, write_interval_table
@@ -57,6 +59,23 @@ def run_step(step: AblationStep, common: list[str], launcher: str) -> None:
     train_stage(step.script, argv)
 
 
+def row_plan(row: AblationRow, cfg: AblationsConfig) -> tuple[list[AblationStep], list[str]]:
+    """A row's training runs and its own evaluation overrides, its ``retrain_game`` written out: a stage (b) from
+    ``cfg.stage_b_config`` with those overrides into ``<output_dir>/<name>/stage_b``, a stage (c) on it into
+    ``.../stage_c``, and the game evaluated with the two checkpoints (before the row's ``eval_overrides``)."""
+    if not row.retrain_game:
+        return list(row.train), list(row.eval_overrides)
+    if row.train:
+        raise ValueError(f"row {row.name}: retrain_game and train both name its training runs; keep one")
+    runs = f"{cfg.output_dir}/{row.name}"
+    stage_b = AblationStep("stage_b", cfg.stage_b_config, [*row.retrain_game, f"output_dir={runs}/stage_b"])
+    stage_c = AblationStep("stage_c", cfg.stage_c_config, [f"stage_b_checkpoint={runs}/stage_b/checkpoints/latest",
+                                                          f"output_dir={runs}/stage_c"])
+    checkpoints = [f"inference.decoder_checkpoint={runs}/stage_c/checkpoints/latest",
+                   f"inference.mllm_checkpoint={runs}/stage_b/checkpoints/latest"]
+    return [stage_b, stage_c], [*row.eval_overrides, *checkpoints]
+
+
 def row_entries(label: str, summaries: list[MetricSummary]) -> list[tuple[str, MetricSummary]]:
     """Table lines of one row: its label, with the system appended when the row evaluates several."""
     if len(summaries) == 1:
@@ -80,6 +99,10 @@ def main(argv: list[str] | None = None) -> list[tuple[str, MetricSummary]]:
     unknown = sorted(set(wanted) - set(names))
     if unknown:
         raise SystemExit(f"error: --rows names unknown rows {unknown}; the config has {names}")
+    try:
+        plans = {row.name: row_plan(row, cfg) for row in cfg.rows}
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
     out = Path(cfg.output_dir)
     entries: list[tuple[str, MetricSummary]] = []
     labelled: dict[str, list] = {}  # table line -> its per-turn records, for the intervals
@@ -87,7 +110,8 @@ def main(argv: list[str] | None = None) -> list[tuple[str, MetricSummary]]:
     for row in cfg.rows:
         label = row.label or row.name
         row_dir = out / row.name
-        eval_overrides = [*cfg.eval_overrides, *row.eval_overrides, f"output_dir={row_dir}"]
+        steps, own_overrides = plans[row.name]
+        eval_overrides = [*cfg.eval_overrides, *own_overrides, f"output_dir={row_dir}"]
         results = row_dir / RESULTS_FILE
         kept = row.name not in wanted  # not run now: its earlier results, if any, stay in the table
         if kept and (args.table_only or not results.is_file()):
@@ -109,7 +133,7 @@ def main(argv: list[str] | None = None) -> list[tuple[str, MetricSummary]]:
             continue
         started = time.perf_counter()
         if not (cfg.skip_train or args.skip_train):
-            for step in row.train:
+            for step in steps:
                 run_step(step, cfg.train_overrides, cfg.launcher)
         try:
             eval_cfg = load_config(row.eval_config or cfg.eval_config, eval_overrides, schema=EvalConfig)

@@ -141,6 +141,31 @@ def difference_rows(reference: str, records: Mapping[str, Sequence[MetricRecord]
     return rows
 
 
+def _turn_values(records: Sequence[MetricRecord], metric: str) -> dict[tuple[str, int], float]:
+    """``(game_id, turn) -> value`` of ``metric`` on the turns ``records`` scored it (game-level records skipped)."""
+    return {(r.game_id, r.turn): float(r.values[metric]) for r in records
+            if r.turn >= 0 and r.values.get(metric) is not None}
+
+
+def _split_rows(label: str, per_turn: Mapping[str, Mapping[tuple[str, int], float]],
+                splits: Mapping[tuple[str, int], Sequence[str]], metrics: Sequence[str], *, resamples: int,
+                level: float, seed: int) -> list[dict]:
+    """:func:`interval_rows`' rows of one label from its per-turn values (``metric -> {(game, turn): value}``)."""
+    rows = []
+    for split in SPLITS:
+        for metric in metrics:
+            by_game: dict[str, list[float]] = defaultdict(list)
+            for key, value in per_turn[metric].items():
+                if split in splits.get(key, ()):
+                    by_game[key[0]].append(value)
+            if not by_game:
+                continue
+            mean, lo, hi = bootstrap_interval(list(by_game.values()), resamples=resamples, level=level, seed=seed)
+            rows.append({"system": label, "split": split, "metric": metric, "mean": mean, "lower": lo,
+                         "upper": hi, "turns": sum(map(len, by_game.values())), "games": len(by_game)})
+    return rows
+
+
 def mean_difference_rows(label: str, pairs: Sequence[tuple[Sequence[MetricRecord], Sequence[MetricRecord]]],
                          splits: Mapping[tuple[str, int], Sequence[str]], metrics: Sequence[str] = INTERVAL_METRICS,
                          *, resamples: int = RESAMPLES, level: float = LEVEL, seed: int = SEED) -> list[dict]:
@@ -149,32 +174,31 @@ def mean_difference_rows(label: str, pairs: Sequence[tuple[Sequence[MetricRecord
     fixed: the interval is the games' noise, not the runs'). One pair is :func:`difference_rows`' cell."""
     if not pairs:
         raise ValueError("no pairs of records to difference")
-
-    def values(records: Sequence[MetricRecord], metric: str) -> dict[tuple[str, int], float]:
-        return {(r.game_id, r.turn): float(r.values[metric]) for r in records
-                if r.turn >= 0 and r.values.get(metric) is not None}
-
     mean_diffs = {}  # metric -> {(game, turn): a - b averaged over the pairs}, on turns every pair scored finitely
     for metric in metrics:
-        per_pair = [(values(a, metric), values(b, metric)) for a, b in pairs]
+        per_pair = [(_turn_values(a, metric), _turn_values(b, metric)) for a, b in pairs]
         mean_diffs[metric] = {}
         for key in sorted(set.intersection(*(set(a) & set(b) for a, b in per_pair))):
             diffs = [a[key] - b[key] for a, b in per_pair]
             if all(map(math.isfinite, diffs)):
                 mean_diffs[metric][key] = sum(diffs) / len(diffs)
-    rows = []
-    for split in SPLITS:
-        for metric in metrics:
-            by_game: dict[str, list[float]] = defaultdict(list)
-            for key, diff in mean_diffs[metric].items():
-                if split in splits.get(key, ()):
-                    by_game[key[0]].append(diff)
-            if not by_game:
-                continue
-            mean, lo, hi = bootstrap_interval(list(by_game.values()), resamples=resamples, level=level, seed=seed)
-            rows.append({"system": label, "split": split, "metric": metric, "mean": mean, "lower": lo,
-                         "upper": hi, "turns": sum(map(len, by_game.values())), "games": len(by_game)})
-    return rows
+    return _split_rows(label, mean_diffs, splits, metrics, resamples=resamples, level=level, seed=seed)
+
+
+def mean_cell_rows(label: str, runs: Sequence[Sequence[MetricRecord]], splits: Mapping[tuple[str, int], Sequence[str]],
+                   metrics: Sequence[str] = INTERVAL_METRICS, *, resamples: int = RESAMPLES, level: float = LEVEL,
+                   seed: int = SEED) -> list[dict]:
+    """Each turn's value averaged over ``runs`` (one system's records from runs of one recipe that differ only in a
+    seed), on the turns every run scored; bootstrap interval over games (the runs are fixed, as in
+    :func:`mean_difference_rows`). One run is :func:`interval_rows`' cell: a recipe's cell without one seed's luck."""
+    if not runs:
+        raise ValueError("no runs of records to average")
+    means = {}
+    for metric in metrics:
+        per_run = [_turn_values(records, metric) for records in runs]
+        means[metric] = {key: sum(run[key] for run in per_run) / len(per_run)
+                         for key in sorted(set.intersection(*map(set, per_run)))}
+    return _split_rows(label, means, splits, metrics, resamples=resamples, level=level, seed=seed)
 
 
 def _cell(metric: str, row: dict | None) -> str:

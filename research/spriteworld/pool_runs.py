@@ -1,7 +1,10 @@
-"""One ablation difference (K = 3 − K = 1 by default) over several training runs: each run's, and their mean.
+"""One ablation difference (K = 3 − K = 1 by default), or one row's cells, over several training runs: each run's,
+and their mean.
 
     python research/spriteworld/pool_runs.py --games outputs/spriteworld/data/games \\
         --runs run_a/outputs/spriteworld/eval run_b/outputs/spriteworld/eval --out outputs/spriteworld/pooled
+    python research/spriteworld/pool_runs.py --games outputs/spriteworld/data/games --cells no_adaptation \\
+        --metrics friend_named friend_remembered hero_on_screen psnr --runs seed_42 seed_1 seed_2 --out seeds
 
 A single run's K = 3 − K = 1 mixes what the recipe does with what that run's seed happened to learn; runs that
 differ only in a seed (e.g. stage (b)'s ``seed``, with everything before it copied) tell the two apart. Each
@@ -9,7 +12,9 @@ differ only in a seed (e.g. stage (b)'s ``seed``, with everything before it copi
 runs must be evaluated on the same games (``--games``, whose per-turn marks give the splits). For every split and
 metric the table has each run's paired difference ``rows[0] − rows[1]`` of ``--system`` and the difference averaged
 over the runs turn by turn, each with a 95% bootstrap interval over games (the runs are fixed: the interval is the
-games' noise; the runs' spread is in their own cells). Writes ``--out`` .md / .csv / .json.
+games' noise; the runs' spread is in their own cells). With ``--cells ROW`` the table has that row's cells instead:
+each run's, and each turn's value averaged over the runs (``animegamer.eval.intervals.mean_cell_rows``), a recipe's
+number without one seed's luck. Writes ``--out`` .md / .csv / .json.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--runs", required=True, nargs="+", help="evaluation folders, one per run")
     parser.add_argument("--rows", nargs=2, default=["main", "k1"], metavar=("A", "B"),
                         help="the two ablation rows to difference, A − B (default: main k1)")
+    parser.add_argument("--cells", default="", metavar="ROW",
+                        help="pool this row's cells over the runs instead of a difference of two rows")
     parser.add_argument("--system", default="animegamer", help="the system whose records are compared")
     parser.add_argument("--metrics", nargs="+", default=["psnr", "clip_i"], help="metrics to difference")
     parser.add_argument("--out", default="outputs/spriteworld/pooled", help="output stem (.md, .csv, .json)")
@@ -38,18 +45,18 @@ def parse_args(argv: list[str] | None):
 def main(argv: list[str] | None = None) -> list[dict]:
     from animegamer.eval.games import load_games
     from animegamer.eval.harness import read_results
-    from animegamer.eval.intervals import mean_difference_rows, turn_splits, write_interval_table
+    from animegamer.eval.intervals import mean_cell_rows, mean_difference_rows, turn_splits, write_interval_table
 
     args = parse_args(argv)
     try:
         splits = turn_splits(load_games(args.games))
     except (FileNotFoundError, ValueError) as exc:  # BenchmarkError is a ValueError; its text names the path
         fail(str(exc))
-    a, b = args.rows
+    wanted = (args.cells,) if args.cells else tuple(args.rows)
     pairs = []
     for run in args.runs:
         records = []
-        for row in (a, b):
+        for row in wanted:
             path = Path(run) / row / "results.jsonl"
             if not path.is_file():
                 fail(f"not found: {path} (evaluate the run's rows first: scripts/run_ablations.py)")
@@ -61,18 +68,26 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 fail(f"{path}: no records of system {args.system!r} (has {sorted(grouped)})")
             records.append(grouped[args.system])
         pairs.append(tuple(records))
+    what = args.cells or " − ".join(wanted)
+    if args.cells:
+        def pooled(label, runs):
+            return mean_cell_rows(label, [run for run, in runs], splits, args.metrics)
+    else:
+        def pooled(label, runs):
+            return mean_difference_rows(label, runs, splits, args.metrics)
     rows = []
     for name, pair in zip(args.runs, pairs, strict=True):
-        rows += mean_difference_rows(f"{name}: {a} − {b}", [pair], splits, args.metrics)
+        rows += pooled(f"{name}: {what}", [pair])
     if not rows:
         fail(f"{args.games}: the runs' records share no turn with these games")
     if len(pairs) > 1:
-        rows += mean_difference_rows(f"mean of {len(pairs)} runs: {a} − {b}", pairs, splits, args.metrics)
-    paths = write_interval_table(args.out, rows, title=f"{args.system}: {a} − {b} over {len(pairs)} run(s)")
+        rows += pooled(f"mean of {len(pairs)} runs: {what}", pairs)
+    paths = write_interval_table(args.out, rows, title=f"{args.system}: {what} over {len(pairs)} run(s)")
     for row in rows:
         if row["metric"] == args.metrics[0]:
-            bounds = "" if row["lower"] is None else f" [{row['lower']:+.2f}, {row['upper']:+.2f}]"
-            print(f"{row['split']:9s} {row['system']}: {row['mean']:+.2f}{bounds} ({row['turns']} turns)")
+            sign = "" if args.cells else "+"
+            bounds = "" if row["lower"] is None else f" [{row['lower']:{sign}.2f}, {row['upper']:{sign}.2f}]"
+            print(f"{row['split']:9s} {row['system']}: {row['mean']:{sign}.2f}{bounds} ({row['turns']} turns)")
     print(f"wrote {', '.join(str(p) for p in paths.values())}", file=sys.stderr)
     return rows
 
