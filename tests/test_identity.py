@@ -167,3 +167,62 @@ def test_swap_shots_redraw_the_first_frame_with_the_new_friend_and_name_the_swap
     assert swap.friend_swaps(caption, "Qiqi", "Luna", 2) == [("Momo", caption.replace("Luna", "Momo")),
                                                             ("Kai", caption.replace("Luna", "Kai"))]
     assert swap.friend_swaps(caption, "Qiqi", "Momo", 2) == []  # swaps of another name than the friend's
+
+
+def test_friend_pairs_splits_friend_turns_by_what_was_held_out(tmp_path, capsys):
+    """research/spriteworld/friend_pairs.py: every friend turn of a memory world's held-out games is a friend-pair,
+    action-pair or seen turn as the data config held them out; two runs average turn by turn; bad input is one
+    line and writes nothing."""
+    import json
+    from collections import Counter
+    from importlib import import_module
+
+    from animegamer.config import SpriteWorldConfig
+    from animegamer.data.manifest import read_manifest
+    from animegamer.data.stage_b import held_out_friends
+    from animegamer.eval.games import load_games
+    from animegamer.spriteworld.films import write_dataset
+
+    tool = import_module("research.spriteworld.friend_pairs")
+    data = tmp_path / "data"
+    write_dataset(SpriteWorldConfig(output_dir=str(data), num_films=12, shots_per_film=6, height=48, width=64,
+                                    num_frames=9, test_fraction=0.5, workers=1, memory=True,
+                                    held_out_pairs=["Qiqi:Luna", "Momo:fly"]), progress=False)
+    games = load_games(data / "games")
+    kinds = tool.turn_kinds(games, held_out_friends(read_manifest(data / "clips.jsonl")))
+    assert set(Counter(kinds.values())) == set(tool.KINDS)
+    by_id = {g.game_id: g for g in games}
+    for (game_id, turn), kind in kinds.items():
+        cast = by_id[game_id].cast(turn)
+        assert (kind == "friend pair") == ({cast.hero, cast.friend} == {"Qiqi", "Luna"})
+    # run a draws only the friend-pair turns right, run b every turn; a turn b did not score is left out
+    left_out = min(key for key, kind in kinds.items() if kind == "seen")
+    results = []
+    for name, right in (("a", lambda kind: kind == "friend pair"), ("b", lambda kind: True)):
+        lines = []
+        for (game_id, turn), kind in sorted(kinds.items()):
+            if name == "b" and (game_id, turn) == left_out:
+                continue
+            metric = "friend_named" if by_id[game_id].cast(turn).named else "friend_remembered"
+            values = {metric: float(right(kind))}
+            lines.append(json.dumps({"system": "animegamer", "game_id": game_id, "turn": turn, "values": values}))
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(line + "\n" for line in lines))
+        results.append(str(path))
+    out = tmp_path / "pairs.json"
+    report = tool.main(["--games", str(data / "games"), "--manifest", str(data / "clips.jsonl"),
+                        "--results", *results, "--out", str(out)])
+    assert report["held_out_pairs"] == ["Luna+Qiqi"] and json.loads(out.read_text()) == report
+    cells = {(c["kind"], c["metric"]): c for c in report["cells"]}
+    assert {c["mean"] for k, c in cells.items() if k[0] == "friend pair"} == {1.0}
+    assert {c["mean"] for k, c in cells.items() if k[0] != "friend pair"} == {0.5}  # (0 + 1) / 2
+    counted = Counter(kinds.values())
+    assert sum(c["turns"] for k, c in cells.items() if k[0] == "seen") == counted["seen"] - 1
+    assert sum(c["turns"] for k, c in cells.items() if k[0] == "friend pair") == counted["friend pair"]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        tool.main(["--games", str(data / "games"), "--manifest", str(tmp_path / "none.jsonl"),
+                   "--results", *results, "--out", str(tmp_path / "bad.json")])
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and err.startswith("error: ") and "\n" not in err
+    assert not (tmp_path / "bad.json").exists()
