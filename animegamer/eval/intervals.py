@@ -149,10 +149,10 @@ def _turn_values(records: Sequence[MetricRecord], metric: str) -> dict[tuple[str
 
 def _split_rows(label: str, per_turn: Mapping[str, Mapping[tuple[str, int], float]],
                 splits: Mapping[tuple[str, int], Sequence[str]], metrics: Sequence[str], *, resamples: int,
-                level: float, seed: int) -> list[dict]:
+                level: float, seed: int, split_names: Sequence[str] = SPLITS) -> list[dict]:
     """:func:`interval_rows`' rows of one label from its per-turn values (``metric -> {(game, turn): value}``)."""
     rows = []
-    for split in SPLITS:
+    for split in split_names:
         for metric in metrics:
             by_game: dict[str, list[float]] = defaultdict(list)
             for key, value in per_turn[metric].items():
@@ -187,10 +187,11 @@ def mean_difference_rows(label: str, pairs: Sequence[tuple[Sequence[MetricRecord
 
 def mean_cell_rows(label: str, runs: Sequence[Sequence[MetricRecord]], splits: Mapping[tuple[str, int], Sequence[str]],
                    metrics: Sequence[str] = INTERVAL_METRICS, *, resamples: int = RESAMPLES, level: float = LEVEL,
-                   seed: int = SEED) -> list[dict]:
+                   seed: int = SEED, split_names: Sequence[str] = SPLITS) -> list[dict]:
     """Each turn's value averaged over ``runs`` (one system's records from runs of one recipe that differ only in a
     seed), on the turns every run scored; bootstrap interval over games (the runs are fixed, as in
-    :func:`mean_difference_rows`). One run is :func:`interval_rows`' cell: a recipe's cell without one seed's luck."""
+    :func:`mean_difference_rows`). One run is :func:`interval_rows`' cell: a recipe's cell without one seed's luck.
+    ``split_names``: the splits of ``splits`` to report, in order (another grouping of turns than :data:`SPLITS`)."""
     if not runs:
         raise ValueError("no runs of records to average")
     means = {}
@@ -198,7 +199,8 @@ def mean_cell_rows(label: str, runs: Sequence[Sequence[MetricRecord]], splits: M
         per_run = [_turn_values(records, metric) for records in runs]
         means[metric] = {key: sum(run[key] for run in per_run) / len(per_run)
                          for key in sorted(set.intersection(*map(set, per_run)))}
-    return _split_rows(label, means, splits, metrics, resamples=resamples, level=level, seed=seed)
+    return _split_rows(label, means, splits, metrics, resamples=resamples, level=level, seed=seed,
+                       split_names=split_names)
 
 
 def _cell(metric: str, row: dict | None) -> str:

@@ -12,13 +12,12 @@ friend in view are a held-out pair of the manifest's data config, ``held_out_pai
 stage (b) rename, shows them together), ``action pair`` (a held-out pair mark, the friend seen with that
 protagonist), ``seen``. With several ``--results`` (runs of one recipe that differ in a seed) each turn's value is
 the mean over the runs, on the turns every run scored. Each cell: mean, 95% bootstrap interval over games, turns,
-games (animegamer.eval.intervals.bootstrap_interval). Writes ``--out`` (JSON) and prints the cells.
+games (animegamer.eval.intervals.mean_cell_rows). Writes ``--out`` (JSON) and prints the cells.
 """
 
 from __future__ import annotations
 
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 from animegamer.cli import command_name, fail
@@ -57,26 +56,13 @@ def turn_kinds(games, held_out: frozenset[frozenset[str]]) -> dict[tuple[str, in
 
 
 def kind_cells(runs: list[list], kinds: dict[tuple[str, int], str]) -> list[dict]:
-    """Per (kind, metric): each turn's value averaged over ``runs`` (lists of MetricRecord), bootstrapped over
-    games; the turns every run scored."""
-    from animegamer.eval.intervals import bootstrap_interval
+    """Per (kind, metric): each turn's value averaged over ``runs`` (lists of MetricRecord) on the turns every run
+    scored, bootstrapped over games (:func:`animegamer.eval.intervals.mean_cell_rows` with the kinds as splits)."""
+    from animegamer.eval.intervals import mean_cell_rows
 
-    cells = []
-    for metric in METRICS:
-        per_run = [{(r.game_id, r.turn): float(r.values[metric]) for r in records
-                    if r.turn >= 0 and r.values.get(metric) is not None} for records in runs]
-        shared = set.intersection(*map(set, per_run))
-        for kind in KINDS:
-            by_game: dict[str, list[float]] = defaultdict(list)
-            for key in sorted(shared):
-                if kinds.get(key) == kind:
-                    by_game[key[0]].append(sum(run[key] for run in per_run) / len(per_run))
-            if not by_game:
-                continue
-            mean, lower, upper = bootstrap_interval(list(by_game.values()))
-            cells.append({"kind": kind, "metric": metric, "mean": mean, "lower": lower, "upper": upper,
-                          "turns": sum(map(len, by_game.values())), "games": len(by_game)})
-    return cells
+    splits = {key: (kind,) for key, kind in kinds.items()}
+    rows = mean_cell_rows("", runs, splits, METRICS, split_names=KINDS)
+    return [{"kind": row.pop("split"), **{k: v for k, v in row.items() if k != "system"}} for row in rows]
 
 
 def main(argv: list[str] | None = None) -> dict:
