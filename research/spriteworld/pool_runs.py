@@ -69,12 +69,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
             records.append(grouped[args.system])
         pairs.append(tuple(records))
     what = args.cells or " − ".join(wanted)
-    if args.cells:
-        def pooled(label, runs):
-            return mean_cell_rows(label, [run for run, in runs], splits, args.metrics)
-    else:
-        def pooled(label, runs):
-            return mean_difference_rows(label, runs, splits, args.metrics)
+
+    def pooled(label: str, runs: list[tuple]) -> list[dict]:  # runs: per run, its records of each wanted row
+        if args.cells:
+            return mean_cell_rows(label, [records for records, in runs], splits, args.metrics)
+        return mean_difference_rows(label, runs, splits, args.metrics)
+
     rows = []
     for name, pair in zip(args.runs, pairs, strict=True):
         rows += pooled(f"{name}: {what}", [pair])
