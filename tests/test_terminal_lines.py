@@ -47,15 +47,19 @@ def test_read_lines_reads_a_pipe_by_its_descriptor_and_a_script_in_memory_as_a_s
 
 
 def test_a_signal_handled_on_another_thread_ends_the_wait_and_keeps_what_was_read(pipe, monkeypatch):
-    """The handler raises in the main thread, which is waiting for a line: within the poll, not when the next line
-    comes (the fallback line below comes only if the signal was never heard, and then the test fails)."""
+    """The handler raises in the main thread, which has read half a line and waits for the rest: within the poll,
+    not when the next line comes (the fallback line below comes only if the signal was never heard, and then the
+    test fails)."""
     read_end, write_end = pipe
     os.write(write_end, b"half a li")
     waiting, heard = threading.Event(), threading.Event()
     real_select = select.select
+    calls = []
 
-    def select_and_say(*args):
-        waiting.set()
+    def select_and_say(*args):  # the second wait: the first chunk read, the pipe empty
+        calls.append(args)
+        if len(calls) == 2:
+            waiting.set()
         return real_select(*args)
 
     def elsewhere():

@@ -161,8 +161,8 @@ class DescriptorLines:
     """The lines read from a file descriptor, decoded with bad bytes as U+FFFD. A kernel may hand SIGTERM or Ctrl-C
     to any of the process's threads (torch's among them), and then a blocked read in the main thread, the only one
     where Python runs signal handlers, would never return: so the wait is a poll that wakes every :data:`POLL_S`
-    seconds, and a signal received anywhere is handled within that. A signal's exception leaves what was read
-    kept for the next line."""
+    seconds, and a signal received anywhere is handled within that. A signal's exception raised while waiting
+    leaves what was read kept for the next line."""
 
     def __init__(self, fd: int, encoding: str = "utf-8"):
         self.fd, self.encoding = fd, encoding
