@@ -47,11 +47,12 @@ def turn_kinds(games, held_out: frozenset[frozenset[str]]) -> dict[tuple[str, in
             cast = game.cast(turn)
             if cast is None or not cast.friend:
                 continue
-            marked = bool(game.marks and game.marks[turn].get("held_out_pair"))
             if frozenset((cast.hero, cast.friend)) in held_out:
                 kinds[(game.game_id, turn)] = "friend pair"
+            elif game.marks and game.marks[turn].get("held_out_pair"):
+                kinds[(game.game_id, turn)] = "action pair"
             else:
-                kinds[(game.game_id, turn)] = "action pair" if marked else "seen"
+                kinds[(game.game_id, turn)] = "seen"
     return kinds
 
 
