@@ -17,6 +17,7 @@ from animegamer.states import StateValues
 from animegamer.tokens import IGNORE_INDEX, STATE_FIELDS, TurnSpec
 from animegamer.training.losses import stage_b_loss
 from tests.helpers.stage_b_data import write_stage_b_data
+from tests.helpers.tiny_mllm import history_turns
 
 SLOTS, SHOT_DIM = 8, 16
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -291,3 +292,93 @@ def test_bf16_and_gradient_checkpointing(mllm_cfg, stage_b_items):
     assert torch.isfinite(out["loss"]) and out["loss"].dtype == torch.float32
     out["loss"].backward()
     assert half.input_resampler.mlp[0].weight.grad is not None
+
+
+# ---- mllm.shot_residual "previous": the output resampler gives the shot's change from the last history shot
+def residual_pair(cfg, seed: int = 3):
+    """The same trained tensors in a paper model and a shot_residual "previous" one."""
+    plain = make_model(cfg)
+    scramble(plain, seed)
+    residual = make_model(replace(cfg, shot_residual="previous"))
+    residual.load_state_dict(plain.state_dict())
+    assert plain.shot_residual == "none" and residual.shot_residual == "previous"
+    return plain, residual
+
+
+def test_the_collator_points_each_turn_at_its_last_history_shot(mllm_cfg, stage_b_items):
+    model = make_model(mllm_cfg)
+    dataset = stage_b_items(model)
+    items = [dataset[i] for i in (3, 0, 1, 5)]  # 2, 0, 1 and 1 history turns
+    assert [len(i["history_shots"]) for i in items] == [2, 0, 1, 1]
+    for pack in (False, True):
+        batch = StageBCollator(pad_id=0, max_seq_len=512, pack=pack)(items)
+        assert batch["previous_index"].tolist() == [1, -1, 2, 3]
+        torch.testing.assert_close(batch["history_shots"][1], items[0]["history_shots"][-1])
+        torch.testing.assert_close(batch["history_shots"][3], items[3]["history_shots"][-1])
+
+
+def test_training_adds_the_previous_shot_and_the_loss_falls(mllm_cfg, stage_b_items):
+    plain, residual = residual_pair(mllm_cfg)
+    dataset = stage_b_items(plain)
+    batch = StageBCollator(pad_id=0, max_seq_len=512)([dataset[i] for i in (3, 0, 1)])
+    with torch.no_grad():
+        a, b = plain(batch), residual(batch)
+    history = batch["history_shots"]
+    torch.testing.assert_close(b["shots"][0], a["shots"][0] + history[1])  # two history turns: the later one
+    torch.testing.assert_close(b["shots"][1], a["shots"][1])  # no history: the shot itself
+    torch.testing.assert_close(b["shots"][2], a["shots"][2] + history[2])
+    assert torch.equal(a["value_logits"], b["value_logits"])  # the states do not change
+    # a batch without any history turn: the shots themselves
+    lone = StageBCollator(pad_id=0, max_seq_len=512)([dataset[0], dataset[4]])
+    assert lone["history_shots"].shape[0] == 0 and lone["previous_index"].tolist() == [-1, -1]
+    with torch.no_grad():
+        assert torch.equal(plain(lone)["shots"], residual(lone)["shots"])
+
+    # gradients reach the output resampler through the change, and a few steps bring the loss down
+    optimizer = torch.optim.AdamW(residual.trainable_parameters(), lr=1e-2)
+    losses = []
+    for _ in range(30):
+        out = stage_b_loss(residual(batch), batch["target_shots"], mse_weight=0.5, cosine_weight=0.5)
+        optimizer.zero_grad()
+        out["loss"].backward()
+        grad = residual.output_resampler.mlp[0].weight.grad
+        assert grad is not None and grad.abs().sum() > 0
+        optimizer.step()
+        losses.append(out["loss"].item())
+    assert losses[-1] < 0.5 * losses[0], losses
+
+
+@pytest.mark.parametrize("kv_cache", ["static", "dynamic"])
+def test_a_turn_adds_the_last_history_shot(mllm_cfg, kv_cache):
+    plain, residual = residual_pair(replace(mllm_cfg, kv_cache=kv_cache))
+    history = history_turns(2, seed=4)
+    a, b = predict_turn(plain, history, "Qiqi sleeps"), predict_turn(residual, history, "Qiqi sleeps")
+    torch.testing.assert_close(b.shot_embeds, a.shot_embeds + history[-1].shot_embeds)
+    assert a.values == b.values
+    first_a, first_b = predict_turn(plain, [], "Qiqi sleeps"), predict_turn(residual, [], "Qiqi sleeps")
+    assert torch.equal(first_a.shot_embeds, first_b.shot_embeds)
+    # the bidirectional slot block (a release-shaped model) reads the shot from its second pass, with the residual
+    plain.slot_attention = residual.slot_attention = "bidirectional"
+    a, b = predict_turn(plain, history, "Qiqi sleeps"), predict_turn(residual, history, "Qiqi sleeps")
+    torch.testing.assert_close(b.shot_embeds, a.shot_embeds + history[-1].shot_embeds)
+
+
+def test_a_checkpoint_records_the_residual_and_a_model_adopts_it(tmp_path, mllm_cfg):
+    _, residual = residual_pair(mllm_cfg)
+    out = residual.save_trained(tmp_path / "ckpt", history_turns=2)
+    assert json.loads((out / "mllm_layout.json").read_text())["shot_residual"] == "previous"
+    loaded = make_model(mllm_cfg, seed=1)  # configured "none": the checkpoint says how it predicts
+    loaded.load_trained(out)
+    assert loaded.shot_residual == "previous"
+    history = history_turns(1, seed=2)
+    assert torch.equal(predict_turn(loaded, history, "Qiqi runs").shot_embeds,
+                       predict_turn(residual, history, "Qiqi runs").shot_embeds)
+    # a paper checkpoint records nothing and loads as one, whatever the model was
+    paper = make_model(mllm_cfg).save_trained(tmp_path / "paper")
+    assert "shot_residual" not in json.loads((paper / "mllm_layout.json").read_text())
+    loaded.load_trained(paper)
+    assert loaded.shot_residual == "none"
+    layout = json.loads((out / "mllm_layout.json").read_text())
+    (out / "mllm_layout.json").write_text(json.dumps({**layout, "shot_residual": "sideways"}))
+    with pytest.raises(ValueError, match="shot_residual 'sideways'"):
+        loaded.load_trained(out)

@@ -111,7 +111,8 @@ def plain_generate(model, history: list[HistoryTurn], instruction: str, new_toke
         pad_token_id=model.tokenizer.eos_token_id,
     )
     prompt_hidden = out.hidden_states[0][-1]  # (1, T, hidden), after the final norm
-    return model.predict_shots(prompt_hidden[0, seq.slot_positions[-1]])
+    previous = history[-1].shot_embeds if history else None
+    return model.predict_shots(prompt_hidden[0, seq.slot_positions[-1]], previous)
 
 
 @torch.no_grad()

@@ -114,6 +114,12 @@ class MLLMConfig:
         "static",
         help="the turn's KV cache: static (fixed buffers, one host sync per turn) | dynamic (transformers' cache)",
     )
+    shot_residual: Literal["none", "previous"] = knob(
+        "none",
+        help="none (the paper: the slots' final hidden states give the shot) | previous (they give the shot's change "
+             "from the last history turn's shot, which is added back; a turn without history: the shot itself). "
+             "Stage (b) trains it and records it in the checkpoint, which the game then follows",
+    )
 
 
 @dataclass

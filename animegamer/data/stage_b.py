@@ -16,6 +16,7 @@ Collated batch (R rows of T tokens; positions index the flattened (R*T) sequence
     history_positions  (M, N) long     slots of every history turn in the batch
     history_shots      (M, N, D) float
     query_positions    (Q, N) long     slots of every current turn (one per sample)
+    previous_index     (Q,) long       each current turn's last history turn, as a row of history_shots (-1: none)
     target_shots       (Q, N, D) float
     num_tokens         int             real (non-pad) tokens, for throughput
 
@@ -284,6 +285,7 @@ class StageBCollator:
         position_ids = torch.zeros((len(rows), length), dtype=torch.long)
         attention_mask = torch.zeros((len(rows), length), dtype=torch.long)
         history_positions, history_shots, query_positions, target_shots = [], [], [], []
+        previous_index, seen = [], 0  # seen: history turns collated so far
         for r, row in enumerate(rows):
             offset = r * length  # flat index of this row's first token
             start = 0
@@ -297,6 +299,9 @@ class StageBCollator:
                 history_shots.append(item["history_shots"])
                 query_positions.append(item["query_positions"] + offset + start)
                 target_shots.append(item["target_shot"])
+                turns = len(item["history_shots"])
+                previous_index.append(seen + turns - 1 if turns else -1)
+                seen += turns
                 start += n
             # pads continue the positions, so in a packed row they form a sequence of their own
             position_ids[r, start:] = torch.arange(length - start)
@@ -307,6 +312,7 @@ class StageBCollator:
             "history_positions": torch.cat(history_positions),  # (M, N)
             "history_shots": torch.cat(history_shots),  # (M, N, D)
             "query_positions": torch.stack(query_positions),  # (Q, N)
+            "previous_index": torch.tensor(previous_index, dtype=torch.long),  # (Q,)
             "target_shots": torch.stack(target_shots),  # (Q, N, D)
             "num_tokens": int(attention_mask.sum()),
         }

@@ -8,6 +8,7 @@ One training sequence (:class:`animegamer.tokens.TurnLayout`; one turn is drawn 
     history slots   <- input_resampler(s_a of that shot)               (M, N, shot_dim) -> (M, N, hidden)
     current slots   <- the slot tokens' own embeddings = learnable queries <ANIME_0> ... <ANIME_{N-1}>
     output_resampler(final hidden states at the current slots) -> predicted s_a (Q, N, shot_dim)   [MSE, cosine]
+        (+ the last history shot with shot_residual "previous": the resampler then gives the change)
     the token before each current value token predicts it                                       [cross-entropy]
 
 Trained: LoRA (peft, r/alpha/targets from :class:`MLLMConfig`), the rows of the added special tokens (input embedding
@@ -21,7 +22,8 @@ instead of a resized base matrix, so only they train and only they are saved; lo
     adapter_config.json, adapter_model.safetensors   the LoRA, in peft's adapter format
     mllm_trained.safetensors                          new_token_embed, new_token_head, input/output resamplers
     mllm_layout.json                                  vocabulary, num_slots, base_vocab, widths (checked on load);
-                                                      slot_attention (adopted on load, absent: causal); the
+                                                      slot_attention (adopted on load, absent: causal);
+                                                      shot_residual (adopted on load, absent: none); the
                                                       resampler depth and K, read by config.recorded
 """
 
@@ -49,6 +51,7 @@ TRAINED_FILE = "mllm_trained.safetensors"
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 LAYOUT_DEFAULTS = {"resampler_gelu": "tanh"}  # layout keys that checkpoints written before them lack
 SLOT_ATTENTION = ("causal", "bidirectional")  # mllm_layout.json's slot_attention (absent: causal)
+SHOT_RESIDUAL = ("none", "previous")  # mllm_layout.json's shot_residual (absent: none)
 
 
 def full_weight(weight: torch.Tensor) -> torch.Tensor:
@@ -96,6 +99,9 @@ class AnimeGamerMLLM(nn.Module):
         # (one block that sees itself whole, as the released weights were trained); a checkpoint records it
         self.slot_attention = "causal"
         self.kv_cache = "static"  # the turn's KV cache (animegamer.models.mllm_turn): static | dynamic (mllm.kv_cache)
+        # what the output resampler gives: the shot ("none") or its change from the last history shot ("previous",
+        # added back in predict_shots); stage (b) sets it from mllm.shot_residual, a checkpoint records it
+        self.shot_residual = "none"
 
         llm.requires_grad_(False)
         if gradient_checkpointing:
@@ -173,6 +179,7 @@ class AnimeGamerMLLM(nn.Module):
             gradient_checkpointing=cfg.gradient_checkpointing,
         )
         model.kv_cache = cfg.kv_cache
+        model.shot_residual = cfg.shot_residual
         return model
 
     # ------------------------------------------------------------------ building blocks (also used by inference)
@@ -270,9 +277,16 @@ class AnimeGamerMLLM(nn.Module):
             self._on_device[key] = table.to(device)
         return self._on_device[key]
 
-    def predict_shots(self, slot_hidden: torch.Tensor) -> torch.Tensor:
-        """Hidden states at a turn's slots (..., N, hidden) -> predicted s_a (..., N, shot_dim), float32."""
-        return self.output_resampler(slot_hidden).float()
+    def predict_shots(self, slot_hidden: torch.Tensor, previous: torch.Tensor | None = None) -> torch.Tensor:
+        """Hidden states at a turn's slots (..., N, hidden) -> predicted s_a (..., N, shot_dim), float32.
+
+        ``previous``: the shot of the turn's last history turn (..., N, shot_dim), None without history. A model with
+        ``shot_residual`` "previous" adds it to the output resampler's result (which is then the shot's change);
+        with "none" (the paper) it is not read."""
+        shots = self.output_resampler(slot_hidden).float()
+        if self.shot_residual == "previous" and previous is not None:
+            shots = shots + previous.to(shots.device).float()
+        return shots
 
     # ------------------------------------------------------------------ fast path
 
@@ -308,8 +322,18 @@ class AnimeGamerMLLM(nn.Module):
         labels = batch["labels"].reshape(-1)
         at = (labels != IGNORE_INDEX).nonzero().squeeze(-1)  # flat positions of the current value tokens
         logits = self.token_logits(flat[at - 1])  # (V, vocab): the token before a value token predicts it
-        shots = self.predict_shots(flat[batch["query_positions"]])  # (Q, N, shot_dim)
+        shots = self.predict_shots(flat[batch["query_positions"]], self.previous_shots(batch))  # (Q, N, shot_dim)
         return {"value_logits": logits, "value_labels": labels[at], "shots": shots}
+
+    def previous_shots(self, batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """(Q, N, shot_dim): each current turn's last history shot as the batch holds it (``previous_index``, -1:
+        none, then zeros), for ``shot_residual`` "previous"; None for "none" or a batch without history."""
+        history = batch["history_shots"]
+        if self.shot_residual != "previous" or history.shape[0] == 0:
+            return None
+        index = batch["previous_index"].to(history.device)  # (Q,)
+        has = (index >= 0).to(history.dtype)[:, None, None]
+        return history[index.clamp(min=0)] * has
 
     def trained_names(self) -> list[str]:
         """Names of the trained parameters (LoRA, new token rows, resamplers), as in ``state_dict()``."""
@@ -353,6 +377,8 @@ class AnimeGamerMLLM(nn.Module):
         layout = {**self._layout_meta(), "resampler_layers": self.resampler_layers}
         if self.slot_attention != "causal":
             layout["slot_attention"] = self.slot_attention
+        if self.shot_residual != "none":
+            layout["shot_residual"] = self.shot_residual
         if history_turns is not None:
             layout["history_turns"] = history_turns
         save_state_dict_file(extras, out_dir / TRAINED_FILE, metadata={"layout": json.dumps(layout)})
@@ -403,4 +429,8 @@ class AnimeGamerMLLM(nn.Module):
         if slot_attention not in SLOT_ATTENTION:
             raise ValueError(f"{path}: slot_attention {slot_attention!r} is not one of {list(SLOT_ATTENTION)}")
         self.slot_attention = slot_attention
+        shot_residual = saved.get("shot_residual", "none")
+        if shot_residual not in SHOT_RESIDUAL:
+            raise ValueError(f"{path}: shot_residual {shot_residual!r} is not one of {list(SHOT_RESIDUAL)}")
+        self.shot_residual = shot_residual
         return path

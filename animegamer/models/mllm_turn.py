@@ -75,9 +75,10 @@ def prefill_turn(model, history: list[HistoryTurn], instruction: str, kv_cache: 
     turns.append(TurnSpec(instruction, None, is_current=True))
     seq = layout.build_sequence(turns)
     slots = seq.slot_positions[-1]  # consecutive positions: a slice, not an index tensor copied from the host
+    previous = history[-1].shot_embeds if history else None  # read only by a shot_residual "previous" model
     if (kv_cache or model.kv_cache) == "static":
         hidden, cache = prefill_static(model, seq.input_ids, seq.slot_positions[:-1], [h.shot_embeds for h in history])
-        shot_embeds = model.predict_shots(hidden[slots[0] : slots[0] + len(slots)])  # (N, shot_dim)
+        shot_embeds = model.predict_shots(hidden[slots[0] : slots[0] + len(slots)], previous)  # (N, shot_dim)
         return PrefilledTurn(seq, shot_embeds, hidden[-1], cache)
     device = model.device
     input_ids = torch.tensor([seq.input_ids], device=device)  # (1, T)
@@ -93,7 +94,7 @@ def prefill_turn(model, history: list[HistoryTurn], instruction: str, kv_cache: 
     # GPU in every layer as it first stores keys, and each copy makes the host wait for the GPU mid-prefill. The
     # window is still applied by the attention mask (from the config); the cache only stops cropping its keys.
     hidden, cache = model.transformer(embeds, use_cache=True, past_key_values=DynamicCache())  # (1, T, hidden)
-    shot_embeds = model.predict_shots(hidden[0, slots[0] : slots[0] + len(slots)])  # (N, shot_dim)
+    shot_embeds = model.predict_shots(hidden[0, slots[0] : slots[0] + len(slots)], previous)  # (N, shot_dim)
     return PrefilledTurn(seq, shot_embeds, hidden[0, -1], cache)
 
 
@@ -176,7 +177,8 @@ def slot_block_shots(model, seq: SequenceLayout, history: list[HistoryTurn]) -> 
     decoding them from this pass's cache would change: docs/released_weights.md, B2).
     """
     shots = torch.stack([h.shot_embeds for h in history]) if history else None  # (M, N, shot_dim)
-    return model.predict_shots(slot_block_pass(model, seq, shots)[seq.slot_positions[-1]])
+    previous = history[-1].shot_embeds if history else None
+    return model.predict_shots(slot_block_pass(model, seq, shots)[seq.slot_positions[-1]], previous)
 
 
 @torch.no_grad()

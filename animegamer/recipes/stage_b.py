@@ -12,6 +12,10 @@ and listed in ``output_dir/missing_shot_targets.txt``.
 ``history_noise`` > 0: the history shots the MLLM reads get Gaussian noise of that fraction of their std (the
 targets stay clean), as a game's history holds its own predicted shots, not the encoder's.
 
+``mllm.shot_residual: previous``: the output resampler gives each shot's change from its turn's last history shot
+(as the MLLM reads it, noise included), which is added back (``AnimeGamerMLLM.predict_shots``); a turn without
+history predicts the shot itself. The checkpoint records it and the game follows it.
+
 Loss = CE(state value tokens) + mse_weight * MSE(s_a) + cosine_weight * (1 - cos(s_a)) [+ identity_weight * the
 identity term: the shot's error along the directions in which naming another friend moves s_a, from the shot
 targets' identity swaps (animegamer.data.name_swaps)]; the parts are logged
