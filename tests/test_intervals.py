@@ -106,6 +106,10 @@ def test_mean_difference_over_runs_averages_turn_by_turn():
     assert rows[("all", "psnr")]["turns"] == 3 and rows[("far", "psnr")]["turns"] == 1
     assert rows[("all", "psnr")]["mean"] == pytest.approx((1.0 + 1.0 + 1.5) / 3)
     assert rows[("full", "psnr")]["mean"] == pytest.approx(1.25)
+    # another grouping of the turns (here by turn index) through split_names
+    by_turn = {(g, t): (f"turn {t}",) for g, t in splits}
+    late = mean_difference_rows("mean", [run0, run1], by_turn, ("psnr",), split_names=("turn 1",))
+    assert [(r["split"], r["turns"], r["mean"]) for r in late] == [("turn 1", 1, pytest.approx(1.0))]  # g0 only
     (one,) = [r for r in mean_difference_rows("run 0", [run0], splits, ("psnr",)) if r["split"] == "all"]
     assert (one["mean"], one["lower"], one["upper"], one["turns"]) == (2.0, 2.0, 2.0, 4)
     # one pair is difference_rows' cell

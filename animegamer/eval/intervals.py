@@ -168,10 +168,12 @@ def _split_rows(label: str, per_turn: Mapping[str, Mapping[tuple[str, int], floa
 
 def mean_difference_rows(label: str, pairs: Sequence[tuple[Sequence[MetricRecord], Sequence[MetricRecord]]],
                          splits: Mapping[tuple[str, int], Sequence[str]], metrics: Sequence[str] = INTERVAL_METRICS,
-                         *, resamples: int = RESAMPLES, level: float = LEVEL, seed: int = SEED) -> list[dict]:
+                         *, resamples: int = RESAMPLES, level: float = LEVEL, seed: int = SEED,
+                         split_names: Sequence[str] = SPLITS) -> list[dict]:
     """The paired difference ``a - b`` of each ``(a, b)`` pair (e.g. K = 3 and K = 1 of one training run), averaged
     over the pairs turn by turn, on the turns every pair scored; bootstrap interval over games (the runs are
-    fixed: the interval is the games' noise, not the runs'). One pair is :func:`difference_rows`' cell."""
+    fixed: the interval is the games' noise, not the runs'). One pair is :func:`difference_rows`' cell.
+    ``split_names``: as in :func:`mean_cell_rows`."""
     if not pairs:
         raise ValueError("no pairs of records to difference")
     mean_diffs = {}  # metric -> {(game, turn): a - b averaged over the pairs}, on turns every pair scored finitely
@@ -182,7 +184,8 @@ def mean_difference_rows(label: str, pairs: Sequence[tuple[Sequence[MetricRecord
             diffs = [a[key] - b[key] for a, b in per_pair]
             if all(map(math.isfinite, diffs)):
                 mean_diffs[metric][key] = sum(diffs) / len(diffs)
-    return _split_rows(label, mean_diffs, splits, metrics, resamples=resamples, level=level, seed=seed)
+    return _split_rows(label, mean_diffs, splits, metrics, resamples=resamples, level=level, seed=seed,
+                       split_names=split_names)
 
 
 def mean_cell_rows(label: str, runs: Sequence[Sequence[MetricRecord]], splits: Mapping[tuple[str, int], Sequence[str]],
